@@ -1,0 +1,359 @@
+"""A desk's conversation: messages made of content blocks.
+
+The internal shape is the richest one (text, image, tool_use, tool_result blocks, as in
+Anthropic's API); each backend translates it to its own wire format. The full transcript is
+kept (and stored); compaction only moves the window of what is *sent*: a summary message
+followed by the newest messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "IMAGE_TOKEN_COST",
+    "ContentBlock",
+    "Conversation",
+    "ConversationObserver",
+    "ImageBlock",
+    "Message",
+    "MessageKind",
+    "TextBlock",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "estimate_tokens",
+    "repair",
+]
+
+IMAGE_TOKEN_COST = 800
+"""The fixed token estimate of one image, whatever its size (providers bill images by tiles)."""
+
+Role = Literal["user", "assistant"]
+MessageKind = Literal[
+    "trigger",  # why a turn started: a tick, a schedule, a command
+    "operator",  # a person's message that started a turn
+    "steering",  # a person's message delivered mid-turn
+    "assistant",  # the model's answer, possibly with tool calls
+    "tool_results",  # the results of the model's tool calls
+    "summary",  # a compaction summary standing for older messages
+    "notice",  # a note from the daemon (an interrupted turn, a repair)
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    """Plain text."""
+
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    """A picture, already encoded for the model (PNG or JPEG bytes).
+
+    Attributes:
+        data: The encoded image.
+        media_type: ``image/png`` or ``image/jpeg``.
+        description: What the picture shows, used for the placeholder when it is pruned.
+    """
+
+    data: bytes
+    media_type: str = "image/png"
+    description: str = "image"
+    type: Literal["image"] = "image"
+
+    def data_url(self) -> str:
+        """The image as a ``data:`` URL."""
+        return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseBlock:
+    """A tool call the model made.
+
+    Attributes:
+        id: The call id, as the model gave it.
+        name: The tool's name.
+        arguments: The arguments, as the raw JSON text the model wrote (maybe invalid).
+    """
+
+    id: str
+    name: str
+    arguments: str
+    type: Literal["tool_use"] = "tool_use"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    """The result of one tool call.
+
+    Attributes:
+        tool_use_id: The id of the call this answers.
+        content: Text and images the tool returned.
+        is_error: Whether the call failed (the text says how).
+    """
+
+    tool_use_id: str
+    content: tuple[TextBlock | ImageBlock, ...]
+    is_error: bool = False
+    type: Literal["tool_result"] = "tool_result"
+
+    @property
+    def text(self) -> str:
+        """The text parts of the result, joined."""
+        return "\n".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+
+ContentBlock = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, eq=False)
+class Message:
+    """One message of a conversation.
+
+    Attributes:
+        role: ``user`` or ``assistant``.
+        content: The blocks, in order.
+        kind: What the message is for (trigger, operator, steering, assistant...).
+        id: A unique id, stable in the store.
+        created_at: Seconds since the epoch.
+        cache: Per-message memo of derived values (wire encodings, token estimate); never
+            stored and never compared.
+    """
+
+    role: Role
+    content: tuple[ContentBlock, ...]
+    kind: MessageKind = "assistant"
+    id: str = field(default_factory=_new_id)
+    created_at: float = field(default_factory=time.time)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def user_text(cls, text: str, kind: MessageKind = "trigger") -> Message:
+        """A user message holding one text block."""
+        return cls(role="user", content=(TextBlock(text),), kind=kind)
+
+    @property
+    def text(self) -> str:
+        """The message's text blocks, joined."""
+        return "\n".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def tool_uses(self) -> list[ToolUseBlock]:
+        """The tool calls in this message."""
+        return [b for b in self.content if isinstance(b, ToolUseBlock)]
+
+    @property
+    def tool_results(self) -> list[ToolResultBlock]:
+        """The tool results in this message."""
+        return [b for b in self.content if isinstance(b, ToolResultBlock)]
+
+    @property
+    def image_count(self) -> int:
+        """How many images the message holds, tool results included."""
+        count = 0
+        for block in self.content:
+            if isinstance(block, ImageBlock):
+                count += 1
+            elif isinstance(block, ToolResultBlock):
+                count += sum(1 for b in block.content if isinstance(b, ImageBlock))
+        return count
+
+
+def _block_chars(block: ContentBlock) -> tuple[int, int]:
+    """Characters and images in one block."""
+    if isinstance(block, TextBlock):
+        return len(block.text), 0
+    if isinstance(block, ImageBlock):
+        return 0, 1
+    if isinstance(block, ToolUseBlock):
+        return len(block.name) + len(block.arguments) + 16, 0
+    chars, images = 16, 0
+    for inner in block.content:
+        c, i = _block_chars(inner)
+        chars, images = chars + c, images + i
+    return chars, images
+
+
+def estimate_tokens(message: Message) -> int:
+    """A cheap token estimate: characters / 4, plus a fixed cost per image; memoized.
+
+    Args:
+        message: The message to measure.
+
+    Returns:
+        The estimated number of tokens.
+    """
+    cached = message.cache.get("tokens")
+    if cached is None:
+        chars, images = 0, 0
+        for block in message.content:
+            c, i = _block_chars(block)
+            chars, images = chars + c, images + i
+        cached = 4 + chars // 4 + images * IMAGE_TOKEN_COST
+        message.cache["tokens"] = cached
+    return int(cached)
+
+
+def repair(messages: Sequence[Message]) -> list[Message]:
+    """Makes a message list valid to send: every tool call answered, no stray results.
+
+    Deterministic and idempotent: repairing a repaired list changes nothing, and a valid list
+    comes back as the same message objects (so their cached encodings are reused).
+
+    - A tool call whose result is missing gets an error result saying it was interrupted,
+      in a tool_results message right after the call's message.
+    - A tool result with no call in the message just before it is dropped.
+    - Results come in the order of their calls.
+
+    Args:
+        messages: The messages, oldest first.
+
+    Returns:
+        A new list; unchanged messages are the same objects.
+    """
+    repaired: list[Message] = []
+    index = 0
+    count = len(messages)
+    while index < count:
+        message = messages[index]
+        index += 1
+        if message.role == "assistant" and message.tool_uses:
+            repaired.append(message)
+            calls = message.tool_uses
+            following = messages[index] if index < count else None
+            if following is not None and following.kind == "tool_results":
+                index += 1
+                repaired.append(_answer_calls(calls, following))
+            else:
+                repaired.append(_answer_calls(calls, None))
+            continue
+        if message.role == "user" and message.tool_results:
+            # Results with no call just before them: keep only the other blocks, if any.
+            rest = tuple(b for b in message.content if not isinstance(b, ToolResultBlock))
+            if rest:
+                repaired.append(Message(role="user", content=rest, kind=message.kind,
+                                        id=message.id, created_at=message.created_at))
+            continue
+        repaired.append(message)
+    return repaired
+
+
+def _answer_calls(calls: list[ToolUseBlock], results: Message | None) -> Message:
+    """The tool_results message that answers exactly ``calls``, reusing ``results`` if valid."""
+    by_id: dict[str, ToolResultBlock] = {}
+    extra: list[ContentBlock] = []
+    if results is not None:
+        for block in results.content:
+            if isinstance(block, ToolResultBlock):
+                by_id.setdefault(block.tool_use_id, block)
+            else:
+                extra.append(block)
+    answered = [
+        by_id.get(call.id)
+        or ToolResultBlock(
+            tool_use_id=call.id,
+            content=(TextBlock(f"Error: the call to {call.name} was interrupted before it "
+                               "finished; it may or may not have taken effect. Check before "
+                               "repeating it."),),
+            is_error=True,
+        )
+        for call in calls
+    ]
+    if results is not None and len(results.content) == len(answered) + len(extra) and all(
+        a is b for a, b in zip(answered, results.tool_results, strict=False)
+    ):
+        return results
+    return Message(
+        role="user",
+        content=(*answered, *extra),
+        kind="tool_results",
+        id=results.id if results is not None else f"repair-{calls[0].id}",
+        created_at=results.created_at if results is not None else 0.0,
+    )
+
+
+class ConversationObserver(Protocol):
+    """Told of every change to a conversation, so it can be stored as it happens."""
+
+    async def message_appended(self, conversation: Conversation, message: Message) -> None:
+        """A message was added at the end."""
+
+    async def compacted(self, conversation: Conversation, summary: Message,
+                        first_kept_id: str | None) -> None:
+        """Older messages were replaced, in what is sent, by ``summary``."""
+
+
+class Conversation:
+    """The messages of one desk (or one subagent task).
+
+    Args:
+        system_prompt: What the model is told before every request.
+        messages: Messages to start from (a restored transcript window).
+        summary: The latest compaction summary, standing for messages before ``messages``.
+        observer: Told of every append and compaction (the store).
+    """
+
+    def __init__(
+        self,
+        system_prompt: str = "",
+        messages: Iterable[Message] = (),
+        *,
+        summary: Message | None = None,
+        observer: ConversationObserver | None = None,
+    ) -> None:
+        self.system_prompt = system_prompt
+        self.messages: list[Message] = list(messages)
+        self.summary = summary
+        self.window_start = 0
+        self.observer = observer
+        self.reported_input_tokens: int | None = None
+        """The prompt tokens the backend reported for the last request."""
+        self.reported_message_count = 0
+        """How many window messages that last request held."""
+
+    def window(self) -> list[Message]:
+        """What is sent: the summary (if any), then the messages after the last compaction."""
+        kept = self.messages[self.window_start:] if self.window_start else self.messages
+        if self.summary is None:
+            return list(kept)
+        return [self.summary, *kept]
+
+    async def append(self, message: Message) -> None:
+        """Adds a message at the end and tells the observer (which stores it).
+
+        Args:
+            message: The new message.
+        """
+        self.messages.append(message)
+        if self.observer is not None:
+            await self.observer.message_appended(self, message)
+
+    async def compact(self, summary: Message, first_kept: int) -> None:
+        """Replaces, in what is sent, the messages before ``first_kept`` with ``summary``.
+
+        Args:
+            summary: The summary message.
+            first_kept: Index into ``messages`` of the oldest message still sent verbatim.
+        """
+        self.summary = summary
+        self.window_start = first_kept
+        self.reported_input_tokens = None
+        first_kept_id = self.messages[first_kept].id if first_kept < len(self.messages) else None
+        if self.observer is not None:
+            await self.observer.compacted(self, summary, first_kept_id)
+
+    def note_reported_usage(self, input_tokens: int, window_size: int) -> None:
+        """Remembers the prompt size the backend reported for a window of ``window_size``."""
+        self.reported_input_tokens = input_tokens
+        self.reported_message_count = window_size

@@ -1,0 +1,226 @@
+"""The typed events a desk publishes for every step of its work.
+
+Every event carries the desk and the turn it belongs to; a subagent's events also carry the
+subagent's id and the parent's tool call, so an operator sees them nested. ``to_dict()`` gives
+the JSON shape the store, the logs and the operator stream use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "CompactionEnded",
+    "CompactionStarted",
+    "ErrorEvent",
+    "Event",
+    "EventsDropped",
+    "MemoryFlush",
+    "ModelRequest",
+    "OverflowRecovery",
+    "RetryScheduled",
+    "SteeringDelivered",
+    "TextDelta",
+    "ToolCallStarted",
+    "ToolHeartbeat",
+    "ToolResultReady",
+    "TurnEnded",
+    "TurnStarted",
+    "UsageReported",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """The fields every event has.
+
+    Attributes:
+        desk: The desk it belongs to (a subagent's events carry its parent desk).
+        turn: The turn's id, or None outside a turn.
+        subagent: The subagent's id when a subagent published it.
+        parent_call: The parent's tool call that started the subagent.
+        at: When it happened, seconds since the epoch.
+        id: A sequence number the bus gives it, increasing per bus.
+    """
+
+    type: ClassVar[str] = "event"
+    desk: str
+    turn: str | None = None
+    subagent: str | None = None
+    parent_call: str | None = None
+    at: float = field(default_factory=time.time)
+    id: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as plain JSON-ready data, with its ``type``."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["type"] = self.type
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStarted(Event):
+    """A turn began."""
+
+    type: ClassVar[str] = "turn_start"
+    trigger_kind: str
+    trigger_text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnEnded(Event):
+    """A turn finished (or stopped)."""
+
+    type: ClassVar[str] = "turn_end"
+    rounds: int
+    hit_round_limit: bool
+    final_text: str
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+    stopped: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRequest(Event):
+    """A request is about to go to the model."""
+
+    type: ClassVar[str] = "model_request"
+    round: int
+    message_count: int
+    tool_count: int
+    estimated_tokens: int
+    image_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextDelta(Event):
+    """A piece of the model's text, as it streams."""
+
+    type: ClassVar[str] = "text_delta"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallStarted(Event):
+    """A tool call is about to run."""
+
+    type: ClassVar[str] = "tool_call"
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolHeartbeat(Event):
+    """A tool call is still running."""
+
+    type: ClassVar[str] = "tool_heartbeat"
+    call_id: str
+    name: str
+    elapsed: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolResultReady(Event):
+    """A tool call finished; ``text`` is what the model reads."""
+
+    type: ClassVar[str] = "tool_result"
+    call_id: str
+    name: str
+    text: str
+    is_error: bool
+    image_count: int
+    duration: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryScheduled(Event):
+    """A model request failed and will be retried after ``delay`` seconds."""
+
+    type: ClassVar[str] = "retry"
+    attempt: int
+    delay: float
+    reason: str
+    status_code: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageReported(Event):
+    """Tokens used by one model request, and their cost when prices are configured."""
+
+    type: ClassVar[str] = "usage"
+    input_tokens: int
+    output_tokens: int
+    estimated: bool
+    cost: float | None
+    context_tokens: int
+    context_window: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorEvent(Event):
+    """Something failed; ``message`` says what."""
+
+    type: ClassVar[str] = "error"
+    message: str
+    error_type: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SteeringDelivered(Event):
+    """An operator's mid-turn message was added to the conversation."""
+
+    type: ClassVar[str] = "steering_delivered"
+    text: str
+    queued_at: float
+    after_round: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionStarted(Event):
+    """Compaction began; ``reason`` is threshold, mid_turn, overflow or command."""
+
+    type: ClassVar[str] = "compaction_start"
+    reason: str
+    tokens_before: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionEnded(Event):
+    """Compaction finished."""
+
+    type: ClassVar[str] = "compaction_end"
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    messages_summarized: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryFlush(Event):
+    """The silent memory-flush turn before a compaction ran."""
+
+    type: ClassVar[str] = "memory_flush"
+    tool_calls: int
+    no_op: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverflowRecovery(Event):
+    """The server said the prompt was too long; the loop compacted and replays once."""
+
+    type: ClassVar[str] = "overflow_recovery"
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventsDropped(Event):
+    """A subscriber fell behind and ``count`` events were dropped for it."""
+
+    type: ClassVar[str] = "events_dropped"
+    subscriber: str
+    count: int

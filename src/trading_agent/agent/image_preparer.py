@@ -1,0 +1,159 @@
+"""Pictures for the model: sized once, and only the newest few sent.
+
+Every image sent stays in every later request unless it is taken out, so before each model
+call only the ``keep`` newest images stay; each older one becomes a short text placeholder
+naming what it was. The result is deterministic (the same conversation gives byte-identical
+requests, so providers' prompt caches keep working) and memoized per message.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PIL import Image
+
+from trading_agent.agent.conversation import (
+    ContentBlock,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+)
+
+__all__ = ["ImageLimits", "ImagePreparer"]
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What the model accepts.
+
+    Attributes:
+        max_side: The longest side in pixels.
+        max_bytes: The largest encoded size.
+        keep: How many of the newest images are sent; older ones become placeholders.
+    """
+
+    max_side: int = 1568
+    max_bytes: int = 3_750_000
+    keep: int = 4
+
+
+class ImagePreparer:
+    """Sizes images for the model and prunes old ones from what is sent.
+
+    Args:
+        limits: The model's limits; the defaults suit most vision models.
+    """
+
+    def __init__(self, limits: ImageLimits | None = None) -> None:
+        self.limits = limits or ImageLimits()
+
+    def prepare(self, data: bytes, description: str = "image") -> ImageBlock:
+        """Resizes and re-encodes a picture to fit the limits; blocking (call in a thread).
+
+        PNG is kept when it fits, else JPEG at falling quality and size.
+
+        Args:
+            data: The picture's bytes, in any format pillow reads.
+            description: What it shows, for the placeholder.
+
+        Returns:
+            The encoded image block.
+
+        Raises:
+            ValueError: The bytes are not a picture.
+        """
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.load()
+                image = opened.copy()
+                source_format = opened.format
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"not a readable picture: {exc}") from exc
+        limits = self.limits
+        fits_side = max(image.size) <= limits.max_side
+        if fits_side and len(data) <= limits.max_bytes and source_format in ("PNG", "JPEG"):
+            media_type = "image/png" if source_format == "PNG" else "image/jpeg"
+            return ImageBlock(data=data, media_type=media_type, description=description)
+        if not fits_side:
+            image.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
+        encoded = _encode(image, "PNG")
+        if len(encoded) <= limits.max_bytes:
+            return ImageBlock(data=encoded, media_type="image/png", description=description)
+        rgb = image.convert("RGB")
+        for quality in (85, 70, 55, 40):
+            encoded = _encode(rgb, "JPEG", quality=quality)
+            if len(encoded) <= limits.max_bytes:
+                return ImageBlock(data=encoded, media_type="image/jpeg", description=description)
+        while len(encoded) > limits.max_bytes and min(rgb.size) > 16:
+            rgb = rgb.resize((max(1, rgb.width // 2), max(1, rgb.height // 2)))
+            encoded = _encode(rgb, "JPEG", quality=40)
+        return ImageBlock(data=encoded, media_type="image/jpeg", description=description)
+
+    def prune(self, messages: Sequence[Message]) -> list[Message]:
+        """Keeps the newest ``keep`` images; older ones become text placeholders.
+
+        Args:
+            messages: What would be sent, oldest first.
+
+        Returns:
+            The messages to send; messages without pruned images are the same objects.
+        """
+        keep = self.limits.keep
+        seen = 0
+        pruned: list[Message] = []
+        for message in reversed(messages):
+            count = message.image_count
+            if count == 0:
+                pruned.append(message)
+                continue
+            keep_here = max(0, min(count, keep - seen))
+            seen += count
+            pruned.append(message if keep_here == count else _without_images(message, keep_here))
+        pruned.reverse()
+        return pruned
+
+
+def _encode(image: Image.Image, image_format: str, **options: int) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format, optimize=True, **options)
+    return buffer.getvalue()
+
+
+def _placeholder(image: ImageBlock) -> TextBlock:
+    return TextBlock(f"[image removed to save space: {image.description}]")
+
+
+def _without_images(message: Message, keep_last: int) -> Message:
+    """The message with all but its last ``keep_last`` images replaced; memoized."""
+    key = f"pruned:{keep_last}"
+    cached = message.cache.get(key)
+    if isinstance(cached, Message):
+        return cached
+    total = message.image_count
+    drop = total - keep_last
+    dropped = 0
+
+    def replace(block: ImageBlock) -> TextBlock | ImageBlock:
+        nonlocal dropped
+        if dropped < drop:
+            dropped += 1
+            return _placeholder(block)
+        return block
+
+    content: list[ContentBlock] = []
+    for block in message.content:
+        if isinstance(block, ImageBlock):
+            content.append(replace(block))
+        elif isinstance(block, ToolResultBlock) and any(
+                isinstance(b, ImageBlock) for b in block.content):
+            inner = tuple(replace(b) if isinstance(b, ImageBlock) else b for b in block.content)
+            content.append(ToolResultBlock(block.tool_use_id, inner, block.is_error))
+        else:
+            content.append(block)
+    result = Message(role=message.role, content=tuple(content), kind=message.kind,
+                     id=message.id, created_at=message.created_at)
+    message.cache[key] = result
+    return result

@@ -1,0 +1,158 @@
+"""Runs the model's tool calls; every failure becomes a result the model reads.
+
+Invalid JSON, arguments that fail validation, an unknown tool, a refusal by the approval
+gate, a tool that raises and a tool that outlives its timeout each come back as an error
+result naming the problem, and the turn goes on. A tool never crashes the loop.
+
+The calls of one round run concurrently (a subagent research task need not wait for
+another); results come back in the order of the calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from pydantic import BaseModel, ValidationError
+
+from trading_agent.agent.backend import Usage
+from trading_agent.agent.conversation import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.events import ToolCallStarted, ToolHeartbeat, ToolResultReady
+from trading_agent.agent.tool_registry import Tool, ToolContext, ToolOutput, ToolRegistry
+from trading_agent.errors import ToolError
+
+__all__ = ["ApprovalGate", "ExecutedCall", "ToolCallExecutor"]
+
+
+class ApprovalGate(Protocol):
+    """Decides whether a tool call may run; dangerous calls may wait for a person."""
+
+    async def review(self, tool: Tool, arguments: BaseModel, context: ToolContext) -> str | None:
+        """Returns None to let the call run, or the reason it was refused (the model reads it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExecutedCall:
+    """One finished call: its result block and any model tokens it spent (a subagent)."""
+
+    result: ToolResultBlock
+    usage: Usage | None = None
+
+
+class ToolCallExecutor:
+    """Runs tool calls from a registry.
+
+    Args:
+        tool_registry: The tools the model may call.
+        approval_gate: Reviews every call before it runs; None lets all run.
+        heartbeat_seconds: How often a heartbeat event is published while a call runs.
+    """
+
+    def __init__(self, tool_registry: ToolRegistry, *, approval_gate: ApprovalGate | None = None,
+                 heartbeat_seconds: float = 5.0) -> None:
+        self.tool_registry = tool_registry
+        self.approval_gate = approval_gate
+        self.heartbeat_seconds = heartbeat_seconds
+
+    async def execute(self, calls: Sequence[ToolUseBlock], desk: str, turn: str,
+                      events: EventBus, finished: dict[str, ExecutedCall]) -> list[ExecutedCall]:
+        """Runs the calls concurrently.
+
+        Args:
+            calls: The calls, in the model's order.
+            desk: The desk, for events and tools.
+            turn: The turn's id.
+            events: Where steps are published.
+            finished: Filled as each call finishes, so a cancelled round keeps what finished.
+
+        Returns:
+            One executed call per call, in order.
+        """
+        async with anyio.create_task_group() as group:
+            for call in calls:
+                context = ToolContext(desk=desk, turn=turn, call_id=call.id, events=events)
+                group.start_soon(self._run_one, call, context, finished)
+        return [finished[call.id] for call in calls]
+
+    async def _run_one(self, call: ToolUseBlock, context: ToolContext,
+                       finished: dict[str, ExecutedCall]) -> None:
+        events = context.events
+        events.publish(ToolCallStarted(desk=context.desk, turn=context.turn, call_id=call.id,
+                                       name=call.name, arguments=call.arguments))
+        started = time.monotonic()
+        output = await self._output_of(call, context)
+        content: tuple[TextBlock | ImageBlock, ...] = (TextBlock(output.text), *output.images)
+        result = ToolResultBlock(tool_use_id=call.id, content=content, is_error=output.is_error)
+        finished[call.id] = ExecutedCall(result, output.usage)
+        events.publish(ToolResultReady(
+            desk=context.desk, turn=context.turn, call_id=call.id, name=call.name,
+            text=output.text, is_error=output.is_error, image_count=len(output.images),
+            duration=time.monotonic() - started))
+
+    async def _output_of(self, call: ToolUseBlock, context: ToolContext) -> ToolOutput:
+        tool = self.tool_registry.get(call.name)
+        if tool is None:
+            known = ", ".join(self.tool_registry.names) or "none"
+            return _error(f"Error: there is no tool named {call.name!r}. Available tools: {known}.")
+        try:
+            raw = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return _error(f"Error: the arguments for {call.name} are not valid JSON ({exc.msg} "
+                          f"at position {exc.pos}). Send a JSON object matching the schema.")
+        try:
+            arguments = tool.arguments.model_validate(raw)
+        except ValidationError as exc:
+            return _error(f"Error: invalid arguments for {call.name}: {_describe(exc)}")
+        if self.approval_gate is not None:
+            refusal = await self.approval_gate.review(tool, arguments, context)
+            if refusal is not None:
+                return _error(refusal)
+        return await self._run_with_deadline(tool, arguments, context)
+
+    async def _run_with_deadline(self, tool: Tool, arguments: BaseModel,
+                                 context: ToolContext) -> ToolOutput:
+        output: ToolOutput | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._heartbeat, tool.name, context)
+            try:
+                with anyio.fail_after(tool.timeout_seconds):
+                    answer = await tool.handler(arguments, context)
+                output = answer if isinstance(answer, ToolOutput) else ToolOutput(str(answer))
+            except TimeoutError:
+                output = _error(f"Error: {tool.name} did not finish within "
+                                f"{tool.timeout_seconds:g} s and was abandoned; it may or may "
+                                "not have taken effect.")
+            except ToolError as exc:
+                output = _error(f"Error: {exc}")
+            except Exception as exc:
+                output = _error(f"Error: {tool.name} failed: {type(exc).__name__}: {exc}")
+            finally:
+                group.cancel_scope.cancel()
+        assert output is not None
+        return output
+
+    async def _heartbeat(self, name: str, context: ToolContext) -> None:
+        started = time.monotonic()
+        while True:
+            await anyio.sleep(self.heartbeat_seconds)
+            context.events.publish(ToolHeartbeat(
+                desk=context.desk, turn=context.turn, call_id=context.call_id, name=name,
+                elapsed=time.monotonic() - started))
+
+
+def _error(text: str) -> ToolOutput:
+    return ToolOutput(text=text, is_error=True)
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        problems.append(f"{where}: {error['msg']}")
+    return "; ".join(problems)

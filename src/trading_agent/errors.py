@@ -1,0 +1,135 @@
+"""The project's exceptions, one tree.
+
+::
+
+    TradingAgentError
+    ├── BackendError                     the model server failed
+    │   ├── BackendUnavailableError      still failing after every retry
+    │   ├── TransientBackendError        worth retrying (429, 5xx, timeout, dropped stream)
+    │   └── ContextOverflowError         the prompt is longer than the model's window
+    ├── ToolError                        a tool refuses; its message goes back to the model
+    │   └── RiskLimitError               an order breaks a desk's risk limit
+    ├── ExchangeError                    the exchange failed
+    │   ├── ExchangeUnavailableError     network, timeout or rate limit, after retries
+    │   └── OrderRejectedError           the exchange refused the order (funds, symbol...)
+    ├── StoreError                       the SQLite store failed
+    └── ConfigError                      a configuration file or variable is wrong
+
+Each error carries what a reader needs to act on it (desk, model, status code, limit).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "ContextOverflowError",
+    "ExchangeError",
+    "ExchangeUnavailableError",
+    "OrderRejectedError",
+    "RiskLimitError",
+    "StoreError",
+    "ToolError",
+    "TradingAgentError",
+    "TransientBackendError",
+]
+
+
+class TradingAgentError(Exception):
+    """The root of every error this project raises on purpose."""
+
+
+class BackendError(TradingAgentError):
+    """The model server failed.
+
+    Args:
+        message: What went wrong, readable by an operator.
+        status_code: The HTTP status, when there was one.
+        model: The model that was asked.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, model: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.model = model
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.status_code is not None:
+            parts.append(f"(HTTP {self.status_code})")
+        if self.model:
+            parts.append(f"[model {self.model}]")
+        return " ".join(parts)
+
+
+class TransientBackendError(BackendError):
+    """A failure worth retrying: rate limits, server errors, timeouts, broken streams.
+
+    Args:
+        message: What went wrong.
+        status_code: The HTTP status, or None for a network failure.
+        model: The model that was asked.
+        retry_after: Seconds the server asked us to wait, when it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        model: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, model=model)
+        self.retry_after = retry_after
+
+
+class BackendUnavailableError(BackendError):
+    """The model could not be reached, even after every retry."""
+
+
+class ContextOverflowError(BackendError):
+    """The server refused the prompt because it is longer than the model's window."""
+
+
+class ToolError(TradingAgentError):
+    """Raised by a tool to refuse; the message is what the model reads."""
+
+
+class RiskLimitError(ToolError):
+    """An order would break one of the desk's risk limits.
+
+    Args:
+        limit: The name of the limit, as in the config (``max_order_notional``).
+        message: The limit and the numbers, readable by the model.
+    """
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class ExchangeError(TradingAgentError):
+    """The exchange failed."""
+
+
+class ExchangeUnavailableError(ExchangeError):
+    """The exchange could not be reached (network, timeout, rate limit) after retries."""
+
+
+class OrderRejectedError(ExchangeError):
+    """The exchange refused an order or a symbol: funds, size, unknown market."""
+
+
+class StoreError(TradingAgentError):
+    """The SQLite store failed."""
+
+
+class ConfigError(TradingAgentError):
+    """A configuration file or variable is wrong.
+
+    Args:
+        message: Every problem, one a line, each naming the file, the key and what is allowed.
+    """

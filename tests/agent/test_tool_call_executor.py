@@ -1,0 +1,101 @@
+"""Every kind of bad tool call comes back as a result the model reads; the round goes on."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from pydantic import BaseModel, Field
+
+from trading_agent.agent.conversation import ToolUseBlock
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.events import ToolCallStarted, ToolHeartbeat, ToolResultReady
+from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
+from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
+from trading_agent.errors import ToolError
+
+
+class PriceArguments(BaseModel):
+    symbol: str = Field(description="Market symbol")
+    depth: int = Field(default=5, ge=1, le=50)
+
+
+class SleepArguments(BaseModel):
+    seconds: float
+
+
+def _registry() -> ToolRegistry:
+    registry = ToolRegistry()
+
+    @registry.tool(description="Last price of a market.")
+    async def get_price(arguments: PriceArguments, context: ToolContext) -> str:
+        if arguments.symbol == "BOOM/USDT":
+            raise RuntimeError("exchange exploded")
+        if arguments.symbol == "NOPE/USDT":
+            raise ToolError("NOPE/USDT is not a market this desk trades")
+        return f"{arguments.symbol} last 21000.50 (depth {arguments.depth})"
+
+    @registry.tool(description="Sleeps.", timeout_seconds=0.3)
+    async def nap(arguments: SleepArguments, context: ToolContext) -> str:
+        await anyio.sleep(arguments.seconds)
+        return "rested"
+
+    return registry
+
+
+async def _run(calls: list[ToolUseBlock], executor: ToolCallExecutor | None = None,
+               bus: EventBus | None = None) -> list[ExecutedCall]:
+    executor = executor or ToolCallExecutor(_registry())
+    return await executor.execute(calls, "desk", "turn", bus or EventBus(), {})
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "expected"),
+    [
+        ("get_price", '{"symbol": "BTC/USDT"', "not valid JSON"),
+        ("get_price", '{"depth": 3}', "symbol: Field required"),
+        ("get_price", '{"symbol": "BTC/USDT", "depth": 500}', "depth: Input should be less"),
+        ("get_prices", "{}", "no tool named 'get_prices'. Available tools: get_price, nap"),
+        ("get_price", '{"symbol": "BOOM/USDT"}', "get_price failed: RuntimeError: exchange"),
+        ("get_price", '{"symbol": "NOPE/USDT"}', "Error: NOPE/USDT is not a market"),
+        ("nap", '{"seconds": 5}', "did not finish within 0.3 s"),
+    ],
+)
+async def test_bad_calls_become_readable_error_results(name: str, arguments: str,
+                                                       expected: str) -> None:
+    [executed] = await _run([ToolUseBlock(id="c1", name=name, arguments=arguments)])
+    assert executed.result.is_error
+    assert expected in executed.result.text
+    assert executed.result.tool_use_id == "c1"
+
+
+async def test_good_and_bad_calls_in_one_round_keep_their_order() -> None:
+    calls = [
+        ToolUseBlock(id="a", name="get_price", arguments="{oops"),
+        ToolUseBlock(id="b", name="get_price", arguments='{"symbol": "ETH/USDT"}'),
+    ]
+    executed = await _run(calls)
+    assert [e.result.tool_use_id for e in executed] == ["a", "b"]
+    assert executed[0].result.is_error and not executed[1].result.is_error
+    assert executed[1].result.text == "ETH/USDT last 21000.50 (depth 5)"
+
+
+async def test_a_long_tool_publishes_heartbeats_then_its_result() -> None:
+    bus = EventBus()
+    executor = ToolCallExecutor(_registry(), heartbeat_seconds=0.05)
+    with bus.subscribe("watcher") as watcher:
+        await _run([ToolUseBlock(id="n", name="nap", arguments='{"seconds": 0.2}')],
+                   executor, bus)
+        kinds = []
+        while (event := watcher.get_nowait()) is not None:
+            kinds.append(type(event))
+    assert kinds[0] is ToolCallStarted and kinds[-1] is ToolResultReady
+    assert kinds.count(ToolHeartbeat) >= 2
+
+
+def test_definitions_are_json_schema_from_the_argument_model() -> None:
+    definition = _registry().get("get_price")
+    assert definition is not None
+    schema = definition.definition()["function"]
+    assert schema["name"] == "get_price"
+    assert schema["parameters"]["required"] == ["symbol"]
+    assert schema["parameters"]["properties"]["depth"]["maximum"] == 50
