@@ -109,13 +109,13 @@ class EventBus:
     """Fans events out to subscribers; a child bus tags what it publishes (for subagents).
 
     Args:
-        tags: Fields set on every event published through this bus (``subagent``,
-            ``parent_call``); used by :meth:`child`.
+        first_id: The id of the first event published; a daemon restarting on a store passes
+            one past the last stored id, so ids stay unique and increasing across restarts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 1) -> None:
         self._subscriptions: list[Subscription] = []
-        self._sequence = itertools.count(1)
+        self._sequence = itertools.count(first_id)
         self._root = self
         self._tags: dict[str, Any] = {}
 

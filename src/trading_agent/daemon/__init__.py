@@ -1,0 +1,1 @@
+"""The daemon: a supervisor running one task per desk, triggers, shutdown and systemd."""

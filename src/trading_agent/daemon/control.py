@@ -1,0 +1,114 @@
+"""What the operator side may ask of the running daemon: the seam between them.
+
+The supervisor implements :class:`DeskControl`; the operator API and the CLI use only this,
+so either side can change behind it (and a future remote daemon is one more adapter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from trading_agent.agent.event_bus import EventBus
+
+__all__ = ["DeskControl", "DeskState", "DeskStatus", "UnknownDeskError"]
+
+DeskState = Literal["idle", "working", "paused", "stopped"]
+
+
+class UnknownDeskError(KeyError):
+    """No desk of that name runs in this daemon."""
+
+
+class DeskStatus(BaseModel):
+    """One desk as an operator sees it.
+
+    Attributes:
+        name: The desk's name.
+        state: idle, working, paused (its model is unavailable and it waits) or stopped.
+        mode: paper or live.
+        model: The model it talks to.
+        symbols: The markets it trades.
+        last_turn_at: When its last turn ended (seconds since the epoch), or None.
+        last_turn_text: The final text of its last turn.
+        equity: Account value in the quote currency, when known.
+        open_orders: How many orders are open.
+        tokens_today: Prompt plus completion tokens used today (UTC).
+        cost_today: Their cost, when prices are configured.
+        pending_approvals: Tool calls waiting for an operator's decision.
+        queued_triggers: Triggers waiting for the desk to be free.
+        paused_reason: Why it is paused.
+    """
+
+    name: str
+    state: DeskState
+    mode: str = "paper"
+    model: str = ""
+    symbols: list[str] = []
+    last_turn_at: float | None = None
+    last_turn_text: str = ""
+    equity: float | None = None
+    open_orders: int = 0
+    tokens_today: int = 0
+    cost_today: float | None = None
+    pending_approvals: int = 0
+    queued_triggers: int = 0
+    paused_reason: str = ""
+
+
+class DeskControl(Protocol):
+    """The running daemon, as the operator API sees it."""
+
+    event_bus: EventBus
+
+    def desk_names(self) -> Sequence[str]:
+        """The desks, in config order."""
+        ...
+
+    async def desk_status(self, desk: str) -> DeskStatus:
+        """One desk's status.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+        """Gives an operator's message to a desk: it steers a running turn (delivered after
+        the current tool round) or starts a turn. Stored before this returns.
+
+        Returns:
+            The message's id.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    async def compact(self, desk: str) -> bool:
+        """Flushes memory and compacts a desk's conversation now (waits for a running turn).
+
+        Returns:
+            True when something was compacted.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    async def transcript(self, desk: str, *, before: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """A page of a desk's stored messages, newest last, each as JSON-ready data with a
+        ``seq`` (increasing per desk); ``before`` pages back from a ``seq``.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    async def events_since(self, after_id: int, desk: str | None = None,
+                           limit: int = 1000) -> list[dict[str, Any]]:
+        """Stored events with id greater than ``after_id`` (for a reconnecting stream)."""
+        ...
