@@ -1,0 +1,142 @@
+"""The ``trading-agent`` command.
+
+- ``trading-agent check-config FILE``: validates a config file (with the ``TRADING_AGENT_*``
+  variables over it); prints ``OK: ...`` and exits 0, or prints every problem and exits 2.
+- ``trading-agent run --config FILE``: starts the daemon; a bad config is refused the same
+  way (exit 2), before anything starts.
+- The operator's commands (chat, status, ...) come from :mod:`trading_agent.operator.cli`.
+
+Each subcommand sets ``handler``: a function of the parsed arguments returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trading_agent import __version__
+from trading_agent.errors import ConfigError, TradingAgentError
+from trading_agent.logging_setup import configure_logging
+from trading_agent.settings import OpenAIModelSettings, Settings, load_settings, missing_secrets
+
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "build_parser", "main"]
+
+EXIT_CONFIG = 2
+"""The exit code for a configuration that is refused."""
+
+EXIT_FAILURE = 1
+"""The exit code when the daemon stops on an error (systemd's Restart=on-failure restarts)."""
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.file)
+    except ConfigError as exc:
+        print(f"{args.file}: the configuration is not valid:", file=sys.stderr)
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    print(_summary(settings))
+    for line in missing_secrets(settings, args.file):
+        print(f"warning: {line}")
+    return 0
+
+
+def _summary(settings: Settings) -> str:
+    desks = settings.desks
+    lines = [f"OK: {len(desks)} desk{'s' if len(desks) != 1 else ''} "
+             f"({', '.join(desks)}); state in {settings.state_directory()}"]
+    for name, desk in desks.items():
+        model = desk.model
+        model_name = model.model if isinstance(model, OpenAIModelSettings) else model.model_alias
+        triggers = desk.triggers
+        wakes = []
+        if triggers.ticks.move_percent is not None:
+            wakes.append(f"moves of {triggers.ticks.move_percent}%")
+        if triggers.ticks.on_candle_close:
+            wakes.append(f"{'/'.join(triggers.ticks.on_candle_close)} candle closes")
+        wakes.extend(f"schedule {schedule.key!r}" for schedule in triggers.schedules)
+        lines.append(
+            f"  {name}: {desk.exchange.mode} on {desk.exchange.feed}, "
+            f"{', '.join(desk.symbols)}; model {model.provider}:{model_name}; "
+            f"wakes on {', '.join(wakes) or 'operator messages only'}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config, check_environment=True)
+    except ConfigError as exc:
+        print(f"{args.config}: refusing to start, the configuration is not valid:",
+              file=sys.stderr)
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(settings.daemon.log_level, settings.daemon.log_format,
+                      secret_env_names=settings.secret_env_vars())
+    # Imported here: check-config and the operator's commands need none of the daemon.
+    runner: Any = importlib.import_module("trading_agent.daemon.supervisor").run_daemon
+    try:
+        if inspect.iscoroutinefunction(runner):
+            import anyio
+
+            result = anyio.run(runner, settings, backend="asyncio")
+        else:
+            result = runner(settings)
+    except ConfigError as exc:
+        print(f"{args.config}: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except TradingAgentError as exc:
+        print(f"trading-agent stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return int(result) if isinstance(result, int) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="trading-agent",
+        description="Runs LLM trading desks, and talks to a running daemon.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    check = subparsers.add_parser(
+        "check-config", help="validate a config file and exit",
+        description="Validates a config file with the TRADING_AGENT_* environment variables "
+                    "over it. Exit 0 when valid, 2 with every problem listed otherwise.")
+    check.add_argument("file", type=Path, metavar="FILE", help="the TOML config file")
+    check.set_defaults(handler=_check_config)
+
+    run = subparsers.add_parser(
+        "run", help="start the daemon",
+        description="Starts the daemon on a config file; refuses (exit 2) a bad config.")
+    run.add_argument("--config", type=Path, required=True, metavar="FILE",
+                     help="the TOML config file")
+    run.set_defaults(handler=_run)
+
+    # The operator's commands (desks, chat, events): imported here, as only they need them.
+    from trading_agent.operator.cli import add_subcommands
+
+    add_subcommands(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line.
+
+    Args:
+        argv: The arguments (``sys.argv[1:]`` by default).
+
+    Returns:
+        The exit code.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The store's tables, as numbered migrations (a released migration is never edited).
+
+The trading layer keeps its own tables (paper accounts, orders, fills, notes) in the same
+file, through its own connections; the names here never clash with theirs.
+"""
+
+from __future__ import annotations
+
+from trading_agent.store.database import Migration
+
+__all__ = ["COMPONENT", "MIGRATIONS"]
+
+COMPONENT = "store"
+"""This schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    (1, (
+        # Every message of every desk (and of its subagents), in the order it was made.
+        # seq is global and increasing, hence increasing per desk too.
+        """CREATE TABLE messages (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            desk TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            subagent_id TEXT,
+            parent_call_id TEXT,
+            UNIQUE (desk, message_id))""",
+        "CREATE INDEX messages_by_desk ON messages (desk, subagent_id, seq)",
+        # Pictures, once each, by the SHA-256 of their bytes.
+        """CREATE TABLE images (
+            sha256 TEXT PRIMARY KEY,
+            media_type TEXT NOT NULL,
+            data BLOB NOT NULL)""",
+        # Each compaction: the summary that stands for the messages before first_kept_seq.
+        """CREATE TABLE compactions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            desk TEXT NOT NULL,
+            subagent_id TEXT,
+            summary_id TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            summary_created_at REAL NOT NULL,
+            first_kept_id TEXT,
+            first_kept_seq INTEGER NOT NULL,
+            created_at REAL NOT NULL)""",
+        "CREATE INDEX compactions_by_desk ON compactions (desk, subagent_id, id)",
+        # A subagent's origin: its parent turn and tool call, its task and tools.
+        """CREATE TABLE subagents (
+            subagent_id TEXT PRIMARY KEY,
+            desk TEXT NOT NULL,
+            parent_turn TEXT NOT NULL,
+            parent_call_id TEXT NOT NULL,
+            task TEXT NOT NULL,
+            tools TEXT NOT NULL,
+            started_at REAL NOT NULL)""",
+        # Events, with the bus's ids (text deltas and heartbeats are left out by default).
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            desk TEXT NOT NULL,
+            turn TEXT,
+            type TEXT NOT NULL,
+            at REAL NOT NULL,
+            data TEXT NOT NULL)""",
+        "CREATE INDEX events_by_desk ON events (desk, id)",
+        # Operator messages, kept before the operator is told they were received.
+        """CREATE TABLE operator_messages (
+            id TEXT PRIMARY KEY,
+            desk TEXT NOT NULL,
+            text TEXT NOT NULL,
+            source TEXT NOT NULL,
+            images TEXT NOT NULL,
+            queued_at REAL NOT NULL,
+            delivered_at REAL)""",
+        "CREATE INDEX operator_messages_waiting ON operator_messages (desk, delivered_at)",
+        # The slot each schedule last fired for.
+        """CREATE TABLE schedule_state (
+            desk TEXT NOT NULL,
+            schedule TEXT NOT NULL,
+            last_fired_at REAL NOT NULL,
+            PRIMARY KEY (desk, schedule))""",
+        # Tokens and cost per desk and UTC day (every model request, subagents' included).
+        """CREATE TABLE daily_usage (
+            desk TEXT NOT NULL,
+            day TEXT NOT NULL,
+            requests INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            cost REAL,
+            PRIMARY KEY (desk, day))""",
+        # Small values the store keeps about itself (the highest event id the bus gave).
+        """CREATE TABLE store_meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL)""",
+    )),
+)

@@ -1,0 +1,810 @@
+"""The daemon's store: conversations, events, operator messages, schedules and usage.
+
+Everything is appended as it happens and nothing is rewritten whole: a message is written
+when it is added to its conversation (the operator's message before the model is called),
+a compaction adds a row naming the summary and the first message still sent verbatim, and
+events arrive in batches from an :class:`~trading_agent.agent.event_bus.EventBus`
+subscription.
+
+How the daemon uses it::
+
+    store = await Store.open(database_path(settings.state_directory()))
+    bus = EventBus(first_id=await store.last_event_id() + 1)
+    group.start_soon(store.persist_events, bus.subscribe("store", max_buffer=50_000))
+    conversation = await store.restore_conversation("alpha", system_prompt)  # stores itself
+    for message in await store.undelivered_operator_messages("alpha"):
+        ...  # queue it again, with the same id
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import structlog
+
+from trading_agent.agent.conversation import (
+    Conversation,
+    ConversationObserver,
+    ImageBlock,
+    Message,
+    TextBlock,
+    repair,
+)
+from trading_agent.agent.event_bus import Subscription
+from trading_agent.agent.events import Event, UsageReported
+from trading_agent.agent.steering_inbox import SteeringMessage
+from trading_agent.store.codec import (
+    ImageData,
+    decode_content,
+    encode_content,
+    image_refs,
+)
+from trading_agent.store.database import Database
+from trading_agent.store.schema import COMPONENT, MIGRATIONS
+
+__all__ = [
+    "DATABASE_NAME",
+    "DEFAULT_SKIPPED_EVENTS",
+    "INTERRUPTED_NOTICE",
+    "DailyUsage",
+    "DeskConversationStore",
+    "Store",
+    "SubagentOrigin",
+    "database_path",
+]
+
+DATABASE_NAME = "trading-agent.sqlite3"
+"""The file's name in the state directory; the trading layer opens the same file."""
+
+DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "tool_heartbeat"})
+"""Event types not stored by default: there are too many, and the messages keep their text."""
+
+INTERRUPTED_NOTICE = (
+    "[Notice from the daemon] Your previous turn was interrupted (the daemon stopped) before "
+    "you finished it. Tool calls that had not returned are marked as interrupted: they may or "
+    "may not have taken effect, so check your open orders, positions and balances before "
+    "repeating any of them."
+)
+"""What a desk is told when its conversation is restored after a turn was cut off."""
+
+_IN_CHUNK = 500
+"""The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
+
+_log = structlog.get_logger(__name__)
+
+
+def database_path(state_dir: Path | str) -> Path:
+    """The SQLite file in a state directory.
+
+    Args:
+        state_dir: The daemon's state directory.
+
+    Returns:
+        ``state_dir / "trading-agent.sqlite3"``.
+    """
+    return Path(state_dir) / DATABASE_NAME
+
+
+class SubagentOrigin(Protocol):
+    """Where a subagent comes from (``tools.delegate.SubagentLink`` has this shape; the
+    store does not import the tools)."""
+
+    @property
+    def desk(self) -> str: ...
+    @property
+    def subagent_id(self) -> str: ...
+    @property
+    def parent_turn(self) -> str: ...
+    @property
+    def parent_call_id(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def tools(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class DailyUsage:
+    """A desk's model usage on one UTC day.
+
+    Attributes:
+        desk: The desk.
+        day: The UTC day.
+        requests: Model requests made (subagents' included).
+        input_tokens: Prompt tokens.
+        output_tokens: Completion tokens.
+        cost: Their cost, or None when no prices are configured.
+    """
+
+    desk: str
+    day: date
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class _StoredRow:
+    seq: int
+    desk: str
+    message_id: str
+    role: str
+    kind: str
+    blocks: list[dict[str, Any]]
+    created_at: float
+    subagent_id: str | None
+    parent_call_id: str | None
+
+
+def _utc_day(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).date().isoformat()
+
+
+def _put_images(connection: sqlite3.Connection, images: dict[str, ImageData]) -> None:
+    connection.executemany(
+        "INSERT OR IGNORE INTO images (sha256, media_type, data) VALUES (?, ?, ?)",
+        [(digest, media_type, data) for digest, (media_type, data) in images.items()])
+
+
+def _get_images(connection: sqlite3.Connection, digests: Collection[str]) -> dict[str, ImageData]:
+    found: dict[str, ImageData] = {}
+    wanted = sorted(digests)
+    for start in range(0, len(wanted), _IN_CHUNK):
+        chunk = wanted[start:start + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for digest, media_type, data in connection.execute(
+                f"SELECT sha256, media_type, data FROM images WHERE sha256 IN ({marks})", chunk):
+            found[digest] = (media_type, bytes(data))
+    return found
+
+
+def _row(values: Sequence[Any]) -> _StoredRow:
+    seq, desk, message_id, role, kind, content, created_at, subagent_id, parent_call_id = values
+    return _StoredRow(seq, desk, message_id, role, kind, json.loads(content), created_at,
+                      subagent_id, parent_call_id)
+
+
+_MESSAGE_COLUMNS = ("seq, desk, message_id, role, kind, content, created_at, subagent_id, "
+                    "parent_call_id")
+
+
+class Store:
+    """The SQLite store of one daemon. Use :meth:`open` (or ``async with await open()``).
+
+    Args:
+        database: The open file.
+        clock: Seconds since the epoch (injectable for tests).
+    """
+
+    def __init__(self, database: Database, *, clock: Callable[[], float] = time.time) -> None:
+        self._db = database
+        self._clock = clock
+
+    @classmethod
+    async def open(cls, path: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
+        """Opens (or creates) the store's file and brings its schema up to date.
+
+        Args:
+            path: The SQLite file (see :func:`database_path`); its folder is created.
+            clock: Seconds since the epoch.
+
+        Raises:
+            StoreError: The file cannot be opened or migrated.
+        """
+        return cls(await Database.open(Path(path), MIGRATIONS, COMPONENT), clock=clock)
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file."""
+        return self._db.path
+
+    async def close(self) -> None:
+        """Closes the file once pending calls have finished (idempotent)."""
+        await self._db.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # --- conversations ---------------------------------------------------------------------
+
+    def observer(self, desk: str, *, subagent_id: str | None = None,
+                 parent_call_id: str | None = None) -> DeskConversationStore:
+        """The observer that stores a conversation of ``desk`` as it grows.
+
+        Args:
+            desk: The desk.
+            subagent_id: For a subagent's conversation, its id.
+            parent_call_id: For a subagent's conversation, the desk's ``delegate`` call.
+
+        Returns:
+            An observer to give the :class:`Conversation`.
+        """
+        return DeskConversationStore(self, desk, subagent_id=subagent_id,
+                                     parent_call_id=parent_call_id)
+
+    async def observer_for(self, link: SubagentOrigin) -> ConversationObserver:
+        """Stores a subagent's conversation (``tools.delegate.SubagentTranscripts``).
+
+        Args:
+            link: Its ``SubagentLink``: desk, subagent id, parent turn and call, task, tools.
+
+        Returns:
+            The observer for the subagent's conversation.
+        """
+        started = self._clock()
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT OR IGNORE INTO subagents (subagent_id, desk, parent_turn, "
+                "parent_call_id, task, tools, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (link.subagent_id, link.desk, link.parent_turn, link.parent_call_id, link.task,
+                 json.dumps(list(link.tools)), started))
+
+        await self._db.write(write)
+        return self.observer(link.desk, subagent_id=link.subagent_id,
+                             parent_call_id=link.parent_call_id)
+
+    async def append_message(self, desk: str, message: Message, *,
+                             subagent_id: str | None = None,
+                             parent_call_id: str | None = None) -> str:
+        """Stores one message at the end of a desk's transcript.
+
+        Idempotent on the message id: storing the same message again changes nothing. A
+        desk's main-conversation message marks the operator message of the same id delivered,
+        in the same transaction.
+
+        Args:
+            desk: The desk.
+            message: The message.
+            subagent_id: For a subagent's message, its id.
+            parent_call_id: For a subagent's message, the desk's ``delegate`` call.
+
+        Returns:
+            The id it is stored under: the message's own, unless another message of the desk
+            already holds that id with other content (a model reusing tool call ids makes
+            such repairs), in which case a suffixed one.
+
+        Raises:
+            StoreError: SQLite failed.
+        """
+        content, images = encode_content(message.content)
+        now = self._clock()
+
+        def write(connection: sqlite3.Connection) -> str:
+            _put_images(connection, images)
+            stored_id = message.id
+            inserted = connection.execute(
+                "INSERT OR IGNORE INTO messages (desk, message_id, role, kind, content, "
+                "created_at, subagent_id, parent_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (desk, stored_id, message.role, message.kind, content, message.created_at,
+                 subagent_id, parent_call_id)).rowcount
+            if not inserted:
+                existing = connection.execute(
+                    "SELECT content, subagent_id FROM messages WHERE desk = ? AND message_id = ?",
+                    (desk, stored_id)).fetchone()
+                if existing is not None and (existing[0], existing[1]) == (content, subagent_id):
+                    return stored_id
+                stored_id = f"{message.id}~{uuid.uuid4().hex[:8]}"
+                connection.execute(
+                    "INSERT INTO messages (desk, message_id, role, kind, content, created_at, "
+                    "subagent_id, parent_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (desk, stored_id, message.role, message.kind, content, message.created_at,
+                     subagent_id, parent_call_id))
+            if subagent_id is None:
+                connection.execute(
+                    "UPDATE operator_messages SET delivered_at = ? "
+                    "WHERE id = ? AND desk = ? AND delivered_at IS NULL",
+                    (now, message.id, desk))
+            return stored_id
+
+        stored = await self._db.write(write)
+        if stored != message.id:
+            _log.warning("message_id_reused", desk=desk, message_id=message.id,
+                         stored_id=stored)
+        return stored
+
+    async def record_compaction(self, desk: str, summary: Message, first_kept_id: str | None,
+                                *, subagent_id: str | None = None) -> None:
+        """Stores a compaction: ``summary`` stands for every message before ``first_kept_id``.
+
+        Args:
+            desk: The desk.
+            summary: The summary message.
+            first_kept_id: The stored id of the oldest message still sent verbatim, or None
+                when every message was summarized.
+            subagent_id: For a subagent's conversation, its id.
+
+        Raises:
+            StoreError: SQLite failed.
+        """
+        content, images = encode_content(summary.content)
+        now = self._clock()
+
+        def write(connection: sqlite3.Connection) -> None:
+            _put_images(connection, images)
+            first_kept_seq: int | None = None
+            if first_kept_id is not None:
+                row = connection.execute(
+                    "SELECT seq FROM messages WHERE desk = ? AND message_id = ?",
+                    (desk, first_kept_id)).fetchone()
+                if row is not None:
+                    first_kept_seq = int(row[0])
+                else:
+                    # Unknown message: keep the whole previous window rather than lose any.
+                    previous = connection.execute(
+                        "SELECT first_kept_seq FROM compactions WHERE desk = ? AND "
+                        "subagent_id IS ? ORDER BY id DESC LIMIT 1",
+                        (desk, subagent_id)).fetchone()
+                    first_kept_seq = int(previous[0]) if previous is not None else 0
+            if first_kept_seq is None:
+                first_kept_seq = int(connection.execute(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages").fetchone()[0])
+            connection.execute(
+                "INSERT INTO compactions (desk, subagent_id, summary_id, summary, "
+                "summary_created_at, first_kept_id, first_kept_seq, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (desk, subagent_id, summary.id, content, summary.created_at, first_kept_id,
+                 first_kept_seq, now))
+
+        await self._db.write(write)
+
+    async def restore_conversation(self, desk: str, system_prompt: str) -> Conversation:
+        """A desk's conversation as it was: the latest summary and the messages after it.
+
+        A turn that was cut off (its last message a tool call, a tool result, or a trigger
+        nobody answered; a turn that ended at its round limit does not count) is repaired so
+        the next request is valid (each unanswered call gets an "interrupted" result), and the
+        desk is told, with :data:`INTERRUPTED_NOTICE`. Both are stored. The conversation
+        stores itself from then on.
+
+        Args:
+            desk: The desk.
+            system_prompt: The desk's system prompt (from the config, which may have changed).
+
+        Returns:
+            The conversation, with the store as its observer.
+
+        Raises:
+            StoreError: SQLite failed, or a stored message cannot be decoded.
+        """
+
+        def read(connection: sqlite3.Connection) -> tuple[Message | None, list[Message],
+                                                           float | None]:
+            compaction = connection.execute(
+                "SELECT summary_id, summary, summary_created_at, first_kept_seq FROM "
+                "compactions WHERE desk = ? AND subagent_id IS NULL ORDER BY id DESC LIMIT 1",
+                (desk,)).fetchone()
+            first_seq = int(compaction[3]) if compaction is not None else 0
+            rows = [_row(values) for values in connection.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE desk = ? AND subagent_id IS NULL "
+                "AND seq >= ? ORDER BY seq", (desk, first_seq))]
+            summary_blocks = json.loads(compaction[1]) if compaction is not None else []
+            digests = image_refs(summary_blocks)
+            for row in rows:
+                digests |= image_refs(row.blocks)
+            images = _get_images(connection, digests)
+            summary = None
+            if compaction is not None:
+                summary = Message(role="user", kind="summary", id=compaction[0],
+                                  created_at=compaction[2],
+                                  content=decode_content(summary_blocks, images))
+            messages = [Message(role=row.role, kind=row.kind,  # type: ignore[arg-type]
+                                id=row.message_id, created_at=row.created_at,
+                                content=decode_content(row.blocks, images)) for row in rows]
+            return summary, messages, _round_limit_end(connection, desk)
+
+        summary, messages, round_limit_end = await self._db.read(read)
+        repaired = repair(messages)
+        # Messages repair added after the last stored one are stored; a fix inside the
+        # history is only in memory (repair is deterministic, so every restore redoes it).
+        stored_ids = {m.id for m in messages}
+        tail = len(repaired)
+        while tail > 0 and repaired[tail - 1].id not in stored_ids:
+            tail -= 1
+        conversation = Conversation(system_prompt, repaired[:tail], summary=summary,
+                                    observer=self.observer(desk))
+        added = repaired[tail:]
+        for message in added:
+            await conversation.append(Message(role=message.role, content=message.content,
+                                              kind=message.kind, created_at=self._clock()))
+        if added or _cut_off(messages, round_limit_end):
+            await conversation.append(Message(role="user", kind="notice",
+                                              content=(TextBlock(INTERRUPTED_NOTICE),),
+                                              created_at=self._clock()))
+            _log.warning("turn_interrupted", desk=desk, repaired_messages=len(added))
+        return conversation
+
+    async def transcript(self, desk: str, before_seq: int | None = None, limit: int = 50, *,
+                         include_subagents: bool = True) -> list[dict[str, Any]]:
+        """A page of a desk's stored messages, oldest first, as JSON-ready data.
+
+        Images are given by reference (``sha256``, ``media_type``, ``description``, ``size``);
+        fetch the bytes with :meth:`image`.
+
+        Args:
+            desk: The desk.
+            before_seq: Only messages with a smaller ``seq`` (to page back); None for the newest.
+            limit: The most messages.
+            include_subagents: Also the messages of the desk's subagents (tagged with
+                ``subagent`` and ``parent_call``).
+
+        Returns:
+            Each message as ``{seq, id, desk, role, kind, created_at, subagent, parent_call,
+            text, content}``.
+        """
+
+        def read(connection: sqlite3.Connection) -> list[_StoredRow]:
+            query = f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE desk = ?"
+            args: list[Any] = [desk]
+            if not include_subagents:
+                query += " AND subagent_id IS NULL"
+            if before_seq is not None:
+                query += " AND seq < ?"
+                args.append(before_seq)
+            query += " ORDER BY seq DESC LIMIT ?"
+            args.append(max(0, limit))
+            return [_row(values) for values in connection.execute(query, args)]
+
+        rows = await self._db.read(read)
+        return [_public_message(row) for row in reversed(rows)]
+
+    async def image(self, sha256: str) -> tuple[str, bytes] | None:
+        """A stored picture's media type and bytes, or None when unknown."""
+        found = await self._db.read(lambda connection: _get_images(connection, [sha256]))
+        return found.get(sha256)
+
+    # --- operator messages -----------------------------------------------------------------
+
+    async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
+        """Keeps an operator's message until it is delivered (call before acknowledging it).
+
+        It counts as delivered once a message of the same id is appended to the desk's
+        conversation (as the trigger of a turn, or as steering).
+
+        Args:
+            desk: The desk it is for.
+            message: The message; its id is the one the conversation message must carry.
+
+        Raises:
+            StoreError: SQLite failed (do not acknowledge the message then).
+        """
+        images: dict[str, ImageData] = {}
+        refs = []
+        for image in message.images:
+            content, found = encode_content((image,))
+            images.update(found)
+            refs.extend(json.loads(content))
+
+        def write(connection: sqlite3.Connection) -> None:
+            _put_images(connection, images)
+            connection.execute(
+                "INSERT OR IGNORE INTO operator_messages (id, desk, text, source, images, "
+                "queued_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (message.id, desk, message.text, message.source, json.dumps(refs),
+                 message.queued_at))
+
+        await self._db.write(write)
+
+    async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
+        """The operator messages kept for ``desk`` that never reached its conversation.
+
+        Queue each again with its own id (``Trigger(kind="operator", id=message.id, ...)`` or
+        the steering inbox), so it is marked delivered when it is appended.
+
+        Args:
+            desk: The desk.
+
+        Returns:
+            The messages, oldest first.
+        """
+
+        def read(connection: sqlite3.Connection) -> list[SteeringMessage]:
+            rows = connection.execute(
+                "SELECT id, text, source, images, queued_at FROM operator_messages "
+                "WHERE desk = ? AND delivered_at IS NULL ORDER BY queued_at, rowid",
+                (desk,)).fetchall()
+            refs = [json.loads(row[3]) for row in rows]
+            digests: set[str] = set()
+            for blocks in refs:
+                digests |= image_refs(blocks)
+            images = _get_images(connection, digests)
+            messages = []
+            for (message_id, text, source, _, queued_at), blocks in zip(rows, refs, strict=True):
+                pictures = tuple(b for b in decode_content(blocks, images)
+                                 if isinstance(b, ImageBlock))
+                messages.append(SteeringMessage(text=text, source=source, images=pictures,
+                                                queued_at=queued_at, id=message_id))
+            return messages
+
+        return await self._db.read(read)
+
+    # --- events ----------------------------------------------------------------------------
+
+    async def persist_events(self, subscription: Subscription, *,
+                             skip: Collection[str] = DEFAULT_SKIPPED_EVENTS,
+                             batch_size: int = 500) -> None:
+        """Drains a bus subscription into the store, in batches, until it is closed.
+
+        Close the subscription to end it: what is buffered is written first. Cancelling it
+        loses what is still buffered. Usage events also add to the desks' daily usage.
+
+        Args:
+            subscription: A subscription to the daemon's bus (give it a large buffer).
+            skip: Event types not stored.
+            batch_size: The most events written in one transaction.
+        """
+        async for first in subscription:
+            batch = [first]
+            while len(batch) < batch_size:
+                event = subscription.get_nowait()
+                if event is None:
+                    break
+                batch.append(event)
+            await self.append_events(batch, skip=skip)
+
+    async def append_events(self, events: Iterable[Event], *,
+                            skip: Collection[str] = DEFAULT_SKIPPED_EVENTS) -> int:
+        """Stores events (idempotent on their ids) and adds usage events to daily usage.
+
+        Args:
+            events: Events as the bus published them (with their ids).
+            skip: Event types not stored (they still count in the highest id seen).
+
+        Returns:
+            How many were stored.
+        """
+        rows: list[tuple[int, str, str | None, str, float, str]] = []
+        usage: dict[tuple[str, str], list[float | None]] = defaultdict(
+            lambda: [0, 0, 0, None])
+        highest = 0
+        dropped = 0
+        for event in events:
+            if event.id <= 0:  # made by a subscription (a drop report), not by the bus
+                dropped += int(getattr(event, "count", 0))
+                continue
+            highest = max(highest, event.id)
+            if isinstance(event, UsageReported):
+                totals = usage[(event.desk, _utc_day(event.at))]
+                totals[0] = (totals[0] or 0) + 1
+                totals[1] = (totals[1] or 0) + event.input_tokens
+                totals[2] = (totals[2] or 0) + event.output_tokens
+                if event.cost is not None:
+                    totals[3] = (totals[3] or 0.0) + event.cost
+            if event.type in skip:
+                continue
+            rows.append((event.id, event.desk, event.turn, event.type, event.at,
+                         json.dumps(event.to_dict(), ensure_ascii=False, default=str)))
+        if dropped:
+            _log.warning("events_not_stored", count=dropped,
+                         reason="the store's subscription fell behind")
+        if not rows and not usage and not highest:
+            return 0
+
+        def write(connection: sqlite3.Connection) -> int:
+            stored = connection.executemany(
+                "INSERT OR IGNORE INTO events (id, desk, turn, type, at, data) "
+                "VALUES (?, ?, ?, ?, ?, ?)", rows).rowcount
+            for (desk, day), (requests, input_tokens, output_tokens, cost) in usage.items():
+                _add_usage(connection, desk, day, int(requests or 0), int(input_tokens or 0),
+                           int(output_tokens or 0), cost)
+            if highest:
+                connection.execute(
+                    "INSERT INTO store_meta (key, value) VALUES ('event_high_water', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = "
+                    "MAX(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+                    (highest,))
+            return max(stored, 0)
+
+        return await self._db.write(write)
+
+    async def events_since(self, after_id: int, desk: str | None = None,
+                           limit: int = 1000) -> list[dict[str, Any]]:
+        """Stored events with an id above ``after_id``, oldest first (for a stream that
+        reconnects).
+
+        Args:
+            after_id: The last id the reader has.
+            desk: Only this desk's events; None for all.
+            limit: The most events.
+
+        Returns:
+            Each event as its ``to_dict()`` data.
+        """
+
+        def read(connection: sqlite3.Connection) -> list[dict[str, Any]]:
+            if desk is None:
+                cursor = connection.execute(
+                    "SELECT data FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit))
+            else:
+                cursor = connection.execute(
+                    "SELECT data FROM events WHERE desk = ? AND id > ? ORDER BY id LIMIT ?",
+                    (desk, after_id, limit))
+            return [json.loads(row[0]) for row in cursor]
+
+        return await self._db.read(read)
+
+    async def last_event_id(self) -> int:
+        """The highest event id the store has seen (stored or skipped); 0 when none.
+
+        Start the bus at one more (``EventBus(first_id=...)``) so ids keep increasing across
+        restarts, even past the ids of skipped text deltas an operator's stream already saw.
+        """
+
+        def read(connection: sqlite3.Connection) -> int:
+            stored = connection.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            meta = connection.execute(
+                "SELECT value FROM store_meta WHERE key = 'event_high_water'").fetchone()
+            return max(int(stored), int(meta[0]) if meta is not None else 0)
+
+        return await self._db.read(read)
+
+    # --- schedules -------------------------------------------------------------------------
+
+    async def schedule_last_fired(self, desk: str) -> dict[str, datetime]:
+        """The slot each of a desk's schedules last fired for, by schedule name (UTC)."""
+
+        def read(connection: sqlite3.Connection) -> dict[str, datetime]:
+            return {name: datetime.fromtimestamp(at, UTC) for name, at in connection.execute(
+                "SELECT schedule, last_fired_at FROM schedule_state WHERE desk = ?", (desk,))}
+
+        return await self._db.read(read)
+
+    async def record_schedule_fired(self, desk: str, schedule: str, slot: datetime) -> None:
+        """Remembers that a schedule fired for ``slot`` (call when the desk takes its turn).
+
+        Args:
+            desk: The desk.
+            schedule: The schedule's name.
+            slot: The slot it fired for (an aware datetime).
+        """
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT INTO schedule_state (desk, schedule, last_fired_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (desk, schedule) DO UPDATE SET last_fired_at = excluded.last_fired_at",
+                (desk, schedule, slot.timestamp()))
+
+        await self._db.write(write)
+
+    # --- usage -----------------------------------------------------------------------------
+
+    async def add_usage(self, desk: str, *, input_tokens: int, output_tokens: int,
+                        cost: float | None, at: float | None = None) -> None:
+        """Adds one model request's usage to the desk's day (usage events do it by
+        themselves in :meth:`persist_events`; this is for requests without one).
+
+        Args:
+            desk: The desk.
+            input_tokens: Prompt tokens.
+            output_tokens: Completion tokens.
+            cost: Their cost, or None when unknown.
+            at: When, seconds since the epoch (now by default).
+        """
+        day = _utc_day(self._clock() if at is None else at)
+        await self._db.write(lambda connection: _add_usage(
+            connection, desk, day, 1, input_tokens, output_tokens, cost))
+
+    async def usage_on(self, desk: str, day: date | None = None) -> DailyUsage:
+        """A desk's usage on a UTC day (today by default)."""
+        day = day if day is not None else datetime.fromtimestamp(self._clock(), UTC).date()
+
+        def read(connection: sqlite3.Connection) -> DailyUsage:
+            row = connection.execute(
+                "SELECT requests, input_tokens, output_tokens, cost FROM daily_usage "
+                "WHERE desk = ? AND day = ?", (desk, day.isoformat())).fetchone()
+            if row is None:
+                return DailyUsage(desk, day)
+            return DailyUsage(desk, day, int(row[0]), int(row[1]), int(row[2]), row[3])
+
+        return await self._db.read(read)
+
+
+def _add_usage(connection: sqlite3.Connection, desk: str, day: str, requests: int,
+               input_tokens: int, output_tokens: int, cost: float | None) -> None:
+    connection.execute(
+        "INSERT INTO daily_usage (desk, day, requests, input_tokens, output_tokens, cost) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (desk, day) DO UPDATE SET "
+        "requests = requests + excluded.requests, "
+        "input_tokens = input_tokens + excluded.input_tokens, "
+        "output_tokens = output_tokens + excluded.output_tokens, "
+        "cost = CASE WHEN excluded.cost IS NULL THEN cost "
+        "ELSE COALESCE(cost, 0) + excluded.cost END",
+        (desk, day, requests, input_tokens, output_tokens, cost))
+
+
+def _cut_off(messages: Sequence[Message], round_limit_end: float | None) -> bool:
+    """Whether the transcript ends inside a turn: a call, results, or an unanswered trigger.
+
+    A turn that hit its round limit ends on tool results without being cut off; it is
+    recognized by its end-of-turn event (``round_limit_end``, when it is the desk's last
+    turn event), written after its last message.
+    """
+    if not messages:
+        return False
+    last = messages[-1]
+    if last.role == "assistant":
+        return bool(last.tool_uses)
+    if last.kind == "tool_results" and round_limit_end is not None:
+        return round_limit_end < last.created_at
+    return last.kind in ("trigger", "operator", "steering", "tool_results")
+
+
+def _round_limit_end(connection: sqlite3.Connection, desk: str) -> float | None:
+    """When the desk's last turn ended at its round limit, if its last turn event says so.
+
+    Events are written in batches, so a lost event can only make a finished turn look cut
+    off (a needless notice), never the reverse.
+    """
+    row = connection.execute(
+        "SELECT type, data FROM events WHERE desk = ? AND type IN ('turn_start', 'turn_end') "
+        "AND json_extract(data, '$.subagent') IS NULL "
+        # A silent memory-flush turn stores no messages: only the desk's real turns count.
+        "AND NOT COALESCE(json_extract(data, '$.silent'), 0) ORDER BY id DESC LIMIT 1",
+        (desk,)).fetchone()
+    if row is None or row[0] != "turn_end":
+        return None
+    data = json.loads(row[1])
+    if data.get("stopped") or not data.get("hit_round_limit"):
+        return None
+    return float(data["at"])
+
+
+def _public_message(row: _StoredRow) -> dict[str, Any]:
+    text = "\n".join(str(b["text"]) for b in row.blocks if b.get("type") == "text")
+    return {"seq": row.seq, "id": row.message_id, "desk": row.desk, "role": row.role,
+            "kind": row.kind, "created_at": row.created_at, "subagent": row.subagent_id,
+            "parent_call": row.parent_call_id, "text": text, "content": row.blocks}
+
+
+class DeskConversationStore:
+    """Stores one conversation of a desk as it grows (a ``ConversationObserver``).
+
+    Args:
+        store: The store.
+        desk: The desk.
+        subagent_id: For a subagent's conversation, its id.
+        parent_call_id: For a subagent's conversation, the desk's ``delegate`` call.
+    """
+
+    def __init__(self, store: Store, desk: str, *, subagent_id: str | None = None,
+                 parent_call_id: str | None = None) -> None:
+        self.store = store
+        self.desk = desk
+        self.subagent_id = subagent_id
+        self.parent_call_id = parent_call_id
+        self._renamed: dict[str, str] = {}
+
+    async def message_appended(self, conversation: Conversation, message: Message) -> None:
+        """Writes the message (before the conversation goes on)."""
+        stored = await self.store.append_message(
+            self.desk, message, subagent_id=self.subagent_id, parent_call_id=self.parent_call_id)
+        if stored != message.id:
+            self._renamed[message.id] = stored
+
+    async def compacted(self, conversation: Conversation, summary: Message,
+                        first_kept_id: str | None) -> None:
+        """Writes the compaction."""
+        if first_kept_id is not None:
+            first_kept_id = self._renamed.get(first_kept_id, first_kept_id)
+        await self.store.record_compaction(self.desk, summary, first_kept_id,
+                                           subagent_id=self.subagent_id)

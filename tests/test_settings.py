@@ -1,0 +1,384 @@
+"""The config file and the environment: what loads, and what each mistake is told as."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trading_agent import cli
+from trading_agent.errors import ConfigError
+from trading_agent.settings import (
+    LocalModelSettings,
+    OpenAIModelSettings,
+    Settings,
+    load_settings,
+    missing_secrets,
+)
+from trading_agent.trading.config import PACKAGED_CANDLES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+VALID = """
+[daemon]
+state_dir = "state"
+log_level = "debug"
+
+[model]
+provider = "openai"
+base_url = "http://127.0.0.1:8080/v1"
+model = "small"
+api_key_env = "TEST_MODEL_KEY"
+context_window = 32000
+
+[exchange.paper]
+starting_balances = { USDT = "5000" }
+
+[desks.alpha]
+system_prompt = "You trade."
+symbols = ["BTC/USDT"]
+timezone = "Europe/Paris"
+
+[desks.alpha.triggers]
+ticks = { move_percent = 0.5, on_candle_close = ["1h"] }
+schedules = [
+    { every = "15m" },
+    { cron = "*/30 * * * *", name = "half-hourly", message = "Check." },
+]
+
+[desks.beta]
+system_prompt = "You trade too."
+symbols = ["BTC/USDT"]
+maximum_rounds = 3
+
+[desks.beta.model]
+model = "bigger"
+context_window = 128000
+
+[desks.beta.exchange.paper]
+taker_fee = "0.002"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No TRADING_AGENT_* variable of the machine leaks into a test."""
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("TRADING_AGENT_") or name in ("STATE_DIRECTORY",
+                                                                 "CACHE_DIRECTORY"):
+            monkeypatch.delenv(name)
+
+
+def _write(tmp_path: Path, text: str, name: str = "config.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def _errors(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    return str(caught.value).splitlines()
+
+
+def _one_error(path: Path) -> str:
+    errors = _errors(path)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+# --- what a valid file gives -----------------------------------------------------------------
+
+
+def test_a_valid_file_loads_with_desks_inheriting_the_defaults(tmp_path: Path) -> None:
+    settings = load_settings(_write(tmp_path, VALID))
+    assert list(settings.desks) == ["alpha", "beta"]
+    assert settings.daemon.log_level == "debug"
+    assert settings.daemon.state_dir == tmp_path / "state"  # relative to the file
+
+    alpha, beta = settings.desks["alpha"], settings.desks["beta"]
+    assert isinstance(alpha.model, OpenAIModelSettings)
+    assert isinstance(beta.model, OpenAIModelSettings)
+    assert (alpha.model.model, alpha.model.context_window) == ("small", 32000)
+    # beta overrides two keys and keeps the others.
+    assert (beta.model.model, beta.model.context_window) == ("bigger", 128000)
+    assert beta.model.base_url == "http://127.0.0.1:8080/v1"
+    assert beta.model.api_key_env == "TEST_MODEL_KEY"
+    assert beta.model.backend_config().model == "bigger"
+    # The exchange: top-level keys, a desk's override, the trading layer's defaults.
+    assert str(alpha.exchange.paper.starting_balances["USDT"]) == "5000"
+    assert str(beta.exchange.paper.starting_balances["USDT"]) == "5000"
+    assert str(beta.exchange.paper.taker_fee) == "0.002"
+    assert str(alpha.exchange.paper.taker_fee) == "0.001"
+    assert alpha.exchange.replay.files == {"BTC/USDT": PACKAGED_CANDLES}
+    assert alpha.risk.allowed_symbols == ["BTC/USDT"]
+
+    every, cron = alpha.triggers.schedules
+    assert (every.key, every.interval) == ("every 15m", timedelta(minutes=15))
+    assert (cron.key, cron.interval, cron.cron) == ("half-hourly", None, "*/30 * * * *")
+    assert alpha.triggers.ticks.on_candle_close == ["1h"]
+    assert alpha.zone.key == "Europe/Paris"
+    assert beta.maximum_rounds == 3 and alpha.maximum_rounds == 20
+    assert beta.tools is None  # every tool
+    assert alpha.image_limits().keep == 4
+    assert settings.secret_env_vars() == {
+        "TRADING_AGENT_OPERATOR_TOKEN": "operator.token_env",
+        "TEST_MODEL_KEY": "desks.alpha.model.api_key_env"}
+
+
+def test_a_desk_naming_another_provider_replaces_the_model_whole(tmp_path: Path) -> None:
+    text = VALID.replace('[desks.beta.model]\nmodel = "bigger"\ncontext_window = 128000',
+                         '[desks.beta.model]\nprovider = "local"')
+    settings = load_settings(_write(tmp_path, text))
+    local = settings.desks["beta"].model
+    assert isinstance(local, LocalModelSettings)
+    assert local.server_config().context_window == 8192
+    assert isinstance(settings.desks["alpha"].model, OpenAIModelSettings)
+
+
+def test_the_local_models_cache_is_systemds_cache_directory_or_relative_to_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = VALID.replace('[desks.beta.model]\nmodel = "bigger"\ncontext_window = 128000',
+                         '[desks.beta.model]\nprovider = "local"')
+    monkeypatch.setenv("CACHE_DIRECTORY", "/var/cache/trading-agent")
+    local = load_settings(_write(tmp_path, text)).desks["beta"].model
+    assert isinstance(local, LocalModelSettings)
+    assert local.cache_dir == Path("/var/cache/trading-agent/models")
+    text = text.replace('provider = "local"', 'provider = "local"\ncache_dir = "models"')
+    local = load_settings(_write(tmp_path, text)).desks["beta"].model
+    assert isinstance(local, LocalModelSettings)
+    assert local.cache_dir == tmp_path / "models"
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "example-live.toml"])
+def test_the_shipped_config_files_are_valid(name: str) -> None:
+    settings = load_settings(ROOT / "config" / name)
+    assert settings.desks
+
+
+def test_the_demo_has_a_tick_desk_and_a_scheduled_desk_on_paper_with_the_local_model() -> None:
+    settings = load_settings(ROOT / "config" / "demo.toml")
+    assert len(settings.desks) == 2
+    modes = {(d.exchange.mode, d.exchange.feed) for d in settings.desks.values()}
+    assert modes == {("paper", "replay")}
+    assert all(d.model.provider == "local" for d in settings.desks.values())
+    assert any(d.triggers.ticks.move_percent for d in settings.desks.values())
+    assert any(d.triggers.schedules for d in settings.desks.values())
+    assert settings.daemon.state_dir == ROOT / "state"
+
+
+def test_environment_variables_win_and_nest_with_double_underscores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRADING_AGENT_MODEL__BASE_URL", "http://10.0.0.5:8000/v1")
+    monkeypatch.setenv("TRADING_AGENT_DESKS__BETA__MAXIMUM_ROUNDS", "9")
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__LOG_FORMAT", "json")
+    settings = load_settings(_write(tmp_path, VALID))
+    assert settings.desks["alpha"].model.base_url == "http://10.0.0.5:8000/v1"  # type: ignore[union-attr]
+    assert settings.desks["beta"].model.base_url == "http://10.0.0.5:8000/v1"  # type: ignore[union-attr]
+    assert settings.desks["beta"].maximum_rounds == 9
+    assert settings.daemon.log_format == "json"
+
+
+def test_systemds_state_directory_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(_write(tmp_path, VALID))
+    assert settings.state_directory({}) == tmp_path / "state"
+    assert settings.state_directory({"STATE_DIRECTORY": "/var/lib/ta:/var/lib/other"}) == Path(
+        "/var/lib/ta")
+
+
+def test_missing_secrets_name_the_key_and_the_variable(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, VALID)
+    settings = load_settings(path)
+    [line] = missing_secrets(settings, path, environ={})
+    assert line.startswith(f"{path}: desks.alpha.model.api_key_env: ")
+    assert "TEST_MODEL_KEY is not set" in line
+    assert missing_secrets(settings, path, environ={"TEST_MODEL_KEY": "sk-1"}) == []
+    with pytest.raises(ConfigError, match="TEST_MODEL_KEY is not set"):
+        load_settings(path, check_environment=True)
+    monkeypatch.setenv("TEST_MODEL_KEY", "sk-1")
+    load_settings(path, check_environment=True)
+
+
+# --- what each mistake is told as ------------------------------------------------------------
+
+
+def test_a_missing_key_names_the_file_the_key_and_what_is_allowed(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace('system_prompt = "You trade too."\n', ""))
+    assert _one_error(path) == (
+        f"{path}: desks.beta.system_prompt: required key is missing "
+        "(allowed: a non-empty string)")
+
+
+def test_a_wrong_type_names_the_value_and_the_type(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3", 'maximum_rounds = "three"'))
+    assert _one_error(path) == (
+        f"{path}: desks.beta.maximum_rounds: Input should be a valid integer, unable to parse "
+        "string as an integer (got 'three'; allowed: an integer >= 1, <= 1000)")
+
+
+def test_an_unknown_key_is_an_error_with_a_suggestion(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3", "maximum_round = 3"))
+    error = _one_error(path)
+    assert error.startswith(f"{path}: desks.beta.maximum_round: unknown key (got 3; did you "
+                            "mean maximum_rounds? allowed keys: ")
+    assert "system_prompt" in error and "triggers" in error
+
+
+def test_a_bad_cron_expression_is_caught_at_load_time(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace("*/30 * * * *", "61 * * * *"))
+    error = _one_error(path)
+    assert error.startswith(f"{path}: desks.alpha.triggers.schedules[1].cron: '61 * * * *' is "
+                            "not a valid cron expression (five fields: minute hour")
+
+
+def test_a_toml_syntax_error_names_the_line_and_column(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[daemon]\nlog_level = "info"\nwatchdog = \n')
+    assert _one_error(path) == (
+        f"{path}: line 3, column 12: invalid TOML: Invalid value (the line: 'watchdog =')")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ('timezone = "Europe/Paris"', 'timezone = "Mars/Olympus"',
+         "desks.alpha.timezone: 'Mars/Olympus' is not an IANA time zone name"),
+        ('{ every = "15m" }', '{ every = "15 minutes" }',
+         "desks.alpha.triggers.schedules[0].every: '15 minutes' is not an interval"),
+        ('{ every = "15m" }', '{ message = "nothing" }',
+         "desks.alpha.triggers.schedules[0]: a schedule needs exactly one of every"),
+        ('{ every = "15m" }', '{ every = "15m", name = "half-hourly" }',
+         "desks.alpha.triggers: two schedules are named 'half-hourly'"),
+        ('on_candle_close = ["1h"]', 'on_candle_close = ["1y"]',
+         "desks.alpha.triggers.ticks.on_candle_close: unknown timeframe '1y'"),
+        ("[desks.beta", "[desks.Beta", "desks.Beta: bad desk name 'Beta'"),
+        ('provider = "openai"', 'provider = "anthropic"',
+         "model.provider: unknown kind (got 'anthropic'; allowed: 'openai', 'local')"),
+        ('log_level = "debug"', 'log_level = "loud"',
+         "daemon.log_level: Input should be 'debug', 'info', 'warning' or 'error' (got 'loud'"),
+        ('symbols = ["BTC/USDT"]\ntimezone', 'symbols = ["ETH/USDT"]\ntimezone',
+         "desks.alpha: no replayed candles for ETH/USDT"),
+        ('[exchange.paper]', '[exchange]\nmode = "live"\n[exchange.paper]',
+         "exchange: live mode needs an [exchange.ccxt] section"),
+    ],
+)
+def test_each_mistake_is_reported_at_its_place(tmp_path: Path, old: str, new: str,
+                                               expected: str) -> None:
+    assert old in VALID
+    path = _write(tmp_path, VALID.replace(old, new))
+    errors = _errors(path)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"{path}: {expected}"), errors
+
+
+def test_a_secret_written_in_the_file_is_refused_and_not_repeated(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace('api_key_env = "TEST_MODEL_KEY"',
+                                          'api_key = "sk-live-0123456789"'))
+    error = _one_error(path)
+    assert "sk-live" not in error
+    assert error.startswith(f"{path}: model.api_key: unknown key (got <hidden>; did you mean "
+                            "api_key_env? secrets never go in the file")
+
+
+def test_every_problem_is_listed_once(tmp_path: Path) -> None:
+    text = (VALID.replace("context_window = 32000", 'context_window = "big"')
+            .replace("maximum_rounds = 3", "maximum_rounds = 0")
+            .replace('timezone = "Europe/Paris"', 'timezone = "Nowhere"'))
+    errors = _errors(_write(tmp_path, text))
+    # The bad default model is reported once, at [model], not again for each desk.
+    assert [line.split(": ")[1] for line in errors] == [
+        "model.context_window", "desks.alpha.timezone", "desks.beta.maximum_rounds"]
+
+
+def test_a_bad_environment_variable_is_named(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRADING_AGENT_DESKS__ALPHA__MAXIMUM_ROUNDS", "many")
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__LOG_LEVL", "debug")
+    errors = _errors(_write(tmp_path, VALID))
+    assert errors[0].startswith("environment variable TRADING_AGENT_DAEMON__LOG_LEVL: "
+                                "daemon.log_levl: unknown key (got 'debug'; did you mean "
+                                "log_level?")
+    assert errors[1].startswith("environment variable TRADING_AGENT_DESKS__ALPHA__MAXIMUM_ROUNDS:"
+                                " desks.alpha.maximum_rounds: Input should be a valid integer")
+
+
+def test_no_desk_and_no_model_are_errors(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[daemon]\n")
+    assert _one_error(path).startswith(f"{path}: desks: required key is missing")
+    path = _write(tmp_path, '[desks.a]\nsystem_prompt = "p"\nsymbols = ["BTC/USDT"]\n')
+    assert _one_error(path).startswith(
+        f"{path}: desks.a.model: no model: add a top-level [model] table or a [desks.a.model]")
+
+
+def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_settings(tmp_path / "missing.toml")
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_check_config_prints_ok_and_exits_0(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, VALID)
+    assert cli.main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK: 2 desks (alpha, beta)")
+    assert "alpha: paper on replay, BTC/USDT; model openai:small" in out
+    assert "warning: " in out and "TEST_MODEL_KEY is not set" in out
+
+
+def test_check_config_lists_the_errors_and_exits_2(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3", "maximum_round = 3"))
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{path}: desks.beta.maximum_round: unknown key" in captured.err
+
+
+@pytest.fixture
+def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """Stands in for the supervisor module: records what ``run`` would start."""
+    started: list[Settings] = []
+
+    async def run_daemon(settings: Settings) -> None:
+        started.append(settings)
+
+    module: Any = types.ModuleType("trading_agent.daemon.supervisor")
+    module.run_daemon = run_daemon
+    monkeypatch.setitem(sys.modules, "trading_agent.daemon.supervisor", module)
+    monkeypatch.setattr(cli, "configure_logging", lambda *args, **kwargs: None)
+    return started
+
+
+def test_run_refuses_a_bad_config_and_starts_nothing(
+        tmp_path: Path, fake_daemon: list[Settings], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_MODEL_KEY", "sk-1")
+    bad = _write(tmp_path, VALID.replace('cron = "*/30 * * * *"', 'cron = "every day"'))
+    assert cli.main(["run", "--config", str(bad)]) == cli.EXIT_CONFIG
+    assert "refusing to start" in capsys.readouterr().err
+    assert fake_daemon == []
+
+
+def test_run_refuses_a_missing_secret(tmp_path: Path, fake_daemon: list[Settings],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--config", str(_write(tmp_path, VALID))]) == cli.EXIT_CONFIG
+    assert "TEST_MODEL_KEY is not set" in capsys.readouterr().err
+    assert fake_daemon == []
+
+
+def test_run_starts_the_daemon_with_the_settings(tmp_path: Path, fake_daemon: list[Settings],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_MODEL_KEY", "sk-1")
+    assert cli.main(["run", "--config", str(_write(tmp_path, VALID))]) == 0
+    [settings] = fake_daemon
+    assert list(settings.desks) == ["alpha", "beta"]
