@@ -1,0 +1,207 @@
+"""Client CPU per model round: AgentLoop against a plain openai SDK loop doing the same work.
+
+Both talk to the scripted OpenAI-compatible server (tests/scripted_server.py) on loopback, in
+this one process; the server runs in a thread of its own, and only the CPU time of the
+client's thread (the event loop) is counted. Each turn makes three tool rounds and a final
+answer (four model calls). The conversation is pre-filled to about 40 and about 800 messages
+(ticks, tool calls, tool results, answers), so the figures show whether a desk gets slower as
+it talks.
+
+Bar (issue 2): at ~800 messages AgentLoop uses at most 1/20 of the plain loop's CPU per round,
+and its own cost at ~800 is at most 2x its cost at ~40.
+
+Run: ``.venv/bin/python bench/round_overhead.py``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
+from trading_agent.agent import (
+    AgentLoop,
+    Conversation,
+    EventBus,
+    Message,
+    TextBlock,
+    ToolCallExecutor,
+    ToolContext,
+    ToolRegistry,
+    ToolResultBlock,
+    ToolUseBlock,
+    Trigger,
+)
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+
+TOOL_ROUNDS = 3
+TURNS = 5
+REPEATS = 5
+TICKER_TEXT = "BTC/USDT last 21,034.50 bid 21,034.40 ask 21,034.60 24h +2.31% vol 14,201 BTC"
+
+
+class TickerArguments(BaseModel):
+    symbol: str
+
+
+def _responder(request: RecordedRequest) -> Step:
+    """Three tool calls, then an answer: counts tool results since the last user message."""
+    messages = request.messages
+    since_user = 0
+    for message in reversed(messages):
+        if message["role"] == "user":
+            break
+        since_user += message["role"] == "tool"
+    if since_user < TOOL_ROUNDS:
+        return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})],
+                     usage=(1000, 20))
+    return Reply("Holding: no setup worth trading at 21,034.", text_chunks=4, usage=(1000, 12))
+
+
+def _history(size: int) -> list[Message]:
+    """About ``size`` messages of a desk's past: tick, call, result, answer, repeated."""
+    messages: list[Message] = []
+    index = 0
+    while len(messages) < size:
+        call = ToolUseBlock(id=f"hist_{index}", name="get_ticker",
+                            arguments='{"symbol": "BTC/USDT"}')
+        messages += [
+            Message.user_text(f"[tick: BTC/USDT]\nBTC/USDT moved 0.5% to {21000 + index}"),
+            Message(role="assistant", content=(TextBlock("Checking the market."), call)),
+            Message(role="user", kind="tool_results", content=(ToolResultBlock(
+                call.id, (TextBlock(TICKER_TEXT),)),)),
+            Message(role="assistant", content=(TextBlock(f"No trade at {21000 + index}."),)),
+        ]
+        index += 1
+    return messages
+
+
+def _wire(messages: list[Message]) -> list[dict[str, Any]]:
+    """The same history as plain OpenAI message dicts, for the SDK loop."""
+    wire: list[dict[str, Any]] = [{"role": "system", "content": "You run a BTC desk."}]
+    for message in messages:
+        if message.role == "assistant":
+            entry: dict[str, Any] = {"role": "assistant", "content": message.text}
+            calls = message.tool_uses
+            if calls:
+                entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                    "name": c.name, "arguments": c.arguments}} for c in calls]
+            wire.append(entry)
+        elif message.kind == "tool_results":
+            wire += [{"role": "tool", "tool_call_id": r.tool_use_id, "content": r.text}
+                     for r in message.tool_results]
+        else:
+            wire.append({"role": "user", "content": message.text})
+    return wire
+
+
+async def _agent_loop_cpu(base_url: str, size: int) -> float:
+    """CPU seconds per model round of AgentLoop, median over repeats."""
+    registry = ToolRegistry()
+
+    @registry.tool(description="Last price of a market.")
+    async def get_ticker(arguments: TickerArguments, context: ToolContext) -> str:
+        return TICKER_TEXT
+
+    config = OpenAIBackendConfig(base_url=base_url, model="scripted-model",
+                                 context_window=1_000_000)
+    samples = []
+    async with OpenAICompatibleBackend(config) as backend:
+        bus = EventBus()
+        loop = AgentLoop("bench", backend, ToolCallExecutor(registry), bus, maximum_rounds=10)
+        for _ in range(REPEATS):
+            conversation = Conversation("You run a BTC desk.", _history(size))
+            await loop.run_turn(conversation, Trigger("tick", "warm-up"))
+            started = time.thread_time()
+            rounds = 0
+            for turn in range(TURNS):
+                result = await loop.run_turn(conversation, Trigger("tick", f"move {turn}"))
+                rounds += result.rounds
+            samples.append((time.thread_time() - started) / rounds)
+    return statistics.median(samples)
+
+
+async def _plain_sdk_cpu(base_url: str, size: int) -> float:
+    """CPU seconds per model round of a plain openai SDK loop, median over repeats."""
+    tools = [ToolRegistry().definitions()]  # keep the shape honest below
+    tools = [{"type": "function", "function": {
+        "name": "get_ticker", "description": "Last price of a market.",
+        "parameters": TickerArguments.model_json_schema()}}]
+    samples = []
+    async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0) as client:
+        for _ in range(REPEATS):
+            messages = _wire(_history(size))
+            rounds = 0
+            started = 0.0
+            for turn in range(TURNS + 1):
+                if turn == 1:
+                    started, rounds = time.thread_time(), 0
+                messages.append({"role": "user", "content": f"[tick]\nmove {turn}"})
+                while True:
+                    rounds += 1
+                    stream = await client.chat.completions.create(
+                        model="scripted-model", messages=messages, tools=tools,  # type: ignore[arg-type]
+                        stream=True, stream_options={"include_usage": True})
+                    text, calls = "", {}
+                    async for chunk in stream:
+                        if not chunk.choices:
+                            continue
+                        delta = chunk.choices[0].delta
+                        text += delta.content or ""
+                        for call in delta.tool_calls or []:
+                            slot = calls.setdefault(call.index, {"id": "", "name": "", "args": ""})
+                            slot["id"] = call.id or slot["id"]
+                            if call.function is not None:
+                                slot["name"] += call.function.name or ""
+                                slot["args"] += call.function.arguments or ""
+                    entry: dict[str, Any] = {"role": "assistant", "content": text}
+                    if calls:
+                        entry["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                            "name": c["name"], "arguments": c["args"]}} for c in calls.values()]
+                    messages.append(entry)
+                    if not calls:
+                        break
+                    for c in calls.values():
+                        json.loads(c["args"])
+                        messages.append({"role": "tool", "tool_call_id": c["id"],
+                                         "content": TICKER_TEXT})
+            samples.append((time.thread_time() - started) / rounds)
+    return statistics.median(samples)
+
+
+async def _main() -> None:
+    print("round_overhead: client CPU per model round (thread CPU of the event loop)")
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}")
+    print(f"each turn: {TOOL_ROUNDS} tool rounds + answer; {TURNS} turns x {REPEATS} repeats; "
+          "medians")
+    figures: dict[tuple[str, int], float] = {}
+    with ScriptedServer(responder=_responder) as server:
+        for size in (40, 800):
+            figures["agent", size] = await _agent_loop_cpu(server.base_url, size)
+            figures["plain", size] = await _plain_sdk_cpu(server.base_url, size)
+            print(f"~{size:>3} messages: AgentLoop {figures['agent', size] * 1000:7.2f} ms/round"
+                  f"   plain SDK loop {figures['plain', size] * 1000:7.2f} ms/round")
+    share = figures["agent", 800] / figures["plain", 800]
+    growth = figures["agent", 800] / figures["agent", 40]
+    print(f"at ~800: AgentLoop / plain = 1/{1 / share:.1f}  (bar: at most 1/20)"
+          f" -> {'PASS' if share <= 1 / 20 else 'FAIL'}")
+    print(f"AgentLoop ~800 / ~40 = {growth:.2f}x  (bar: at most 2x)"
+          f" -> {'PASS' if growth <= 2 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    anyio.run(_main)

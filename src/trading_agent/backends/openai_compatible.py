@@ -1,0 +1,630 @@
+"""A model backend for any OpenAI-compatible chat-completions server.
+
+OpenAI, vLLM, llama.cpp, Ollama, OpenRouter: one wire format, streamed over SSE.
+
+Speed matters here: a long-running desk sends hundreds of messages every round, and the SDK's
+``chat.completions.create`` re-validates and re-serializes the whole list each time. So each
+:class:`Message` is encoded to its wire JSON **once**, memoized in ``message.cache``, and a
+request body is the cached byte strings joined. The bytes go out through the SDK's low-level
+``post`` (auth, base URL, timeouts, connection pool) with retries off: the agent loop retries.
+
+Third-party errors stop here (``raise ... from exc``):
+
+- 408, 409, 429, 5xx, timeouts, refused connections, a stream that breaks or ends before a
+  finish reason -> :class:`TransientBackendError` (with ``retry_after`` when the server said);
+- a refusal that says the prompt is too long -> :class:`ContextOverflowError`;
+- anything else (401, 403, 404, other 4xx) -> :class:`BackendError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import math
+import os
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import openai
+from openai import AsyncStream
+
+from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
+from trading_agent.agent.conversation import (
+    ContentBlock,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolUseBlock,
+    estimate_tokens,
+)
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.errors import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    TransientBackendError,
+)
+
+__all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatibleBackend", "encode_message"]
+
+NO_KEY_PLACEHOLDER = "no-key-needed"
+"""The API key sent to a server that needs none (the SDK insists on one)."""
+
+_CACHE_KEY = "openai_wire"
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context window",
+    "context length",
+    "context size",
+    "exceed_context_size",
+    "too many tokens",
+    "prompt is too long",
+)
+
+# The SDK wraps its HTTP client's (httpx2) errors, but not on every path; plain httpx in
+# case a caller's client is one.
+_NETWORK_ERRORS: tuple[type[Exception], ...] = (
+    httpx2.HTTPError, httpx.HTTPError, OSError, anyio.EndOfStream, anyio.BrokenResourceError,
+)
+_CLIENT_ERRORS: tuple[type[Exception], ...] = (openai.OpenAIError, *_NETWORK_ERRORS)
+_STREAM_ERRORS: tuple[type[Exception], ...] = (*_CLIENT_ERRORS, ValueError)
+_CUT_ERRORS: tuple[type[Exception], ...] = (openai.APIConnectionError, *_NETWORK_ERRORS)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8; escapes only when the text holds lone surrogates."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
+def _arguments(raw: str) -> str:
+    """Tool-call arguments as sent back: always the text of a JSON object.
+
+    Some servers (llama.cpp among them) parse past arguments to render their chat template
+    and refuse the whole request when they cannot, which would wedge a desk for good. So
+    what the model wrote is kept, but wrapped when it is not a JSON object.
+    """
+    if not raw.strip():
+        return "{}"
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return raw
+    return json.dumps({"raw_arguments": raw}, ensure_ascii=False)
+
+
+def _image_part(image: ImageBlock) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": image.data_url()}}
+
+
+def _user_content(blocks: Sequence[TextBlock | ImageBlock]) -> str | list[dict[str, Any]]:
+    if not blocks:
+        return ""
+    if len(blocks) == 1 and isinstance(blocks[0], TextBlock):
+        return blocks[0].text
+    return [{"type": "text", "text": b.text} if isinstance(b, TextBlock) else _image_part(b)
+            for b in blocks]
+
+
+def _wire_messages(message: Message) -> list[dict[str, Any]]:
+    """The OpenAI wire messages one internal message becomes (a tool_results one: several)."""
+    if message.role == "assistant":
+        text = message.text
+        calls = message.tool_uses
+        wire: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+        if calls:
+            wire["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
+                for call in calls
+            ]
+        return [wire]
+
+    results = message.tool_results
+    if not results:
+        plain = [b for b in message.content if isinstance(b, TextBlock | ImageBlock)]
+        return [{"role": "user", "content": _user_content(plain)}]
+
+    # Tool messages carry text only: their pictures follow in one user message, each group
+    # introduced by the call it came from, with any other blocks of the message after.
+    wires: list[dict[str, Any]] = []
+    follow_up: list[dict[str, Any]] = []
+    for result in results:
+        images = [b for b in result.content if isinstance(b, ImageBlock)]
+        text = result.text
+        if images:
+            noun = "image" if len(images) == 1 else f"{len(images)} images"
+            text = f"{text}\n[{noun} attached in the next message]" if text else (
+                f"[{noun} attached in the next message]")
+            follow_up.append({"type": "text",
+                              "text": f"Images from tool call {result.tool_use_id}:"})
+            follow_up.extend(_image_part(image) for image in images)
+        wires.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": text})
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            follow_up.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            follow_up.append(_image_part(block))
+    if follow_up:
+        wires.append({"role": "user", "content": follow_up})
+    return wires
+
+
+def encode_message(message: Message) -> bytes:
+    """One message as OpenAI wire JSON (comma-joined when it becomes several); memoized.
+
+    The encoding is stored in ``message.cache``, so a message is serialized once in its
+    life, however many requests it is sent in.
+
+    Args:
+        message: The message to encode.
+
+    Returns:
+        The JSON objects, joined by commas, ready to splice into a ``messages`` array.
+    """
+    cached: bytes | None = message.cache.get(_CACHE_KEY)
+    if cached is None:
+        cached = b",".join(_dumps(wire) for wire in _wire_messages(message))
+        message.cache[_CACHE_KEY] = cached
+    return cached
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context for every backend: loading the CA store costs ~75 ms."""
+    return httpx2.create_ssl_context()
+
+
+def _tool_definition(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A definition in OpenAI's ``{"type": "function", "function": ...}`` shape."""
+    if "function" in tool:
+        return tool
+    return {"type": "function", "function": tool}
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+@dataclass
+class _ToolCallDraft:
+    """A tool call being assembled from stream deltas."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+def _text_of(value: Any) -> str:
+    """Text from a delta field: a string, or a list of text parts (some servers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(p.get("text", "") for p in value
+                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _json_text(value: Any) -> str:
+    """Arguments as text: servers send a string, a few send the object itself."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False)
+
+
+class _ReplyBuilder:
+    """Collects the chunks of one streamed answer."""
+
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        self.on_text = on_text
+        self.text: list[str] = []
+        self.calls: dict[int, _ToolCallDraft] = {}
+        self.legacy = _ToolCallDraft()
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: Any) -> None:
+        """Takes one decoded chunk; ignores whatever it cannot read."""
+        if not isinstance(chunk, dict):
+            return
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
+                continue
+            delta: dict[str, Any] = {}
+            for field_name in ("delta", "message"):  # "message": a non-streamed shape
+                if isinstance(choice.get(field_name), dict):
+                    delta = choice[field_name]
+                    break
+            text = _text_of(delta.get("content"))
+            if text:
+                self.text.append(text)
+                if self.on_text is not None:
+                    self.on_text(text)
+            for position, call in enumerate(delta.get("tool_calls") or ()):
+                if isinstance(call, dict):
+                    self._feed_call(call, position)
+            legacy = delta.get("function_call")
+            if isinstance(legacy, dict):
+                self._merge(self.legacy, legacy)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = reason
+
+    def _feed_call(self, call: dict[str, Any], position: int) -> None:
+        index = call.get("index")
+        if isinstance(index, str) and index.isdigit():
+            index = int(index)
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = self._guess_index(call, position)
+        draft = self.calls.setdefault(index, _ToolCallDraft())
+        call_id = call.get("id")
+        if isinstance(call_id, int) and not isinstance(call_id, bool):
+            call_id = str(call_id)
+        if not draft.id and isinstance(call_id, str) and call_id.strip():
+            draft.id = call_id.strip()
+        function = call.get("function")
+        if isinstance(function, dict):
+            self._merge(draft, function)
+
+    def _guess_index(self, call: dict[str, Any], position: int) -> int:
+        """Where an index-less delta belongs: a new call if it starts one, else the last."""
+        if not self.calls:
+            return position
+        last = max(self.calls)
+        draft = self.calls[last]
+        function: dict[str, Any] = call["function"] if isinstance(call.get("function"),
+                                                                   dict) else {}
+        new_id = str(call.get("id") or "").strip()
+        if new_id and draft.id:
+            return last if new_id == draft.id else last + 1
+        # Servers that leave out the index send each call whole: a name starts a new one.
+        return last + 1 if function.get("name") and draft.name else last
+
+    @staticmethod
+    def _merge(draft: _ToolCallDraft, function: dict[str, Any]) -> None:
+        name = function.get("name")
+        # The name comes once; servers that repeat it in every delta must not double it.
+        if not draft.name and isinstance(name, str) and name.strip():
+            draft.name = name.strip()
+        draft.arguments += _json_text(function.get("arguments"))
+
+    def tool_calls(self, new_id: Callable[[], str]) -> list[ToolUseBlock]:
+        """The assembled calls, in index order, each with a usable, unique id."""
+        drafts = [self.calls[i] for i in sorted(self.calls) if self.calls[i].name]
+        # The legacy field only counts when no tool_calls came and it names a function;
+        # some servers send an empty one beside every tool_calls delta.
+        if not drafts and self.legacy.name:
+            drafts = [self.legacy]
+        calls: list[ToolUseBlock] = []
+        taken = {draft.id for draft in drafts}
+        for draft in drafts:
+            call_id = draft.id
+            if not call_id or any(call.id == call_id for call in calls):
+                call_id = new_id()
+                while call_id in taken:  # never the id a server gave another call
+                    call_id = new_id()
+                taken.add(call_id)
+            calls.append(ToolUseBlock(id=call_id, name=draft.name, arguments=draft.arguments))
+        return calls
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            value = float(milliseconds) / 1000
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value) and value >= 0:
+                return value
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            moment = parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if moment.tzinfo is None:
+            return None
+        return max(0.0, moment.timestamp() - time.time())
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _error_details(body: object, fallback: str) -> tuple[str, str]:
+    """The server's message and code (or type) from an error body, either shape."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail") or ""
+            code = inner.get("code") or inner.get("type") or ""
+            return str(message) or fallback, str(code)
+        if isinstance(inner, str):
+            return inner, ""
+    if isinstance(body, str) and body:
+        return body, ""
+    return fallback, ""
+
+
+def _mentions_context(message: str, code: str) -> bool:
+    text = f"{code} {message}".lower()
+    return any(marker in text for marker in _CONTEXT_MARKERS)
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class OpenAICompatibleBackend:
+    """A :class:`~trading_agent.agent.backend.ModelBackend` for OpenAI-compatible servers.
+
+    Args:
+        config: Where the server is, which model, prices, timeouts.
+        environ: Where to read the API key from (``os.environ`` by default).
+
+    Raises:
+        ConfigError: ``config.api_key_env`` names a variable that is not set.
+
+    Example::
+
+        async with OpenAICompatibleBackend(config) as backend:
+            reply = await backend.complete(request, on_text=print)
+    """
+
+    def __init__(self, config: OpenAIBackendConfig,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.model = config.model
+        self.context_window = config.context_window
+        self._pricing = config.pricing
+        self._api_key = self._read_key(config, os.environ if environ is None else environ)
+        self._client = openai.AsyncOpenAI(
+            api_key=self._api_key,
+            base_url=config.base_url,
+            timeout=config.request_timeout,
+            max_retries=0,
+            default_headers=config.extra_headers or None,
+            organization=None,
+            project=None,
+            http_client=openai.DefaultAsyncHttpx2Client(verify=_ssl_context()),
+        )
+        self._request_options: openai.RequestOptions = {
+            "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
+            "security": {"bearer_auth": True},
+        }
+        head: dict[str, Any] = {"model": config.model, **config.extra_body, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if config.temperature is not None:
+            head["temperature"] = config.temperature
+        self._head = _dumps(head)[:-1]  # an open object: per-request fields follow
+        self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
+        self._system_cache: tuple[str, bytes] | None = None
+        self._call_numbers = itertools.count(1)
+
+    @staticmethod
+    def _read_key(config: OpenAIBackendConfig, environ: Mapping[str, str]) -> str:
+        if config.api_key_env is None:
+            return NO_KEY_PLACEHOLDER
+        key = environ.get(config.api_key_env, "").strip()
+        if not key:
+            raise ConfigError(f"backend for model {config.model}: the environment variable "
+                              f"{config.api_key_env} (api_key_env) is not set")
+        return key
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(model={self.model!r}, "
+                f"base_url={self.config.base_url!r})")
+
+    async def __aenter__(self) -> OpenAICompatibleBackend:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client and its connections."""
+        await self._client.close()
+
+    # ------------------------------------------------------------------ request body
+
+    def request_body(self, request: ModelRequestSpec) -> bytes:
+        """The JSON body one request sends, spliced from cached encodings.
+
+        Args:
+            request: What to send.
+
+        Returns:
+            The body bytes.
+        """
+        parts = [self._system_message(request.system_prompt)] if request.system_prompt else []
+        parts.extend(encode_message(message) for message in request.messages)
+        body = [self._head]
+        max_tokens = request.max_output_tokens or self.config.max_output_tokens
+        if max_tokens is not None:
+            body.append(b',"%s":%d' % (self.config.max_tokens_field.encode(), max_tokens))
+        if request.tools:
+            body += (b',"tools":', self._tools(request.tools))
+        body += (b',"messages":[', b",".join(p for p in parts if p), b"]}")
+        return b"".join(body)
+
+    def _system_message(self, prompt: str) -> bytes:
+        cached = self._system_cache
+        if cached is None or cached[0] != prompt:
+            cached = (prompt, _dumps({"role": "system", "content": prompt}))
+            self._system_cache = cached
+        return cached[1]
+
+    def _tools(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
+        # Keyed by the identity of each definition (the registry builds them once); the
+        # cache holds them, so an id cannot be reused while it is compared.
+        key = tuple(tools)
+        cached = self._tools_cache
+        if cached is None or len(cached[0]) != len(key) or any(
+                a is not b for a, b in zip(cached[0], key, strict=True)):
+            cached = (key, _dumps([_tool_definition(tool) for tool in tools]))
+            self._tools_cache = cached
+        return cached[1]
+
+    # ------------------------------------------------------------------ complete
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+        """Sends one request and streams the answer.
+
+        Args:
+            request: What to send.
+            on_text: Called with each piece of text as it arrives.
+
+        Returns:
+            The whole answer, only once the stream completed.
+
+        Raises:
+            TransientBackendError: A failure worth retrying (429, 5xx, timeout, a broken or
+                unfinished stream).
+            ContextOverflowError: The server said the prompt is longer than its window.
+            BackendError: Any other failure (401, 403, 404, another 4xx).
+        """
+        body = self.request_body(request)
+        builder = _ReplyBuilder(on_text)
+        try:
+            stream = await self._client.post(
+                "/chat/completions", cast_to=object, content=body,
+                options=self._request_options, stream=True, stream_cls=AsyncStream[object])
+        except _CLIENT_ERRORS as exc:
+            raise self._translate(exc) from self._cause(exc)
+        try:
+            while True:
+                try:
+                    chunk = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+                except _STREAM_ERRORS as exc:
+                    if builder.finish_reason is not None and isinstance(exc, _CUT_ERRORS):
+                        break  # the answer was whole: only the usage chunk was lost
+                    raise self._translate(exc) from self._cause(exc)
+                builder.feed(chunk)  # outside the try: on_text's own errors are not ours
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(*_CLIENT_ERRORS):
+                await stream.close()
+        if builder.finish_reason is None:
+            raise TransientBackendError("the answer stream ended before the model finished",
+                                        model=self.model)
+        return self._reply(request, builder)
+
+    def _reply(self, request: ModelRequestSpec, builder: _ReplyBuilder) -> ModelReply:
+        calls = builder.tool_calls(lambda: f"call_{next(self._call_numbers)}")
+        text = "".join(builder.text)
+        content: list[ContentBlock] = []
+        if text and (text.strip() or not calls):
+            content.append(TextBlock(text))
+        content.extend(calls)
+        reason = builder.finish_reason or "stop"
+        if reason == "function_call" or (calls and reason != "length"):
+            reason = "tool_calls"
+        return ModelReply(content=tuple(content), usage=self._usage(request, builder, calls),
+                          stop_reason=reason)
+
+    def _usage(self, request: ModelRequestSpec, builder: _ReplyBuilder,
+               calls: list[ToolUseBlock]) -> Usage:
+        reported = builder.usage or {}
+        prompt = reported.get("prompt_tokens")
+        completion = reported.get("completion_tokens")
+        estimated = False
+        if not isinstance(prompt, int) or isinstance(prompt, bool):
+            estimated = True
+            prompt = (sum(estimate_tokens(m) for m in request.messages)
+                      + len(request.system_prompt) // 4
+                      + (len(self._tools(request.tools)) // 4 if request.tools else 0))
+        if not isinstance(completion, int) or isinstance(completion, bool):
+            estimated = True
+            chars = sum(len(t) for t in builder.text) + sum(
+                len(c.name) + len(c.arguments) for c in calls)
+            completion = max(1, chars // 4) if chars else 0
+        cost = self._pricing.cost(prompt, completion) if self._pricing else None
+        return Usage(input_tokens=prompt, output_tokens=completion, estimated=estimated,
+                     cost=cost)
+
+    # ------------------------------------------------------------------ errors
+
+    def _redact(self, text: str) -> str:
+        if self._api_key != NO_KEY_PLACEHOLDER and self._api_key in text:
+            return text.replace(self._api_key, "[redacted]")
+        return text
+
+    def _cause(self, exc: BaseException) -> BaseException | None:
+        """The exception to chain, unless its text would carry the key into a traceback."""
+        if self._api_key != NO_KEY_PLACEHOLDER and self._api_key in str(exc):
+            return None
+        return exc
+
+    def _translate(self, exc: BaseException) -> BackendError:
+        """The project's error for a failure of the SDK, the network or the stream."""
+        model = self.model
+        if isinstance(exc, openai.APITimeoutError):
+            return TransientBackendError(
+                f"the server did not answer within {self.config.request_timeout:g} s",
+                model=model)
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+            return TransientBackendError(
+                self._redact(f"the connection to the server failed{detail}"), model=model)
+        if isinstance(exc, openai.APIStatusError):
+            message, code = _error_details(exc.body, exc.response.text[:500] or exc.message)
+            return self._for_status(exc.status_code, message, code,
+                                    _retry_after(exc.response.headers))
+        if isinstance(exc, openai.APIError):  # an error event inside the stream
+            message, code = _error_details(exc.body, exc.message)
+            status = int(code) if code.isdigit() else None
+            return self._for_status(status, message, code, None, in_stream=True)
+        if isinstance(exc, ValueError):
+            return TransientBackendError(
+                self._redact(f"the server sent an unreadable stream chunk: {exc}"), model=model)
+        if isinstance(exc, _NETWORK_ERRORS):
+            return TransientBackendError(
+                self._redact(f"the connection to the server failed: {type(exc).__name__}: {exc}"),
+                model=model)
+        return BackendError(self._redact(f"the OpenAI client failed: {exc}"), model=model)
+
+    def _for_status(self, status: int | None, message: str, code: str,
+                    retry_after: float | None, *, in_stream: bool = False) -> BackendError:
+        message = self._redact(message.strip() or "no message")
+        if status != 429 and _mentions_context(message, code):
+            return ContextOverflowError(f"the prompt is too long for the model: {message}",
+                                        status_code=status, model=self.model)
+        if status is None or status in _TRANSIENT_STATUSES:
+            where = "in the answer stream" if in_stream else "the server refused the request"
+            return TransientBackendError(f"{where}: {message}", status_code=status,
+                                         model=self.model, retry_after=retry_after)
+        return BackendError(f"the server refused the request: {message}", status_code=status,
+                            model=self.model)

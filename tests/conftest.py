@@ -1,0 +1,108 @@
+"""Fixtures shared by every test.
+
+- No network by default: any connection (or name lookup) beyond loopback and Unix sockets
+  fails the test.
+- ``scripted_server``: a started :class:`~tests.scripted_server.ScriptedServer` on
+  ``127.0.0.1``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.scripted_server import ScriptedServer
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class NetworkBlockedError(RuntimeError):
+    """A test tried to reach beyond loopback.
+
+    Deliberately not an ``OSError``: network code would take that for a network failure and
+    retry, hiding the attempt.
+    """
+
+
+def _is_local(host: Any) -> bool:
+    if host is None:
+        return True  # getaddrinfo(None, port): the local wildcard
+    if isinstance(host, bytes):
+        host = host.decode("ascii", "replace")
+    if not isinstance(host, str):
+        return False
+    if host.lower() in _LOOPBACK_NAMES or host == "":
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified  # 0.0.0.0 is this machine
+
+
+class NetworkGuard:
+    """Patches ``socket`` so only loopback and Unix sockets can be reached.
+
+    Attributes:
+        attempts: What was refused, for the report.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> NetworkGuard:
+        """Patches ``connect``, ``connect_ex`` and ``getaddrinfo`` until the test ends."""
+        real_connect = socket.socket.connect
+        real_connect_ex = socket.socket.connect_ex
+        real_getaddrinfo = socket.getaddrinfo
+
+        def check(sock: socket.socket, address: Any) -> None:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(address[0]):
+                self.attempts.append(f"connect to {address!r}")
+                raise NetworkBlockedError(f"tests may not reach {address!r}: no network")
+
+        def connect(sock: socket.socket, address: Any) -> None:
+            check(sock, address)
+            real_connect(sock, address)
+
+        def connect_ex(sock: socket.socket, address: Any) -> int:
+            check(sock, address)
+            return real_connect_ex(sock, address)
+
+        def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _is_local(host):
+                self.attempts.append(f"look up {host!r}")
+                raise NetworkBlockedError(f"tests may not resolve {host!r}: no network")
+            return real_getaddrinfo(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket.socket, "connect", connect)
+        monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        return self
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Refuses connections and lookups beyond loopback, and fails the test that tried."""
+    guard = NetworkGuard().install(monkeypatch)
+    yield
+    if guard.attempts:
+        pytest.fail("the test tried to use the network: " + "; ".join(guard.attempts))
+
+
+@pytest.fixture
+def scripted_server() -> Iterator[ScriptedServer]:
+    """A scripted OpenAI-compatible server on ``127.0.0.1``; ``.base_url`` ends in ``/v1``.
+
+    Give it steps with ``scripted_server.add(...)`` (or a ``responder``), run the code under
+    test against ``scripted_server.base_url``, then check ``scripted_server.requests`` and
+    call ``scripted_server.assert_complete()``. Failures inside the server fail the test.
+    """
+    with ScriptedServer() as server:
+        yield server
+        if server.errors:
+            pytest.fail(f"the scripted server failed: {server.errors!r}")
