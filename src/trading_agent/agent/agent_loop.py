@@ -1,25 +1,41 @@
 """The agent loop: ask the model, run the tools it asks for, give it the results, repeat.
 
-One run is one turn. It ends when the model answers without asking for a tool, after
-``maximum_rounds`` model calls, or at the next safe point after :meth:`AgentLoop.request_stop`.
+A turn ends when the model answers without asking for a tool, after ``maximum_rounds`` model
+calls, or at the next safe point after :meth:`AgentLoop.request_stop`. One ``run_turn`` call
+may run several turns: a steering message that arrives while the model writes its final
+answer opens the next turn at once (see :mod:`~trading_agent.agent.steering_inbox`).
+
+Before a turn, at the compressor's flush mark: the silent memory-flush turn, then a
+compaction (see :mod:`~trading_agent.agent.context_compressor`). Before every model call:
+waiting steering messages are delivered, the window is compacted if it is past the hard
+mark, and the request is built from the window **repaired** (every tool call answered, no
+stray result: valid even after a crash or a cancelled turn), with very long tool results cut
+and old images pruned. A context overflow is answered by one compaction and one replay.
+
 Every step is published on the event bus; every message is appended to the conversation
 (and so stored) as soon as it exists, and the conversation is valid to send at every await.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
-from trading_agent.agent.context_compressor import ContextCompressor, context_tokens
+from trading_agent.agent.context_compressor import (
+    ContextCompressor,
+    context_tokens,
+    request_tokens,
+)
 from trading_agent.agent.conversation import Conversation, Message, ToolUseBlock, repair
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import (
     ErrorEvent,
     Event,
+    MemoryFlush,
     ModelRequest,
     OverflowRecovery,
     RetryScheduled,
@@ -31,7 +47,7 @@ from trading_agent.agent.events import (
 )
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
-from trading_agent.agent.steering_inbox import SteeringInbox
+from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
 from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult, TurnState
@@ -103,28 +119,38 @@ class AgentLoop:
     async def run_turn(self, conversation: Conversation, trigger: Trigger) -> TurnResult:
         """Runs one turn for a trigger, appending everything to the conversation.
 
+        A steering message that arrived too late for the turn (while the model wrote its
+        final answer) starts the next turn at once, inside this call; see
+        :mod:`trading_agent.agent.steering_inbox`.
+
         Args:
             conversation: The desk's conversation, which grows by this turn's messages.
             trigger: The reason for the turn.
 
         Returns:
-            How the turn ended, with the model's final text.
+            How the (last) turn ended, with the model's final text.
 
         Raises:
             BackendUnavailableError: The model could not be reached, even after retries.
+            ContextOverflowError: The prompt was still too long after compacting.
             BackendError: The model refused the request for another reason.
         """
         self._stop_requested = False
-        if self._compressor is not None and self._compressor.is_full(conversation):
-            await self._flush_and_compress(conversation, trigger, "threshold")
-        return await self._run_rounds(conversation, TurnState(trigger))
+        opening: SteeringMessage | None = None
+        while True:
+            await self._compact_if_full(conversation)
+            result = await self._run_rounds(conversation, TurnState(trigger), opening)
+            opening = self._late_message(result)
+            if opening is None:
+                return result
+            trigger = opening.to_trigger()
 
     async def compact(self, conversation: Conversation, trigger: Trigger) -> bool:
         """Flushes memory and compresses the conversation now (the ``/compact`` command).
 
         Args:
             conversation: The desk's conversation.
-            trigger: The command's trigger, used to tag events.
+            trigger: The command that asked for it.
 
         Returns:
             True when the conversation was compressed; False when there is no compressor or
@@ -135,15 +161,19 @@ class AgentLoop:
         """
         if self._compressor is None or not self._compressor.can_compress(conversation):
             return False
-        return await self._flush_and_compress(conversation, trigger, "command")
+        return await self._flush_and_compress(conversation, "command")
 
-    async def _run_rounds(self, conversation: Conversation, turn: TurnState) -> TurnResult:
+    # ------------------------------------------------------------------ one turn
+
+    async def _run_rounds(self, conversation: Conversation, turn: TurnState,
+                          opening: SteeringMessage | None = None) -> TurnResult:
         self._publish(turn, TurnStarted(desk=self.desk_name, trigger_kind=turn.trigger.kind,
-                                        trigger_text=turn.trigger.text))
+                                        trigger_text=turn.trigger.text, silent=turn.silent))
         await conversation.append(turn.trigger.to_message())
-        while turn.rounds < self._maximum_rounds:
-            if turn.rounds:
-                await self._between_rounds(conversation, turn)
+        if opening is not None:
+            self._publish_delivery(turn, opening, started_turn=True)
+        while turn.rounds < self._round_limit(turn):
+            await self._before_model_call(conversation, turn)
             reply = await self._ask_model(conversation, turn)
             await conversation.append(Message(role="assistant", content=reply.content))
             if not reply.tool_calls:
@@ -155,32 +185,72 @@ class AgentLoop:
         return self._finish(turn, f"The turn was ended after {turn.rounds} model calls, the "
                                   "desk's round limit (maximum_rounds).", hit_round_limit=True)
 
-    async def _between_rounds(self, conversation: Conversation, turn: TurnState) -> None:
+    def _round_limit(self, turn: TurnState) -> int:
+        if turn.silent and self._compressor is not None:
+            return self._compressor.flush_max_rounds
+        return self._maximum_rounds
+
+    def _late_message(self, result: TurnResult) -> SteeringMessage | None:
+        """A message that came while the turn ended: it opens the next turn."""
+        if self._steering_inbox is None or result.stopped or self._stop_requested:
+            return None
+        return self._steering_inbox.take_next()
+
+    async def _before_model_call(self, conversation: Conversation, turn: TurnState) -> None:
         """Delivers steering, then compresses at once if the window is past its hard mark."""
-        if self._steering_inbox is not None and not turn.silent:
+        if turn.silent:
+            return
+        if self._steering_inbox is not None:
             for message in self._steering_inbox.take_all():
                 await conversation.append(message.to_message())
-                self._publish(turn, SteeringDelivered(
-                    desk=self.desk_name, text=message.text, queued_at=message.queued_at,
-                    after_round=turn.rounds))
+                self._publish_delivery(turn, message, started_turn=False)
         compressor = self._compressor
-        if compressor is not None and compressor.is_overfull(conversation):
-            await compressor.compress(conversation, self.backend, self._event_bus.child(
-                turn=turn.id), self.desk_name, "mid_turn")
+        if compressor is not None and compressor.is_overfull(self._context_tokens(conversation)):
+            await self._compress(conversation, turn, "mid_turn")
+
+    def _publish_delivery(self, turn: TurnState, message: SteeringMessage, *,
+                            started_turn: bool) -> None:
+        self._publish(turn, SteeringDelivered(
+            desk=self.desk_name, text=message.text, queued_at=message.queued_at,
+            after_round=turn.rounds, message_id=message.id, started_turn=started_turn))
 
     async def _ask_model(self, conversation: Conversation, turn: TurnState) -> ModelReply:
         """One model call, with retries and one compaction-and-replay on a context overflow."""
-        attempt, recovered = 0, False
         turn.rounds += 1
+        recovered = False
         while True:
             request = self._request_for(conversation)
+            sent_messages = len(conversation.messages)
+            tokens = context_tokens(conversation, partial(request_tokens, request))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
-                tool_count=len(request.tools), image_count=sum(
-                    m.image_count for m in request.messages),
-                estimated_tokens=self._estimate(conversation)))
+                tool_count=len(request.tools), estimated_tokens=tokens,
+                image_count=sum(m.image_count for m in request.messages)))
             try:
-                reply = await self.backend.complete(request, self._text_sink(turn))
+                reply = await self._complete(request, turn, self._text_sink(turn))
+            except ContextOverflowError as exc:
+                if turn.silent:
+                    raise
+                if recovered or not await self._recover(conversation, turn, exc):
+                    why = ("still too long after compacting the conversation" if recovered
+                           else "too long, and there is nothing left to compact")
+                    raise self._fail(turn, ContextOverflowError(
+                        f"the prompt is {why} ({self.backend.context_window}-token window): "
+                        f"{exc.message}", status_code=exc.status_code, model=exc.model)) from None
+                recovered = True
+                continue
+            if reply.usage.input_tokens > 0:
+                conversation.note_reported_usage(reply.usage.input_tokens, sent_messages)
+            return reply
+
+    async def _complete(self, request: ModelRequestSpec, turn: TurnState | None,
+                        on_text: Callable[[str], None] | None) -> ModelReply:
+        """Sends one request, retrying transient failures; publishes retries and usage."""
+        attempt = 0
+        while True:
+            try:
+                reply = await self.backend.complete(request, on_text)
+                break
             except TransientBackendError as exc:
                 attempt += 1
                 if attempt > self.retry_policy.max_retries:
@@ -192,26 +262,26 @@ class AgentLoop:
                     desk=self.desk_name, attempt=attempt, delay=delay, reason=exc.message,
                     status_code=exc.status_code))
                 await self.retry_policy.sleep(delay)
-                continue
-            except ContextOverflowError as exc:
-                if recovered or self._compressor is None:
-                    raise self._fail(turn, exc) from None
-                recovered = True
-                self._publish(turn, OverflowRecovery(desk=self.desk_name, message=exc.message))
-                await self._compressor.compress(conversation, self.backend, self._event_bus.child(
-                    turn=turn.id), self.desk_name, "overflow")
-                continue
+            except ContextOverflowError:
+                raise
             except BackendError as exc:
                 raise self._fail(turn, exc) from None
-            self._record_usage(conversation, turn, reply)
-            return reply
+        usage = reply.usage
+        if turn is not None:
+            turn.usage = turn.usage + usage
+        self._publish(turn, UsageReported(
+            desk=self.desk_name, input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens, estimated=usage.estimated, cost=usage.cost,
+            context_tokens=usage.input_tokens + usage.output_tokens,
+            context_window=self.backend.context_window))
+        return reply
 
     async def _run_tools(self, conversation: Conversation, turn: TurnState,
                          calls: Sequence[ToolUseBlock]) -> None:
         """Runs a round's calls; even when cancelled, every call gets its result appended."""
         finished: dict[str, ExecutedCall] = {}
         try:
-            executed = await self._executor.execute(
+            executed = await self._executor_for(turn).execute(
                 calls, self.desk_name, turn.id, self._event_bus, finished)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -225,29 +295,87 @@ class AgentLoop:
             if call.usage is not None:
                 turn.usage = turn.usage + call.usage
 
+    def _executor_for(self, turn: TurnState) -> ToolCallExecutor:
+        """The desk's executor; in the memory flush, one that runs only the memory tool."""
+        if not turn.silent or self._compressor is None:
+            return self._executor
+        executor = self._executor
+        return ToolCallExecutor(executor.tool_registry.subset([self._compressor.memory_tool]),
+                                approval_gate=executor.approval_gate,
+                                heartbeat_seconds=executor.heartbeat_seconds)
+
+    # ------------------------------------------------------------------ what is sent
+
     def _request_for(self, conversation: Conversation) -> ModelRequestSpec:
-        messages = self._image_preparer.prune(repair(conversation.window()))
-        return ModelRequestSpec(conversation.system_prompt, messages, self.tool_definitions())
+        """What one call sends: the window, repaired, long results cut, old images pruned."""
+        messages = repair(conversation.window())
+        if self._compressor is not None:
+            messages = self._compressor.trim(messages)
+        return ModelRequestSpec(conversation.system_prompt, self._image_preparer.prune(messages),
+                                self.tool_definitions())
 
-    def _estimate(self, conversation: Conversation) -> int:
-        return context_tokens(conversation)
+    def _context_tokens(self, conversation: Conversation) -> int:
+        return context_tokens(conversation,
+                              lambda: request_tokens(self._request_for(conversation)))
 
-    def _text_sink(self, turn: TurnState) -> Any:
+    # ------------------------------------------------------------------ compaction
+
+    async def _compact_if_full(self, conversation: Conversation) -> None:
+        """Before a turn, at the flush mark: memory flush, then the summary."""
+        compressor = self._compressor
+        if (compressor is not None and compressor.is_full(self._context_tokens(conversation))
+                and compressor.can_compress(conversation)):
+            await self._flush_and_compress(conversation, "threshold")
+
+    async def _flush_and_compress(self, conversation: Conversation, reason: str) -> bool:
+        compressor = self._compressor
+        assert compressor is not None
+        if compressor.should_flush(conversation, self._context_tokens(conversation),
+                                   self._executor.tool_registry.names):
+            await self._memory_flush(conversation, compressor)
+        return await self._compress(conversation, None, reason)
+
+    async def _memory_flush(self, conversation: Conversation,
+                            compressor: ContextCompressor) -> None:
+        """The silent turn in which the desk saves what it needs, on a scratch copy."""
+        conversation.memory_flushed = True
+        scratch = conversation.fork()
+        first_new = len(scratch.messages)
+        turn = TurnState(compressor.flush_trigger(), silent=True)
+        try:
+            await self._run_rounds(scratch, turn)
+        except ContextOverflowError:
+            # No room left to flush; the summary still keeps the essentials.
+            self._finish(turn, "The memory flush did not fit the model's window.")
+        calls = sum(len(m.tool_uses) for m in scratch.messages[first_new:])
+        self._publish(turn, MemoryFlush(desk=self.desk_name, tool_calls=calls,
+                                        no_op=calls == 0))
+
+    async def _compress(self, conversation: Conversation, turn: TurnState | None, reason: str,
+                        keep_recent_tokens: int | None = None) -> bool:
+        compressor = self._compressor
+        assert compressor is not None
+        return await compressor.compress(
+            conversation, ask=lambda request: self._complete(request, turn, None),
+            measure=lambda: self._context_tokens(conversation),
+            events=self._event_bus if turn is None else self._event_bus.child(turn=turn.id),
+            desk=self.desk_name, reason=reason, keep_recent_tokens=keep_recent_tokens)
+
+    async def _recover(self, conversation: Conversation, turn: TurnState,
+                       error: ContextOverflowError) -> bool:
+        """After a context overflow: one compaction, with half the recent budget."""
+        if self._compressor is None:
+            return False
+        self._publish(turn, OverflowRecovery(desk=self.desk_name, message=error.message))
+        return await self._compress(conversation, turn, "overflow",
+                                    max(1, self._compressor.keep_recent_tokens // 2))
+
+    # ------------------------------------------------------------------ events
+
+    def _text_sink(self, turn: TurnState) -> Callable[[str], None] | None:
         if turn.silent:
             return None
         return lambda text: self._publish(turn, TextDelta(desk=self.desk_name, text=text))
-
-    def _record_usage(self, conversation: Conversation, turn: TurnState,
-                      reply: ModelReply) -> None:
-        usage = reply.usage
-        turn.usage = turn.usage + usage
-        conversation.note_reported_usage(usage.input_tokens + usage.output_tokens,
-                                          len(conversation.messages))
-        self._publish(turn, UsageReported(
-            desk=self.desk_name, input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens, estimated=usage.estimated, cost=usage.cost,
-            context_tokens=usage.input_tokens + usage.output_tokens,
-            context_window=self.backend.context_window))
 
     def _finish(self, turn: TurnState, text: str, *, hit_round_limit: bool = False,
                 stopped: bool = False) -> TurnResult:
@@ -255,31 +383,18 @@ class AgentLoop:
         self._publish(turn, TurnEnded(
             desk=self.desk_name, rounds=turn.rounds, hit_round_limit=hit_round_limit,
             final_text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-            cost=usage.cost, stopped=stopped))
+            cost=usage.cost, stopped=stopped, silent=turn.silent))
         return TurnResult(text, turn.rounds, hit_round_limit, usage, stopped, turn.id)
 
-    def _fail(self, turn: TurnState, error: BackendError) -> BackendError:
+    def _fail(self, turn: TurnState | None, error: BackendError) -> BackendError:
         self._publish(turn, ErrorEvent(desk=self.desk_name, message=str(error),
                                        error_type=type(error).__name__))
         return error
 
-    def _publish(self, turn: TurnState, event: Event) -> None:
-        object.__setattr__(event, "turn", turn.id)
+    def _publish(self, turn: TurnState | None, event: Event) -> None:
+        if turn is not None:
+            object.__setattr__(event, "turn", turn.id)
         self._event_bus.publish(event)
-
-    async def _flush_and_compress(self, conversation: Conversation, trigger: Trigger,
-                                  reason: str) -> bool:
-        """The silent memory-flush turn, then the summary (see ContextCompressor)."""
-        compressor = self._compressor
-        assert compressor is not None
-        flush = compressor.flush_trigger(trigger)
-        if flush is not None:
-            saved_stop, self._stop_requested = self._stop_requested, False
-            result = await self._run_rounds(conversation, TurnState(flush, silent=True))
-            self._stop_requested = saved_stop
-            compressor.flush_done(self._event_bus, self.desk_name, result)
-        return await compressor.compress(conversation, self.backend, self._event_bus,
-                                         self.desk_name, reason)
 
 
 def _results_message(executed: Sequence[ExecutedCall]) -> Message:

@@ -1,26 +1,51 @@
 """Keeping a months-long conversation inside the model's window.
 
-The context size is the prompt size the backend last reported plus an estimate (characters
-/ 4, a fixed cost per image) of every message added since: measured, not a running guess.
+**Size.** The context size is the prompt size the backend last reported plus an estimate
+(characters / 4, a fixed cost per image) of every message added since: measured, not a
+running guess. After a compaction, until the next request reports, the whole request is
+estimated (system prompt, tool definitions and every message as it would be sent).
 
-- Before a turn, at ``flush_threshold`` (70%) of the window, the loop runs a silent
-  memory-flush turn (the desk saves what it will need with its memory tool), then calls
-  :meth:`ContextCompressor.compress`. At most one flush per compaction cycle.
-- Between the tool rounds of one turn, past ``hard_threshold`` (85%), the loop compresses at
-  once, without the flush.
+**When.** The loop asks, and this module decides:
 
-Compression replaces, in what is *sent*, the older messages by a structured summary; a later
-compaction updates the previous summary instead of summarizing a summary blind. The newest
-messages (``keep_recent_tokens``) stay verbatim, and the cut never separates a tool call
-from its result. The full transcript stays in the conversation and the store.
+- Before a turn, at ``flush_threshold`` (70%) of the window: first a silent memory-flush
+  turn, then :meth:`ContextCompressor.compress`. The flush turn runs on a scratch copy of the
+  conversation (:meth:`Conversation.fork`): the desk sees everything it is about to lose, is
+  asked to save what it will need with its memory tool (``remember``), and may answer
+  :data:`FLUSH_NO_OP`. Only the memory tool runs in it (the others are offered, so the
+  prompt's prefix and the provider's cache stay the same, but calling one is refused); its
+  text is never streamed, and none of its messages reach the transcript: it is not chat. It
+  runs at most once per compaction cycle, only when the desk has the memory tool, and only
+  while the conversation has room for it (below ``hard_threshold``).
+- Between the tool rounds of one turn (and before any model call), past ``hard_threshold``
+  (85%): compress at once, without the flush, and go on with the turn.
+- When the server still says the prompt is too long, the loop compresses once more with
+  half the recent budget and replays the request once.
+
+**How.** Compression replaces, in what is *sent*, the older messages by a summary with a
+fixed structure (:data:`SUMMARY_SECTIONS`). A later compaction updates the previous summary
+with the newly summarized messages instead of summarizing a summary blind. The newest
+messages (``keep_recent_tokens``) stay verbatim, and the cut never separates a tool call from
+its results. The summarizer reads the messages as plain text, in chunks small enough that
+each summary request (instructions, previous summary, chunk and answer) fits the window.
+The full transcript stays in the conversation and the store.
+
+**Very long tool results** are cut (head and tail kept) to ``tool_result_max_tokens`` in what
+is sent, never in the store, so one huge result cannot keep the window full forever: after a
+compaction what is sent is at most the summary, the recent budget (plus the tool call that a
+kept result needs) and the request's fixed part.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
-from trading_agent.agent.backend import ModelBackend, ModelRequestSpec
+from trading_agent.agent.backend import ModelReply, ModelRequestSpec
 from trading_agent.agent.conversation import (
+    ContentBlock,
     Conversation,
     ImageBlock,
     Message,
@@ -30,20 +55,31 @@ from trading_agent.agent.conversation import (
     estimate_tokens,
 )
 from trading_agent.agent.event_bus import EventBus
-from trading_agent.agent.events import CompactionEnded, CompactionStarted, MemoryFlush
+from trading_agent.agent.events import CompactionEnded, CompactionStarted
 from trading_agent.agent.trigger import Trigger
-from trading_agent.agent.turn_runner import TurnResult
+from trading_agent.errors import ContextOverflowError
 
 __all__ = [
     "FLUSH_NO_OP",
+    "FLUSH_TRIGGER_PREFIX",
+    "SUMMARY_HEADER",
     "SUMMARY_SECTIONS",
+    "AskModel",
     "ContextCompressor",
     "context_tokens",
     "find_cut",
+    "overhead_tokens",
+    "request_tokens",
 ]
 
+AskModel = Callable[[ModelRequestSpec], Awaitable[ModelReply]]
+"""How the compressor asks the model for a summary: the loop's call, with its retries."""
+
 FLUSH_NO_OP = "NO_REPLY"
-"""What the desk may answer to the memory flush when it has nothing to save."""
+"""What the desk may answer to the memory flush when it has nothing (more) to save."""
+
+FLUSH_TRIGGER_PREFIX = "memory-flush-"
+"""The id prefix of the memory-flush turn's trigger."""
 
 SUMMARY_SECTIONS = (
     "Goal",
@@ -52,56 +88,99 @@ SUMMARY_SECTIONS = (
     "Risks",
     "Next steps",
 )
+"""The headings of every summary, in order."""
 
-_FLUSH_PROMPT = (
-    "[Memory flush] The conversation is about to be compacted: older messages will be "
-    "replaced by a summary. Save now, with the remember tool, whatever you will need later "
-    "and cannot look up again: positions and open orders with your reasons, plans, levels "
-    "you watch, lessons learned. Do not trade. When done, or if there is nothing to save, "
-    f"answer only {FLUSH_NO_OP}."
-)
+SUMMARY_HEADER = "[Summary of the earlier conversation; older messages were compacted]\n"
+"""The first line of the summary message the model reads."""
 
 _SUMMARY_SYSTEM = (
     "You maintain the running summary of a trading desk's conversation. Write it under "
     "exactly these headings, in this order, as short bullet points: "
     + "; ".join(f"## {name}" for name in SUMMARY_SECTIONS)
-    + ". Keep every number that matters (prices, sizes, order ids, limits). When a previous "
-    "summary is given, update it with the new messages: keep what still holds, change what "
-    "changed, drop what is finished. Answer with the summary only."
+    + ". Keep every number that matters (prices, sizes, order ids, limits, times). When a "
+    "previous summary is given, update it with the new messages: keep what still holds, "
+    "change what changed, drop what is finished. Answer with the summary only."
 )
+
+_SUMMARY_OVERHEAD_TOKENS = len(_SUMMARY_SYSTEM) // 4 + 64
+"""The summary request's fixed part: instructions, the prompt's own words, message framing."""
 
 _TOOL_RESULT_CHARS = 600
 """How much of each tool result the summarizer reads."""
 
+_TOOL_ARGUMENT_CHARS = 300
+"""How much of each tool call's arguments the summarizer reads."""
 
-def context_tokens(conversation: Conversation) -> int:
+_MIN_CHUNK_CHARS = 1_000
+"""A summary chunk is never split below this when the server says it is too long."""
+
+_SUMMARY_CHARS_PER_TOKEN = 5
+"""A summary longer than ``summary_max_tokens`` times this is cut (a server that ignores the
+output cap must not break the size bounds; a real model's tokens rarely run longer)."""
+
+
+def overhead_tokens(system_prompt: str, tools: Sequence[Mapping[str, Any]]) -> int:
+    """The estimate of a request's fixed part: the system prompt and the tool definitions.
+
+    Args:
+        system_prompt: The system prompt.
+        tools: The function-calling definitions.
+
+    Returns:
+        Tokens (characters / 4).
+    """
+    chars = len(system_prompt)
+    if tools:
+        chars += len(json.dumps(list(tools), separators=(",", ":")))
+    return 4 + chars // 4
+
+
+def request_tokens(request: ModelRequestSpec) -> int:
+    """The estimate of a whole request: its fixed part plus every message as sent.
+
+    Args:
+        request: The request.
+
+    Returns:
+        Tokens.
+    """
+    return overhead_tokens(request.system_prompt, request.tools) + sum(
+        estimate_tokens(m) for m in request.messages)
+
+
+def context_tokens(conversation: Conversation, estimate_request: Callable[[], int]) -> int:
     """The size of what the next request would send, in tokens.
 
-    The backend's last reported figure plus an estimate of each message added since; a full
-    estimate when nothing was reported since the last compaction.
+    The backend's last reported prompt size plus an estimate of each message added since;
+    the whole request's estimate when nothing was reported since the last compaction.
 
     Args:
         conversation: The conversation.
+        estimate_request: Estimates the whole next request (called only when needed).
 
     Returns:
         Tokens.
     """
     reported = conversation.reported_input_tokens
-    if reported is not None:
-        added = conversation.messages[conversation.reported_message_count:]
-        return reported + sum(estimate_tokens(m) for m in added)
-    return 500 + sum(estimate_tokens(m) for m in conversation.window())
+    if reported is None:
+        return estimate_request()
+    added = conversation.messages[conversation.reported_message_count:]
+    return reported + sum(estimate_tokens(m) for m in added)
 
 
-def find_cut(messages: Sequence[Message], keep_recent_tokens: int) -> int:
+def find_cut(messages: Sequence[Message], keep_recent_tokens: int,
+             cost: Callable[[Message], int] = estimate_tokens) -> int:
     """Where to cut: the index of the oldest message kept verbatim.
 
-    The newest messages worth ``keep_recent_tokens`` are kept; the cut then moves back so it
+    The newest messages worth ``keep_recent_tokens`` are kept; then the cut moves back so it
     never falls between a tool call and its results (a kept results message keeps its call).
+    When even the newest message does not fit the budget, everything is summarized: a
+    compaction always makes progress.
 
     Args:
         messages: The window's messages (without the summary), oldest first.
         keep_recent_tokens: The budget of recent messages kept verbatim.
+        cost: What one message costs (as sent).
 
     Returns:
         An index in ``0..len(messages)``; 0 means nothing can be summarized.
@@ -109,10 +188,10 @@ def find_cut(messages: Sequence[Message], keep_recent_tokens: int) -> int:
     cut = len(messages)
     budget = keep_recent_tokens
     while cut > 0:
-        cost = estimate_tokens(messages[cut - 1])
-        if cost > budget:
+        price = cost(messages[cut - 1])
+        if price > budget:
             break
-        budget -= cost
+        budget -= price
         cut -= 1
     while 0 < cut < len(messages) and messages[cut].kind == "tool_results":
         cut -= 1
@@ -122,102 +201,201 @@ def find_cut(messages: Sequence[Message], keep_recent_tokens: int) -> int:
 class ContextCompressor:
     """Decides when to compress, and writes the summary.
 
+    One compressor may serve several conversations: what it remembers between calls (the
+    flush already done in this cycle) lives on the :class:`Conversation`.
+
     Args:
         context_window: The model's window, in tokens.
         flush_threshold: The share of the window at which a turn starts with flush + summary.
-        hard_threshold: The share past which the loop summarizes mid-turn, without flush.
-        keep_recent_tokens: Recent messages worth this many tokens stay verbatim.
+        hard_threshold: The share past which the loop summarizes before the next model
+            call, without flush.
+        keep_recent_tokens: Recent messages worth this many tokens stay verbatim; a fifth of
+            the window by default.
         summary_max_tokens: The longest summary asked for.
+        tool_result_max_tokens: Longer tool results are cut to this in what is sent; half the
+            recent budget by default, so the newest result always fits in it.
+        memory_tool: The tool the memory flush asks the desk to use; without it, no flush.
+        flush_max_rounds: The most model calls the memory-flush turn may make.
+
+    Raises:
+        ValueError: The settings cannot work for this window (thresholds out of order, or
+            the summary and recent budget leave no room).
     """
 
     def __init__(self, context_window: int, *, flush_threshold: float = 0.70,
                  hard_threshold: float = 0.85, keep_recent_tokens: int | None = None,
-                 summary_max_tokens: int = 1200) -> None:
+                 summary_max_tokens: int = 1200, tool_result_max_tokens: int | None = None,
+                 memory_tool: str = "remember", flush_max_rounds: int = 3) -> None:
         if not 0 < flush_threshold < hard_threshold < 1:
             raise ValueError("need 0 < flush_threshold < hard_threshold < 1")
+        keep = keep_recent_tokens if keep_recent_tokens is not None else context_window // 5
+        if keep <= 0 or summary_max_tokens <= 0 or flush_max_rounds < 1:
+            raise ValueError("keep_recent_tokens, summary_max_tokens and flush_max_rounds "
+                             "must be positive")
+        if keep + summary_max_tokens > context_window // 2:
+            raise ValueError(
+                f"keep_recent_tokens ({keep}) plus summary_max_tokens ({summary_max_tokens}) "
+                f"must be at most half the context window ({context_window} tokens), or a "
+                "compaction could leave the conversation as full as it found it")
+        chunk_tokens = (int(context_window * 0.9) - summary_max_tokens
+                        - summary_max_tokens * _SUMMARY_CHARS_PER_TOKEN // 4
+                        - _SUMMARY_OVERHEAD_TOKENS)
+        if chunk_tokens < 256:
+            raise ValueError(f"summary_max_tokens ({summary_max_tokens}) is too large for a "
+                             f"{context_window}-token window: the summary request would not fit")
         self.context_window = context_window
         self.flush_threshold = flush_threshold
         self.hard_threshold = hard_threshold
-        self.keep_recent_tokens = (keep_recent_tokens if keep_recent_tokens is not None
-                                   else context_window // 5)
+        self.keep_recent_tokens = keep
         self.summary_max_tokens = summary_max_tokens
-        self._flushed = False
+        self.tool_result_max_tokens = max(64, tool_result_max_tokens if tool_result_max_tokens
+                                          is not None else keep // 2)
+        self.memory_tool = memory_tool
+        self.flush_max_rounds = flush_max_rounds
+        self._chunk_chars = chunk_tokens * 4
+        self._trim_key = f"trimmed:{self.tool_result_max_tokens}"
 
-    def context_tokens(self, conversation: Conversation) -> int:
-        """The size of what the next request would send (see :func:`context_tokens`)."""
-        return context_tokens(conversation)
+    # ------------------------------------------------------------------ decisions
 
-    def is_full(self, conversation: Conversation) -> bool:
+    def is_full(self, tokens: int) -> bool:
         """Whether a turn should start with a flush and a compaction (the 70% mark)."""
-        return self.context_tokens(conversation) >= self.flush_threshold * self.context_window
+        return tokens >= self.flush_threshold * self.context_window
 
-    def is_overfull(self, conversation: Conversation) -> bool:
-        """Whether to summarize at once between tool rounds (past the 85% mark)."""
-        return self.context_tokens(conversation) > self.hard_threshold * self.context_window
+    def is_overfull(self, tokens: int) -> bool:
+        """Whether to summarize before the next model call, without flush (past 85%)."""
+        return tokens > self.hard_threshold * self.context_window
 
-    def can_compress(self, conversation: Conversation) -> bool:
+    def can_compress(self, conversation: Conversation,
+                     keep_recent_tokens: int | None = None) -> bool:
         """Whether there is anything old enough to summarize."""
         window = conversation.messages[conversation.window_start:]
-        return find_cut(window, self.keep_recent_tokens) > 0
+        return find_cut(window, keep_recent_tokens or self.keep_recent_tokens,
+                        self._sent_tokens) > 0
 
-    def flush_trigger(self, trigger: Trigger) -> Trigger | None:
-        """The silent memory-flush turn's trigger, or None if this cycle already flushed."""
-        if self._flushed:
-            return None
-        self._flushed = True
-        return Trigger(kind="command", text=_FLUSH_PROMPT, source="memory-flush")
+    def should_flush(self, conversation: Conversation, tokens: int,
+                     tool_names: Sequence[str]) -> bool:
+        """Whether the memory-flush turn runs before this compaction.
 
-    def flush_done(self, events: EventBus, desk: str, result: TurnResult) -> None:
-        """Publishes what the flush turn did."""
-        events.publish(MemoryFlush(desk=desk, turn=result.turn_id, tool_calls=result.rounds - 1,
-                                   no_op=FLUSH_NO_OP in result.text))
+        Only when the desk has the memory tool, the flush has not run in this compaction
+        cycle, and the conversation has room for it (below the hard mark).
+        """
+        return (self.memory_tool in tool_names and not conversation.memory_flushed
+                and not self.is_overfull(tokens))
 
-    async def compress(self, conversation: Conversation, backend: ModelBackend,
-                       events: EventBus, desk: str, reason: str) -> bool:
+    def flush_trigger(self) -> Trigger:
+        """The silent memory-flush turn's trigger."""
+        text = (
+            "[Memory flush] The conversation is about to be compacted: older messages will "
+            f"be replaced by a summary. Save now, with the {self.memory_tool} tool, whatever "
+            "you will need later and cannot look up again: positions and open orders with "
+            "your reasons, plans and levels you watch, lessons learned. Do not trade; no "
+            f"other tool runs now. When done, or if there is nothing to save, answer only "
+            f"{FLUSH_NO_OP}."
+        )
+        return Trigger(kind="command", text=text, source="memory-flush",
+                       id=FLUSH_TRIGGER_PREFIX + uuid.uuid4().hex)
+
+    # ------------------------------------------------------------------ what is sent
+
+    def trim(self, messages: Sequence[Message]) -> list[Message]:
+        """Cuts very long tool results in what is sent (head and tail kept); memoized.
+
+        Args:
+            messages: What would be sent, oldest first.
+
+        Returns:
+            The messages to send; unchanged ones are the same objects.
+        """
+        return [self._trimmed(m) for m in messages]
+
+    def _trimmed(self, message: Message) -> Message:
+        if message.kind != "tool_results":
+            return message
+        cached = message.cache.get(self._trim_key)
+        if cached is None:
+            cached = _trim_results(message, self.tool_result_max_tokens * 4) or True
+            message.cache[self._trim_key] = cached
+        return cached if isinstance(cached, Message) else message
+
+    def _sent_tokens(self, message: Message) -> int:
+        return estimate_tokens(self._trimmed(message))
+
+    # ------------------------------------------------------------------ compaction
+
+    async def compress(self, conversation: Conversation, *, ask: AskModel,
+                       measure: Callable[[], int], events: EventBus, desk: str, reason: str,
+                       keep_recent_tokens: int | None = None) -> bool:
         """Replaces older messages, in what is sent, by an updated summary.
 
         Args:
             conversation: The conversation to compress.
-            backend: The model that writes the summary.
+            ask: Sends one summary request (with the loop's retries).
+            measure: The conversation's context size now (before and after).
             events: Where compaction start and end are published.
             desk: The desk, for events.
             reason: ``threshold``, ``mid_turn``, ``overflow`` or ``command``.
+            keep_recent_tokens: A smaller recent budget than configured (overflow recovery).
 
         Returns:
-            True when something was summarized.
+            True when something was summarized; False when there was nothing to summarize.
+
+        Raises:
+            BackendError: The summary could not be written; the conversation is unchanged.
         """
         start = conversation.window_start
         window = conversation.messages[start:]
-        cut = find_cut(window, self.keep_recent_tokens)
+        cut = find_cut(window, keep_recent_tokens or self.keep_recent_tokens, self._sent_tokens)
         if cut == 0:
             return False
-        before = self.context_tokens(conversation)
+        before = measure()
         events.publish(CompactionStarted(desk=desk, reason=reason, tokens_before=before))
-        summary_text = await self._summarize(backend, conversation.summary, window[:cut])
-        summary = Message(role="user", kind="summary", content=(TextBlock(
-            "[Summary of the earlier conversation, which was compacted]\n" + summary_text),))
+        summary_text = await self._summarize(ask, conversation.summary, window[:cut])
+        summary = Message(role="user", kind="summary",
+                          content=(TextBlock(SUMMARY_HEADER + summary_text),))
         await conversation.compact(summary, start + cut)
-        self._flushed = False
         events.publish(CompactionEnded(desk=desk, reason=reason, tokens_before=before,
-                                       tokens_after=self.context_tokens(conversation),
-                                       messages_summarized=cut))
+                                       tokens_after=measure(), messages_summarized=cut))
         return True
 
-    async def _summarize(self, backend: ModelBackend, previous: Message | None,
+    async def _summarize(self, ask: AskModel, previous: Message | None,
                          messages: Sequence[Message]) -> str:
-        """Asks the model for the summary, in chunks that fit its window."""
-        budget_chars = max(2_000, int(self.context_window * 0.5) * 4)
-        summary = previous.text if previous is not None else ""
-        for chunk in _chunks([_render(m) for m in messages], budget_chars):
-            prompt = (
-                f"Previous summary:\n{summary or '(none yet)'}\n\n"
-                f"New messages:\n{chunk}\n\nWrite the updated summary."
-            )
+        """Folds the messages, chunk by chunk, into the previous summary."""
+        summary = _summary_body(previous)
+        pending = deque(_chunks([_render(m) for m in messages], self._chunk_chars))
+        while pending:
+            chunk = pending.popleft()
+            prompt = (f"Previous summary:\n{summary or '(none yet: this is the first one)'}\n\n"
+                      f"New messages, oldest first:\n{chunk}\n\nWrite the updated summary.")
             request = ModelRequestSpec(_SUMMARY_SYSTEM, [Message.user_text(prompt)], [],
                                        max_output_tokens=self.summary_max_tokens)
-            reply = await backend.complete(request)
-            summary = reply.text.strip() or summary
-        return summary
+            try:
+                reply = await ask(request)
+            except ContextOverflowError:
+                # The server counts tokens its own way; halve the chunk and try again.
+                if len(chunk) <= _MIN_CHUNK_CHARS:
+                    raise
+                pending.extendleft(reversed(_halves(chunk)))
+                continue
+            summary = _normalize(reply.text, self.summary_max_tokens) or summary
+        return summary or "\n\n".join(f"## {name}\n- (nothing noted)"
+                                       for name in SUMMARY_SECTIONS)
+
+
+def _summary_body(previous: Message | None) -> str:
+    if previous is None:
+        return ""
+    text = previous.text
+    return text[len(SUMMARY_HEADER):] if text.startswith(SUMMARY_HEADER) else text
+
+
+def _normalize(text: str, max_tokens: int) -> str:
+    """The summary with every heading present (in its place or added) and cut to size."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[:max_tokens * _SUMMARY_CHARS_PER_TOKEN]
+    missing = [name for name in SUMMARY_SECTIONS if f"## {name}" not in text]
+    return text + "".join(f"\n\n## {name}\n- (nothing noted)" for name in missing)
 
 
 def _chunks(lines: list[str], budget_chars: int) -> list[str]:
@@ -236,6 +414,14 @@ def _chunks(lines: list[str], budget_chars: int) -> list[str]:
     return chunks
 
 
+def _halves(chunk: str) -> list[str]:
+    middle = len(chunk) // 2
+    split = chunk.rfind("\n", 0, middle)
+    if split <= 0:
+        split = middle
+    return [chunk[:split], chunk[split:].lstrip("\n")]
+
+
 def _render(message: Message) -> str:
     """One message as plain text for the summarizer."""
     parts: list[str] = []
@@ -245,9 +431,36 @@ def _render(message: Message) -> str:
         elif isinstance(block, ImageBlock):
             parts.append(f"[image: {block.description}]")
         elif isinstance(block, ToolUseBlock):
-            parts.append(f"[called {block.name}({block.arguments[:300]})]")
+            parts.append(f"[called {block.name}({block.arguments[:_TOOL_ARGUMENT_CHARS]})]")
         elif isinstance(block, ToolResultBlock):
             flag = " error" if block.is_error else ""
-            parts.append(f"[result{flag}: {block.text[:_TOOL_RESULT_CHARS]}]")
+            images = sum(1 for b in block.content if isinstance(b, ImageBlock))
+            pictures = f" +{images} image(s)" if images else ""
+            parts.append(f"[result{flag}{pictures}: {block.text[:_TOOL_RESULT_CHARS]}]")
     who = {"assistant": "desk"}.get(message.role, message.kind)
     return f"{who}: " + " ".join(parts)
+
+
+def _trim_results(message: Message, max_chars: int) -> Message | None:
+    """The message with each tool result's text cut to ``max_chars``, or None if none is."""
+    content: list[ContentBlock] = []
+    changed = False
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            text = block.text
+            if len(text) > max_chars:
+                head = max_chars * 2 // 3
+                tail = max_chars - head
+                note = (f"\n[... {len(text) - head - tail:,} characters of this result were "
+                        "cut here to save space; ask again for a narrower result if you need "
+                        "them ...]\n")
+                images = tuple(b for b in block.content if isinstance(b, ImageBlock))
+                block = ToolResultBlock(block.tool_use_id,
+                                        (TextBlock(text[:head] + note + text[-tail:]), *images),
+                                        block.is_error)
+                changed = True
+        content.append(block)
+    if not changed:
+        return None
+    return Message(role=message.role, content=tuple(content), kind=message.kind,
+                   id=message.id, created_at=message.created_at)

@@ -160,14 +160,18 @@ class Message:
 
     @property
     def image_count(self) -> int:
-        """How many images the message holds, tool results included."""
-        count = 0
-        for block in self.content:
-            if isinstance(block, ImageBlock):
-                count += 1
-            elif isinstance(block, ToolResultBlock):
-                count += sum(1 for b in block.content if isinstance(b, ImageBlock))
-        return count
+        """How many images the message holds, tool results included (memoized: it is asked
+        of every message before every request)."""
+        cached = self.cache.get("images")
+        if cached is None:
+            cached = 0
+            for block in self.content:
+                if isinstance(block, ImageBlock):
+                    cached += 1
+                elif isinstance(block, ToolResultBlock):
+                    cached += sum(1 for b in block.content if isinstance(b, ImageBlock))
+            self.cache["images"] = cached
+        return int(cached)
 
 
 def _block_chars(block: ContentBlock) -> tuple[int, int]:
@@ -230,13 +234,18 @@ def repair(messages: Sequence[Message]) -> list[Message]:
         index += 1
         if message.role == "assistant" and message.tool_uses:
             repaired.append(message)
-            calls = message.tool_uses
             following = messages[index] if index < count else None
             if following is not None and following.kind == "tool_results":
                 index += 1
-                repaired.append(_answer_calls(calls, following))
+                # A pair never changes, and every request repairs every pair: memoize.
+                key = "answers:" + message.id
+                answer = following.cache.get(key)
+                if answer is None:
+                    answer = _answer_calls(message.tool_uses, following)
+                    following.cache[key] = True if answer is following else answer
+                repaired.append(following if answer is True else answer)
             else:
-                repaired.append(_answer_calls(calls, None))
+                repaired.append(_answer_calls(message.tool_uses, None))
             continue
         if message.role == "user" and message.tool_results:
             # Results with no call just before them: keep only the other blocks, if any.
@@ -318,9 +327,12 @@ class Conversation:
         self.window_start = 0
         self.observer = observer
         self.reported_input_tokens: int | None = None
-        """The prompt tokens the backend reported for the last request."""
+        """The prompt tokens the backend reported for the last request (None since the last
+        compaction, until the next request reports)."""
         self.reported_message_count = 0
-        """How many window messages that last request held."""
+        """``len(messages)`` when that request was built: later messages were not in it."""
+        self.memory_flushed = False
+        """Whether the memory-flush turn ran since the last compaction (one per cycle)."""
 
     def window(self) -> list[Message]:
         """What is sent: the summary (if any), then the messages after the last compaction."""
@@ -349,11 +361,33 @@ class Conversation:
         self.summary = summary
         self.window_start = first_kept
         self.reported_input_tokens = None
+        self.memory_flushed = False
         first_kept_id = self.messages[first_kept].id if first_kept < len(self.messages) else None
         if self.observer is not None:
             await self.observer.compacted(self, summary, first_kept_id)
 
-    def note_reported_usage(self, input_tokens: int, window_size: int) -> None:
-        """Remembers the prompt size the backend reported for a window of ``window_size``."""
+    def note_reported_usage(self, input_tokens: int, message_count: int) -> None:
+        """Remembers the prompt size the backend reported for a request.
+
+        Args:
+            input_tokens: The prompt tokens it reported.
+            message_count: ``len(messages)`` when the request was built; every message after
+                that is estimated on top of the reported figure.
+        """
         self.reported_input_tokens = input_tokens
-        self.reported_message_count = window_size
+        self.reported_message_count = message_count
+
+    def fork(self) -> Conversation:
+        """A scratch copy of what is sent, with no observer: what is appended to it is never
+        stored and never seen by this conversation (the silent memory-flush turn runs on one).
+
+        Returns:
+            A conversation holding the same summary and window messages (the same objects,
+            so their cached encodings are reused and the provider's prompt cache still hits).
+        """
+        scratch = Conversation(self.system_prompt, self.messages[self.window_start:],
+                               summary=self.summary)
+        if self.reported_input_tokens is not None:
+            scratch.note_reported_usage(self.reported_input_tokens,
+                                        max(0, self.reported_message_count - self.window_start))
+        return scratch

@@ -63,11 +63,17 @@ class Event:
 
 @dataclass(frozen=True, kw_only=True)
 class TurnStarted(Event):
-    """A turn began."""
+    """A turn began.
+
+    Attributes:
+        silent: True for the memory-flush turn before a compaction: it is not chat, its
+            text is never streamed, and its messages stay out of the transcript.
+    """
 
     type: ClassVar[str] = "turn_start"
     trigger_kind: str
     trigger_text: str
+    silent: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +88,7 @@ class TurnEnded(Event):
     output_tokens: int
     cost: float | None
     stopped: bool = False
+    silent: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,12 +179,24 @@ class ErrorEvent(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SteeringDelivered(Event):
-    """An operator's mid-turn message was added to the conversation."""
+    """An operator's mid-turn message was added to the conversation (``at`` says when).
+
+    Attributes:
+        text: What the operator wrote.
+        queued_at: When it was put in the inbox.
+        after_round: The model calls the turn had made before it was delivered (0: before
+            the turn's first model call).
+        message_id: The steering message's id (the store's id for it).
+        started_turn: True when it arrived too late for the turn it was sent to (while the
+            model wrote its final answer) and opened the next turn instead.
+    """
 
     type: ClassVar[str] = "steering_delivered"
     text: str
     queued_at: float
     after_round: int
+    message_id: str = ""
+    started_turn: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,7 +221,12 @@ class CompactionEnded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryFlush(Event):
-    """The silent memory-flush turn before a compaction ran."""
+    """The silent memory-flush turn before a compaction ran (``turn`` is its id).
+
+    Attributes:
+        tool_calls: The memory-tool calls the desk made (calls to any other tool refused).
+        no_op: True when it saved nothing (it answered the no-op token at once).
+    """
 
     type: ClassVar[str] = "memory_flush"
     tool_calls: int

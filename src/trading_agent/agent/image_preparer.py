@@ -1,9 +1,15 @@
 """Pictures for the model: sized once, and only the newest few sent.
 
+:meth:`ImagePreparer.prepare` scales a picture (a tool's chart, an operator's screenshot) to
+the model's limits (longest side, byte size; from the desk's config) and encodes it once; the
+:class:`ImageBlock` it returns is what the conversation and the store keep.
+
 Every image sent stays in every later request unless it is taken out, so before each model
-call only the ``keep`` newest images stay; each older one becomes a short text placeholder
-naming what it was. The result is deterministic (the same conversation gives byte-identical
-requests, so providers' prompt caches keep working) and memoized per message.
+call :meth:`ImagePreparer.prune` keeps only the ``keep`` (four) newest images in what is sent;
+each older one becomes a short text placeholder naming what it was. Only what is sent
+changes: the conversation, and so the store, keep the originals. The result is deterministic
+(the same conversation gives byte-identical requests, so providers' prompt caches keep
+working) and memoized per message.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import anyio.to_thread
 from PIL import Image
 
 from trading_agent.agent.conversation import (
@@ -51,46 +58,58 @@ class ImagePreparer:
         self.limits = limits or ImageLimits()
 
     def prepare(self, data: bytes, description: str = "image") -> ImageBlock:
-        """Resizes and re-encodes a picture to fit the limits; blocking (call in a thread).
+        """Resizes and re-encodes a picture to fit the limits; blocking (see prepare_async).
 
-        PNG is kept when it fits, else JPEG at falling quality and size.
+        A PNG or JPEG that already fits is kept byte for byte; anything else is scaled to the
+        longest side and encoded once: PNG when it fits the byte limit, else JPEG at falling
+        quality, then at falling size.
 
         Args:
             data: The picture's bytes, in any format pillow reads.
-            description: What it shows, for the placeholder.
+            description: What it shows, for the placeholder that stands for it once pruned.
 
         Returns:
             The encoded image block.
 
         Raises:
-            ValueError: The bytes are not a picture.
+            ValueError: The bytes are not a picture, or it cannot be made small enough.
         """
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 opened.load()
                 image = opened.copy()
                 source_format = opened.format
-        except (OSError, Image.DecompressionBombError) as exc:
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise ValueError(f"not a readable picture: {exc}") from exc
         limits = self.limits
         fits_side = max(image.size) <= limits.max_side
-        if fits_side and len(data) <= limits.max_bytes and source_format in ("PNG", "JPEG"):
+        if fits_side and len(data) <= limits.max_bytes and (
+                source_format == "PNG" or (source_format == "JPEG" and image.mode in ("RGB", "L"))):
             media_type = "image/png" if source_format == "PNG" else "image/jpeg"
             return ImageBlock(data=data, media_type=media_type, description=description)
         if not fits_side:
             image.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
+        if image.mode not in ("RGB", "RGBA", "L", "LA", "P"):
+            image = image.convert("RGBA")
         encoded = _encode(image, "PNG")
         if len(encoded) <= limits.max_bytes:
             return ImageBlock(data=encoded, media_type="image/png", description=description)
-        rgb = image.convert("RGB")
+        rgb = _flatten(image)
         for quality in (85, 70, 55, 40):
             encoded = _encode(rgb, "JPEG", quality=quality)
             if len(encoded) <= limits.max_bytes:
                 return ImageBlock(data=encoded, media_type="image/jpeg", description=description)
         while len(encoded) > limits.max_bytes and min(rgb.size) > 16:
-            rgb = rgb.resize((max(1, rgb.width // 2), max(1, rgb.height // 2)))
+            rgb = rgb.resize((max(1, rgb.width * 2 // 3), max(1, rgb.height * 2 // 3)),
+                             Image.Resampling.LANCZOS)
             encoded = _encode(rgb, "JPEG", quality=40)
+        if len(encoded) > limits.max_bytes:
+            raise ValueError(f"the picture cannot be made smaller than {limits.max_bytes} bytes")
         return ImageBlock(data=encoded, media_type="image/jpeg", description=description)
+
+    async def prepare_async(self, data: bytes, description: str = "image") -> ImageBlock:
+        """:meth:`prepare` in a worker thread, so pillow never blocks the event loop."""
+        return await anyio.to_thread.run_sync(self.prepare, data, description)
 
     def prune(self, messages: Sequence[Message]) -> list[Message]:
         """Keeps the newest ``keep`` images; older ones become text placeholders.
@@ -114,6 +133,16 @@ class ImagePreparer:
             pruned.append(message if keep_here == count else _without_images(message, keep_here))
         pruned.reverse()
         return pruned
+
+
+def _flatten(image: Image.Image) -> Image.Image:
+    """RGB for JPEG: transparent parts on white (a chart's background), not on black."""
+    if image.mode in ("RGBA", "LA", "P"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")
 
 
 def _encode(image: Image.Image, image_format: str, **options: int) -> bytes:

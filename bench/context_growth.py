@@ -1,0 +1,319 @@
+"""Context growth over a simulated 500-turn desk day, with and without compaction.
+
+Every turn a 5-minute candle closes; the desk asks for a chart (a real ~90 KB PNG drawn with
+pillow) and the ticker, then answers. Measured per model request: the tokens sent (the
+loop's own estimate: characters / 4 and 800 per image, what a server would bill) and the
+bytes of the real OpenAI wire body.
+
+- **Reference**: the same day with no compressor and no image pruning (every chart ever
+  drawn is sent again with every request), in the same process.
+- **Compressed**: the desk as deployed: ``ContextCompressor`` (memory flush at 70%, summary,
+  mid-turn summary at 85%) and ``ImagePreparer`` (four newest images), for each window.
+
+In-process: the real ``AgentLoop``, ``ToolCallExecutor``, ``ContextCompressor``,
+``ImagePreparer``, ``EventBus`` and the real OpenAI wire encoder
+(``OpenAICompatibleBackend.request_body``; no network), with :class:`BenchModel`, an
+in-process ``ModelBackend``, playing the model (and the summarizer). Requests do not go
+through the scripted HTTP server: the reference day ends with ~45 MB bodies, a thousand of
+them.
+
+Run: ``.venv/bin/python bench/context_growth.py [--turns 500] [--windows 32000 128000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from PIL import Image, ImageChops, ImageDraw
+from pydantic import BaseModel
+
+from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
+from trading_agent.agent.context_compressor import (
+    FLUSH_NO_OP,
+    FLUSH_TRIGGER_PREFIX,
+    ContextCompressor,
+    request_tokens,
+)
+from trading_agent.agent.conversation import (
+    ContentBlock,
+    Conversation,
+    ImageBlock,
+    TextBlock,
+    ToolUseBlock,
+)
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
+from trading_agent.agent.tool_call_executor import ToolCallExecutor
+from trading_agent.agent.tool_registry import ToolContext, ToolOutput, ToolRegistry
+from trading_agent.agent.trigger import Trigger
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+
+SYSTEM_PROMPT = (
+    "You are the desk alpha, trading BTC/USDT on 5-minute candles. Before each decision look "
+    "at the chart and the ticker; keep risk under 1% of equity per trade; explain every "
+    "decision in two or three sentences; save what you must not forget with remember."
+)
+DISTINCT_CHARTS = 24
+"""Charts drawn (then cycled): each is a real PNG of its own; drawing 500 would take a minute."""
+
+
+# --------------------------------------------------------------------------- the chart
+
+
+def draw_chart(seed: int, width: int = 1200, height: int = 700, candles: int = 160) -> bytes:
+    """A candlestick chart with volume, grid and labels on a lightly textured background."""
+    rng = random.Random(seed)
+    texture = Image.effect_noise((width, height), 64).point(
+        lambda v: 255 if v < 250 else 246).convert("RGB")
+    image = ImageChops.darker(Image.new("RGB", (width, height), (252, 252, 250)), texture)
+    draw = ImageDraw.Draw(image)
+    plot_height = int(height * 0.75)
+    for y in range(0, plot_height, 50):
+        draw.line([(0, y), (width, y)], fill=(228, 228, 228))
+    for x in range(0, width, 75):
+        draw.line([(x, 0), (x, height)], fill=(232, 232, 232))
+    price, bars = 64_000.0, []
+    for _ in range(candles):
+        close = price + rng.gauss(0, 60)
+        high = max(price, close) + abs(rng.gauss(0, 30))
+        low = min(price, close) - abs(rng.gauss(0, 30))
+        bars.append((price, high, low, close))
+        price = close
+    low_all, high_all = min(b[2] for b in bars), max(b[1] for b in bars)
+
+    def y_of(value: float) -> float:
+        return (high_all - value) / (high_all - low_all) * (plot_height - 20) + 10
+
+    step = width / candles
+    for index, (open_, high, low, close) in enumerate(bars):
+        middle = index * step + step / 2
+        color = (38, 166, 91) if close >= open_ else (214, 69, 65)
+        draw.line([(middle, y_of(high)), (middle, y_of(low))], fill=color)
+        draw.rectangle([middle - step * 0.35, y_of(max(open_, close)),
+                        middle + step * 0.35, y_of(min(open_, close)) + 1], fill=color)
+        volume = abs(rng.gauss(0, 1)) * (height - plot_height - 20)
+        draw.rectangle([middle - step * 0.35, height - volume, middle + step * 0.35, height],
+                       fill=(150, 170, 200))
+    for y in range(0, plot_height, 50):
+        level = high_all - (high_all - low_all) * y / plot_height
+        draw.text((width - 70, y + 2), f"{level:,.0f}", fill=(90, 90, 90))
+    draw.text((10, 10), f"BTC/USDT 5m  chart {seed}", fill=(20, 20, 20))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class RequestFigures:
+    """One request as measured."""
+
+    kind: str
+    tokens: int
+    wire_bytes: int
+    loop_seconds: float
+
+
+@dataclass
+class BenchModel:
+    """An in-process ModelBackend playing a disciplined desk, its memory flush and its
+    summarizer; it measures every request (tokens, wire bytes, loop time before it)."""
+
+    model: str
+    context_window: int
+    wire: OpenAICompatibleBackend
+    summary_chars: int
+    figures: list[RequestFigures] = field(default_factory=list)
+    clock: Callable[[], float] = time.perf_counter
+    _last_return: float | None = None
+    _calls: int = 0
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+        entered = self.clock()
+        body = self.wire.request_body(request)
+        built = self.clock()
+        waited = entered - self._last_return if self._last_return is not None else 0.0
+        tokens = request_tokens(request)
+        kind, content = self._answer(request)
+        self.figures.append(RequestFigures(kind, tokens, len(body),
+                                           waited + (built - entered)))
+        text = "".join(b.text for b in content if isinstance(b, TextBlock))
+        if on_text is not None and text:
+            on_text(text)
+        self._last_return = self.clock()
+        return ModelReply(content, Usage(tokens, len(text) // 4 + 10))
+
+    def _answer(self, request: ModelRequestSpec) -> tuple[str, tuple[ContentBlock, ...]]:
+        messages = request.messages
+        if not request.tools:
+            line = "- BTC/USDT long 0.05 from 64,120, stop 63,700, target 64,900; "
+            return "summary", (TextBlock(
+                "## Goal\n- grow equity on BTC/USDT 5m swings\n## Positions and open orders\n"
+                + (line * (self.summary_chars // len(line)))[: self.summary_chars]
+                + "\n## Decisions and why\n- bought the reclaim of 64,000\n## Risks\n"
+                  "- a failed retest\n## Next steps\n- trail the stop"),)
+        if any(m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in messages):
+            if messages[-1].kind == "tool_results":
+                return "flush", (TextBlock(FLUSH_NO_OP),)
+            return "flush", (self._call("remember", {"note": "long 0.05 BTC from 64,120, "
+                                                              "stop 63,700"}),)
+        if messages[-1].kind == "tool_results":
+            return "desk", (TextBlock(
+                "The candle closed above the 20-period mean with rising volume; the chart "
+                "shows a higher low at 63,880. I keep the long, move the stop to 63,750 and "
+                "watch 64,900 for a partial take-profit. Nothing else to do this candle."),)
+        return "desk", (self._call("get_chart", {"symbol": "BTC/USDT", "timeframe": "5m"}),
+                        self._call("get_ticker", {"symbol": "BTC/USDT"}))
+
+    def _call(self, name: str, arguments: dict[str, str]) -> ToolUseBlock:
+        self._calls += 1
+        return ToolUseBlock(f"call_{self._calls}", name, json.dumps(arguments))
+
+
+# --------------------------------------------------------------------------- the day
+
+
+class ChartArguments(BaseModel):
+    symbol: str
+    timeframe: str = "5m"
+
+
+class TickerArguments(BaseModel):
+    symbol: str
+
+
+class NoteArguments(BaseModel):
+    note: str
+
+
+def desk_tools(charts: Sequence[ImageBlock]) -> ToolRegistry:
+    registry = ToolRegistry()
+    drawn = iter(range(1, 10**9))
+
+    @registry.tool(description="A candlestick chart of a market, as a PNG.")
+    async def get_chart(arguments: ChartArguments, context: ToolContext) -> ToolOutput:
+        number = next(drawn)
+        picture = charts[number % len(charts)]
+        image = ImageBlock(picture.data, picture.media_type,
+                           f"{arguments.symbol} {arguments.timeframe} chart #{number}")
+        return ToolOutput(f"{arguments.symbol} {arguments.timeframe} chart #{number}, 160 "
+                          "candles", images=(image,))
+
+    @registry.tool(description="Last price, bid and ask of a market.")
+    async def get_ticker(arguments: TickerArguments, context: ToolContext) -> str:
+        return f"{arguments.symbol} last 64,123.5 bid 64,123.0 ask 64,124.0 24h vol 12,345 BTC"
+
+    @registry.tool(description="Saves a note to long-term memory.")
+    async def remember(arguments: NoteArguments, context: ToolContext) -> str:
+        return "saved"
+
+    return registry
+
+
+@dataclass
+class Day:
+    """The figures of one simulated day."""
+
+    label: str
+    figures: list[RequestFigures]
+    seconds: float
+    compactions: int
+
+
+async def run_day(label: str, turns: int, charts: Sequence[ImageBlock], *,
+                  window: int | None) -> Day:
+    """One day; ``window=None`` is the reference (no compressor, every image sent)."""
+    config = OpenAIBackendConfig(base_url="http://127.0.0.1:9/v1", model="bench",
+                                 context_window=window or 10**9)
+    async with OpenAICompatibleBackend(config) as wire:
+        compressor = ContextCompressor(window) if window else None
+        model = BenchModel("bench", config.context_window, wire,
+                           summary_chars=(compressor.summary_max_tokens * 3 if compressor
+                                          else 0))
+        preparer = ImagePreparer() if window else ImagePreparer(ImageLimits(keep=10**9))
+        loop = AgentLoop("alpha", model, ToolCallExecutor(desk_tools(charts)), EventBus(),
+                         maximum_rounds=8, compressor=compressor, image_preparer=preparer)
+        conversation = Conversation(SYSTEM_PROMPT)
+        started = time.perf_counter()
+        for turn in range(turns):
+            change = (turn * 37 % 21 - 10) / 10
+            await loop.run_turn(conversation, Trigger(
+                kind="candle", source="BTC/USDT",
+                text=f"5m candle closed at {64_000 + turn * 3:,.1f} ({change:+.1f}%), "
+                     f"volume {100 + turn % 50} BTC"))
+        seconds = time.perf_counter() - started
+    compactions = sum(1 for f in model.figures if f.kind == "summary")
+    return Day(label, model.figures, seconds, compactions)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _row(day: Day) -> str:
+    figures = day.figures
+    tokens = [f.tokens for f in figures]
+    wire_mb = sum(f.wire_bytes for f in figures) / 1e6
+    flushes = sum(1 for f in figures if f.kind == "flush")
+    loop_ms = statistics.median(f.loop_seconds for f in figures) * 1000
+    median = statistics.median(tokens)
+    return (f"{day.label:<26} {len(figures):>5} {max(tokens):>9,} {median:>9,.0f}"
+            f" {sum(tokens):>13,} {wire_mb:>10,.1f} {day.compactions:>5} {flushes:>5}"
+            f" {loop_ms:>8.2f} {day.seconds:>7.1f}")
+
+
+async def main(turns: int, windows: Sequence[int]) -> None:
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
+          f"{sys.version.split()[0]}")
+    drawn = time.perf_counter()
+    pngs = [draw_chart(seed) for seed in range(1, DISTINCT_CHARTS + 1)]
+    preparer = ImagePreparer()
+    charts = [preparer.prepare(png, f"chart {n}") for n, png in enumerate(pngs, 1)]
+    assert all(c.data == p for c, p in zip(charts, pngs, strict=True))  # kept as drawn
+    sizes = sorted(len(p) for p in pngs)
+    print(f"day: {turns} turns, a chart PNG every turn ({sizes[0] // 1000}-{sizes[-1] // 1000} "
+          f"KB, {DISTINCT_CHARTS} distinct charts cycled, drawn in "
+          f"{time.perf_counter() - drawn:.1f} s); model in-process, real OpenAI wire encoding")
+    reference = await run_day("reference (no compaction)", turns, charts, window=None)
+    days = [await run_day(f"window {w:,}", turns, charts, window=w) for w in windows]
+    print()
+    print(f"{'':<26} {'reqs':>5} {'max tok':>9} {'median':>9} {'total tokens':>13} "
+          f"{'wire MB':>10} {'summ':>5} {'flush':>5} {'loop ms':>8} {'wall s':>7}")
+    print("  (tokens per request, summary and flush requests included; summ/flush = those "
+          "requests; loop ms = median time the loop spends on each request, encoding "
+          "included)")
+    for day in (reference, *days):
+        print(_row(day))
+    print()
+    ref_tokens = [f.tokens for f in reference.figures]
+    for day in days:
+        tokens = [f.tokens for f in day.figures]
+        window = int(day.label.split()[-1].replace(",", ""))
+        ratio = statistics.median(ref_tokens) / statistics.median(tokens)
+        print(f"{day.label}: total tokens {sum(ref_tokens) / sum(tokens):.1f}x fewer, median "
+              f"request {ratio:.1f}x smaller, largest request {max(tokens):,} "
+              f"tokens ({max(tokens) / window:.0%} of the window; the reference's largest is "
+              f"{max(ref_tokens) / window:.1f}x the window)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=500)
+    parser.add_argument("--windows", type=int, nargs="+", default=[32_000, 128_000])
+    arguments = parser.parse_args()
+    anyio.run(main, arguments.turns, arguments.windows)
