@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import socket
@@ -54,6 +55,7 @@ __all__ = [
     "ScriptedServer",
     "Step",
     "ToolCall",
+    "calls_then_answer",
     "context_overflow",
     "dropped_stream",
     "rate_limited",
@@ -284,9 +286,9 @@ class RecordedRequest:
     body: bytes
     received_at: float
 
-    @property
+    @functools.cached_property
     def json(self) -> Any:
-        """The body parsed as JSON (None when empty)."""
+        """The body parsed as JSON, once (None when empty)."""
         return json.loads(self.body) if self.body else None
 
     @property
@@ -307,6 +309,22 @@ class RecordedRequest:
 
 Responder = Callable[[RecordedRequest], Step]
 """Computes the step for a request (used when the script has run out)."""
+
+
+def calls_then_answer(tool: str, times: int, answer: str = "Done.",
+                      arguments: Mapping[str, Any] | None = None) -> Responder:
+    """A responder that calls ``tool`` until ``times`` results are in the request, then answers.
+
+    Counts the ``tool`` messages of each request, so it follows any number of turns:
+    a benchmark or a long randomized run can use it as is.
+    """
+    def respond(request: RecordedRequest) -> Step:
+        results = sum(1 for m in request.messages if m.get("role") == "tool")
+        if results < times:
+            return Reply(tool_calls=[ToolCall(tool, dict(arguments or {}))])
+        return Reply(answer)
+
+    return respond
 
 
 # --------------------------------------------------------------------------- the server

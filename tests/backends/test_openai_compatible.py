@@ -295,6 +295,19 @@ async def test_a_stream_that_ends_without_finishing_is_transient(
         await backend.complete(ask())
 
 
+async def test_an_empty_answer_to_a_prompt_near_the_window_is_an_overflow(
+        scripted_server: ScriptedServer) -> None:
+    # llama-cpp-python's chatml-function-calling handler: a 200 with an empty stream.
+    scripted_server.add(SSEChunks([], done=False), SSEChunks([], done=False))
+    config = make_config(scripted_server, context_window=1000)
+
+    async with OpenAICompatibleBackend(config) as backend:
+        with pytest.raises(ContextOverflowError, match="empty answer"):
+            await backend.complete(ask("word " * 800, tools=[]))
+        with pytest.raises(TransientBackendError):  # a short prompt: just a broken stream
+            await backend.complete(ask("word " * 100, tools=[]))
+
+
 async def test_a_cut_after_the_finish_reason_keeps_the_whole_answer(
         backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
     scripted_server.add(SSEChunks([
@@ -429,7 +442,7 @@ async def test_the_wire_messages_the_server_receives(
     assert sent.headers["content-type"] == "application/json"
 
 
-async def test_an_assistant_message_with_only_tool_calls_has_null_content(
+async def test_an_assistant_message_with_only_tool_calls_has_no_content(
         backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
     messages = [
         Message.user_text("go"),
@@ -449,7 +462,7 @@ async def test_an_assistant_message_with_only_tool_calls_has_null_content(
     assert "tools" not in sent.json  # an empty list upsets some servers
     assert sent.messages[0] == {"role": "user", "content": "go"}  # no empty system prompt
     assistant = sent.messages[1]
-    assert assistant["content"] is None
+    assert "content" not in assistant  # llama-cpp-python's server refuses null content
     # Arguments always go back as JSON text: servers that parse them must not choke.
     assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [
         "{}", json.dumps({"raw_arguments": "{oops"}), json.dumps({"raw_arguments": "[1]"})]
@@ -652,17 +665,44 @@ CAPTURED_STREAMS = {str(path.relative_to(FIXTURES)): path.read_text()
                     for path in sorted(FIXTURES.glob("**/*.sse"))}
 
 
-@pytest.mark.parametrize("text", list(CAPTURED_STREAMS.values()), ids=list(CAPTURED_STREAMS))
-async def test_captured_real_server_streams_are_read_whole(
-        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer, text: str) -> None:
-    scripted_server.add(RawSSE(text))
+def _naive_reading(capture: str) -> tuple[str, list[str], bool, dict[str, Any] | None, bool]:
+    """Text, tool names, whether usage came, any error, whether it finished: read simply."""
+    text, usage, error, finished = "", False, None, False
+    names: dict[int, str] = {}  # by index: some servers repeat the name in every delta
+    for line in capture.splitlines():
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        data = json.loads(line[5:])
+        usage = usage or bool(data.get("usage"))
+        error = data.get("error") or error
+        for choice in data.get("choices") or []:
+            finished = finished or bool(choice.get("finish_reason"))
+            delta = choice.get("delta") or {}
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                if (call.get("function") or {}).get("name"):
+                    names.setdefault(call["index"], call["function"]["name"])
+    return text, [names[i] for i in sorted(names)], usage, error, finished
+
+
+@pytest.mark.parametrize("capture", list(CAPTURED_STREAMS.values()), ids=list(CAPTURED_STREAMS))
+async def test_captured_real_server_streams_read_as_they_obviously_should(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer, capture: str) -> None:
+    text, names, usage, error, finished = _naive_reading(capture)
+    scripted_server.add(RawSSE(capture))
     deltas: list[str] = []
 
+    if error is not None or not finished:
+        expected = (TransientBackendError if error is None
+                    else ContextOverflowError if "context" in json.dumps(error) else BackendError)
+        with pytest.raises(expected):
+            await backend.complete(ask(), on_text=deltas.append)
+        return
     reply = await backend.complete(ask(), on_text=deltas.append)
 
-    assert reply.content
-    assert reply.text == "".join(deltas)
-    assert reply.usage.estimated == ('"usage": {' not in text and '"usage":{' not in text)
+    assert (reply.text, "".join(deltas)) == (text, text)
+    assert [call.name for call in reply.tool_calls] == names
+    assert reply.usage.estimated is not usage
 
 
 # --------------------------------------------------------------------------- the key

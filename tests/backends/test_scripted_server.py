@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import httpx
@@ -21,6 +22,7 @@ from tests.scripted_server import (
     ScriptedServer,
     Step,
     ToolCall,
+    calls_then_answer,
     rate_limited,
 )
 
@@ -135,6 +137,23 @@ async def test_a_responder_answers_once_the_script_has_run_out(
 
     assert texts == ["scripted", "1 messages", "2 messages"]
     scripted_server.assert_complete()
+
+
+async def test_calls_then_answer_follows_the_conversation(
+        client: httpx.AsyncClient, scripted_server: ScriptedServer) -> None:
+    scripted_server.responder = calls_then_answer("get_ticker", 2, "BTC is up.")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+
+    for _ in range(3):
+        response = await client.post(CHAT, json={"messages": messages})
+        message = response.json()["choices"][0]["message"]
+        messages.append(message)
+        for call in message.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "1"})
+
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool",
+                                             "assistant"]
+    assert messages[-1]["content"] == "BTC is up."
 
 
 async def test_assert_complete_reports_unused_steps_and_unexpected_requests(
