@@ -31,6 +31,7 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
+
 from trading_agent.agent import (
     AgentLoop,
     Conversation,
@@ -136,7 +137,6 @@ async def _agent_loop_cpu(base_url: str, size: int) -> float:
 
 async def _plain_sdk_cpu(base_url: str, size: int) -> float:
     """CPU seconds per model round of a plain openai SDK loop, median over repeats."""
-    tools = [ToolRegistry().definitions()]  # keep the shape honest below
     tools = [{"type": "function", "function": {
         "name": "get_ticker", "description": "Last price of a market.",
         "parameters": TickerArguments.model_json_schema()}}]
