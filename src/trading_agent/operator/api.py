@@ -1,0 +1,474 @@
+"""The operator HTTP API: desks, chat, ``/compact``, approvals, transcripts, the event stream.
+
+Routes (JSON in and out; every error is ``{"error": {"status", "code", "message"}}``):
+
+==========  ====================================  ============================================
+GET         /api/health                           daemon up; desks; newest event id
+GET         /api/desks                            every desk's status, in config order
+GET         /api/desks/{desk}                     one desk's status
+POST        /api/desks/{desk}/messages            ``{"text", "source"?}`` -> 202 ``{"id",
+                                                  "desk", "delivery": "steering" | "turn"}``
+                                                  (delivery: whether a turn was running)
+POST        /api/desks/{desk}/compact             flush memory and compact now -> ``{"compacted"}``
+GET         /api/desks/{desk}/transcript          ``?before=SEQ&limit=N`` (1..500, default 50)
+GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``
+GET         /api/approvals                        pending approvals, ``?desk=`` to filter
+POST        /api/approvals/{id}/approve           ``{"operator"?, "reason"?}`` -> the approval
+POST        /api/approvals/{id}/deny              ``{"operator"?, "reason"?}`` -> the approval
+GET         /api/events                           server-sent events; ``?desk=``, ``?after=ID``
+                                                  (or the ``Last-Event-ID`` header, which wins),
+                                                  ``?tail=N`` (the last N held in memory),
+                                                  ``?follow=0`` (end once caught up)
+GET         /  and  /static/*                     the web page
+==========  ====================================  ============================================
+
+Statuses: 400 for a malformed or non-object JSON body, an unknown field, an empty message or
+one longer than ``max_message_chars``, a bad query parameter; 401 for a missing or wrong token
+(TCP only); 404 for an unknown desk, approval or route; 409 for an approval already answered;
+503 when the model is unavailable for ``/compact``. A refused request never reaches a desk.
+
+Authentication: the Unix socket is guarded by its file mode (0600). On TCP every ``/api``
+request needs the bearer token, as ``Authorization: Bearer <token>`` or, because a browser's
+EventSource cannot set headers, as a ``?token=`` query parameter; both are compared in
+constant time (:func:`hmac.compare_digest`). A token in a URL can end up in a proxy's or a
+browser's history, so prefer the header where there is a choice; the API itself logs no URLs.
+The web page takes the token from its URL fragment (``/#token=...``), which browsers never
+send to servers.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from trading_agent.daemon.control import DeskControl, UnknownDeskError
+from trading_agent.errors import BackendError, TradingAgentError
+from trading_agent.operator.approvals import (
+    ApprovalAlreadyResolvedError,
+    ApprovalBook,
+    UnknownApprovalError,
+)
+from trading_agent.operator.config import OperatorConfig
+from trading_agent.operator.equity import EquityHistory
+from trading_agent.operator.event_stream import EventHub, sse_frames
+
+__all__ = ["WEB_DIR", "ApiError", "OperatorService", "create_app", "json_response"]
+
+_log = structlog.get_logger(__name__)
+
+WEB_DIR = Path(__file__).parent / "web"
+
+_LINGER_SECONDS = 0.02
+"""How long a stream gathers events before a write: invisible to a person, and it turns a
+busy daemon's many small writes into few large ones (see bench/event_fanout.py)."""
+
+_M = TypeVar("_M", bound=BaseModel)
+_Handler = Callable[[Request], Awaitable[Response]]
+
+_PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class ApiError(Exception):
+    """A request the API refuses, with the status and a message for the operator.
+
+    Args:
+        status: The HTTP status.
+        code: A short machine-readable code (``unknown_desk``).
+        message: What is wrong and what to do, for a person.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def json_response(data: Any, status: int = 200,
+                  headers: dict[str, str] | None = None) -> Response:
+    """A JSON response (non-finite numbers become null rather than invalid JSON)."""
+    body = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"), default=str)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _error(status: int, code: str, message: str,
+           headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": {"status": status, "code": code, "message": message}},
+                         status, headers)
+
+
+class OperatorService:
+    """What the API's handlers share: the daemon, the approvals, the stream, the settings.
+
+    Args:
+        control: The running daemon.
+        approvals: The daemon's approval book.
+        config: The operator settings.
+    """
+
+    def __init__(self, control: DeskControl, approvals: ApprovalBook,
+                 config: OperatorConfig) -> None:
+        self.control = control
+        self.approvals = approvals
+        self.config = config
+        self.hub = EventHub(control.event_bus, config.event_buffer_size)
+        self.equity = EquityHistory(control, config.equity_sample_seconds)
+        self.keepalive_seconds = 15.0
+        self.linger_seconds = _LINGER_SECONDS
+
+    def close(self) -> None:
+        """Ends every open event stream (the server is stopping)."""
+        self.hub.close()
+
+
+# --------------------------------------------------------------------------- request helpers
+
+
+class _MessageBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    source: str = Field(default="operator", min_length=1, max_length=64,
+                        pattern=r"^[\w .@+-]+$")
+
+
+class _DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    operator: str = Field(default="operator", min_length=1, max_length=64,
+                          pattern=r"^[\w .@+-]+$")
+    reason: str = Field(default="", max_length=2000)
+
+
+def _service(request: Request) -> OperatorService:
+    service: OperatorService = request.app.state.service
+    return service
+
+
+def _desk(request: Request, name: str | None = None) -> str:
+    desk = name if name is not None else request.path_params["desk"]
+    names = list(_service(request).control.desk_names())
+    if desk not in names:
+        raise ApiError(404, "unknown_desk",
+                       f"no desk named {desk!r}; desks: {', '.join(names) or 'none'}")
+    return desk
+
+
+async def _json_body(request: Request, model: type[_M], limit: int) -> _M:
+    """Reads at most ``limit`` bytes of JSON object and validates it."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(400, "body_too_large", f"the request body is over {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if raw.strip():
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    else:
+        data = {}
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_body", "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"
+            for error in exc.errors(include_url=False))
+        raise ApiError(400, "invalid_body", problems) from None
+
+
+def _int_param(request: Request, name: str, *, default: int | None = None, minimum: int = 0,
+               maximum: int | None = None) -> int | None:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", f"{name} must be an integer, not {text!r}") \
+            from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ApiError(400, "invalid_parameter", f"{name} must be in {bounds}, not {value}")
+    return value
+
+
+def _endpoint(handler: _Handler) -> _Handler:
+    """Turns the errors a handler may meet into JSON error responses."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error(exc.status, exc.code, exc.message)
+        except UnknownDeskError as exc:
+            return _error(404, "unknown_desk", str(exc.args[0] if exc.args else exc))
+        except UnknownApprovalError as exc:
+            return _error(404, "unknown_approval", str(exc))
+        except ApprovalAlreadyResolvedError as exc:
+            return _error(409, "already_resolved", str(exc))
+        except BackendError as exc:
+            return _error(503, "model_unavailable", str(exc))
+        except TradingAgentError as exc:
+            _log.warning("operator_request_failed", path=request.url.path, error=repr(exc))
+            return _error(500, "daemon_error", str(exc))
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+@_endpoint
+async def _health(request: Request) -> Response:
+    service = _service(request)
+    return json_response({"status": "ok", "desks": list(service.control.desk_names()),
+                          "last_event_id": service.hub.last_id,
+                          "stream_dropped": service.hub.dropped_total})
+
+
+async def _status_of(service: OperatorService, desk: str) -> dict[str, Any]:
+    status = await service.control.desk_status(desk)
+    data = status.model_dump(mode="json")
+    data["pending_approvals"] = service.approvals.pending_count(desk)
+    return data
+
+
+@_endpoint
+async def _list_desks(request: Request) -> Response:
+    service = _service(request)
+    desks = [await _status_of(service, desk) for desk in service.control.desk_names()]
+    return json_response({"desks": desks})
+
+
+@_endpoint
+async def _get_desk(request: Request) -> Response:
+    return json_response(await _status_of(_service(request), _desk(request)))
+
+
+@_endpoint
+async def _post_message(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    limit = service.config.max_message_chars
+    # Room for the longest message however a client escapes it (an emoji sent as two
+    # \uXXXX escapes is 12 bytes): the character limit below is the one that counts.
+    body = await _json_body(request, _MessageBody, limit * 12 + 4096)
+    if not body.text.strip():
+        raise ApiError(400, "empty_message", "the message is empty")
+    if len(body.text) > limit:
+        raise ApiError(400, "message_too_long",
+                       f"the message is {len(body.text)} characters; the limit is {limit} "
+                       "(operator.max_message_chars)")
+    # From the stream, not desk_status: a status values the account, which may be slow.
+    delivery = "steering" if service.hub.is_working(desk) else "turn"
+    message_id = await service.control.send_message(desk, body.text, source=body.source)
+    return json_response({"id": message_id, "desk": desk, "delivery": delivery}, 202)
+
+
+@_endpoint
+async def _compact(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    compacted = await service.control.compact(desk)
+    return json_response({"desk": desk, "compacted": compacted})
+
+
+@_endpoint
+async def _transcript(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    before = _int_param(request, "before")
+    limit = _int_param(request, "limit", default=50, minimum=1, maximum=500)
+    assert limit is not None
+    messages = await service.control.transcript(desk, before=before, limit=limit)
+    return json_response({"desk": desk, "messages": messages})
+
+
+@_endpoint
+async def _equity(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    return json_response({"desk": desk, "points": service.equity.points(desk)})
+
+
+@_endpoint
+async def _list_approvals(request: Request) -> Response:
+    service = _service(request)
+    desk_param = request.query_params.get("desk")
+    desk = _desk(request, desk_param) if desk_param else None
+    return json_response({"approvals": [a.to_dict() for a in service.approvals.pending(desk)]})
+
+
+@_endpoint
+async def _approve(request: Request) -> Response:
+    service = _service(request)
+    approval_id = request.path_params["approval_id"]
+    service.approvals.get(approval_id)  # 404 before reading the body
+    body = await _json_body(request, _DecisionBody, 16_384)
+    approval = service.approvals.approve(approval_id, body.operator, body.reason)
+    return json_response({"approval": approval.to_dict()})
+
+
+@_endpoint
+async def _deny(request: Request) -> Response:
+    service = _service(request)
+    approval_id = request.path_params["approval_id"]
+    service.approvals.get(approval_id)
+    body = await _json_body(request, _DecisionBody, 16_384)
+    approval = service.approvals.deny(approval_id, body.operator, body.reason)
+    return json_response({"approval": approval.to_dict()})
+
+
+@_endpoint
+async def _events(request: Request) -> Response:
+    service = _service(request)
+    desk_param = request.query_params.get("desk")
+    desk = _desk(request, desk_param) if desk_param else None
+    follow_text = request.query_params.get("follow", "1").lower()
+    if follow_text not in ("1", "true", "yes", "0", "false", "no"):
+        raise ApiError(400, "invalid_parameter", "follow must be 1 or 0")
+    follow = follow_text in ("1", "true", "yes")
+    cursor: int | None
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id:
+        try:
+            cursor = int(last_event_id)
+        except ValueError:
+            raise ApiError(400, "invalid_parameter",
+                           f"Last-Event-ID must be an event id, not {last_event_id!r}") from None
+        if cursor < 0:
+            raise ApiError(400, "invalid_parameter", "Last-Event-ID must be >= 0")
+    else:
+        cursor = _int_param(request, "after")
+        if cursor is None:
+            tail = _int_param(request, "tail", default=0, maximum=100_000)
+            cursor = service.hub.tail_cursor(tail or 0, desk) if tail else None
+    frames = sse_frames(service.hub, service.control.events_since, cursor=cursor, desk=desk,
+                        follow=follow, keepalive_seconds=service.keepalive_seconds,
+                        linger_seconds=service.linger_seconds)
+    return StreamingResponse(frames, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _index(request: Request) -> Response:
+    return FileResponse(WEB_DIR / "index.html", headers=_PAGE_HEADERS)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    return _error(exc.status_code, code, message, dict(exc.headers or {}))
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+class _BearerAuth:
+    """Requires the bearer token on every ``/api`` request (the TCP listener)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self._app = app
+        self._token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"].startswith("/api")
+                and not self._allowed(scope)):
+            response = _error(401, "unauthorized",
+                              "a valid bearer token is required (Authorization: Bearer "
+                              "<token>, or ?token= for an event stream)",
+                              {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        given: bytes | None = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = credentials.strip()
+                break
+        if given is None:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            values = query.get("token")
+            if values:
+                given = values[-1].encode()
+        # compare_digest takes time independent of where the strings differ.
+        return given is not None and hmac.compare_digest(given, self._token)
+
+
+def create_app(service: OperatorService, *, token: str | None = None) -> ASGIApp:
+    """The ASGI app for one listener.
+
+    Args:
+        service: The daemon, approvals, stream and settings the handlers use.
+        token: The bearer token every ``/api`` request must carry (TCP); None for none (the
+            Unix socket, guarded by its file mode).
+
+    Returns:
+        The app.
+    """
+    routes = [
+        Route("/", _index, methods=["GET"]),
+        Route("/api/health", _health, methods=["GET"]),
+        Route("/api/desks", _list_desks, methods=["GET"]),
+        Route("/api/desks/{desk}", _get_desk, methods=["GET"]),
+        Route("/api/desks/{desk}/messages", _post_message, methods=["POST"]),
+        Route("/api/desks/{desk}/compact", _compact, methods=["POST"]),
+        Route("/api/desks/{desk}/transcript", _transcript, methods=["GET"]),
+        Route("/api/desks/{desk}/equity", _equity, methods=["GET"]),
+        Route("/api/approvals", _list_approvals, methods=["GET"]),
+        Route("/api/approvals/{approval_id}/approve", _approve, methods=["POST"]),
+        Route("/api/approvals/{approval_id}/deny", _deny, methods=["POST"]),
+        Route("/api/events", _events, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app.state.service = service
+    if token is None:
+        return app
+    if not token:
+        raise ValueError("an empty token would let anyone in")
+    return _BearerAuth(app, token)

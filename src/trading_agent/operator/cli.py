@@ -1,0 +1,430 @@
+"""The operator's commands: ``desks``, ``chat DESK`` and ``events``.
+
+They talk to a running daemon through its operator API. Where the daemon is, first match:
+``--socket PATH``; ``--url http://host:port`` (TCP, with the token from ``--token-env``,
+default ``TRADING_AGENT_OPERATOR_TOKEN``); ``--config FILE`` (its state directory's socket);
+the ``TRADING_AGENT_SOCKET`` variable; ``$STATE_DIRECTORY/operator.sock`` or
+``./state/operator.sock``.
+
+In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it reads it after
+the current tool round); the desk's text streams as it is written, tool calls and results
+show as compact lines. Commands: ``/compact``, ``/status``, ``/approvals``, ``/approve ID
+[note]``, ``/deny ID [reason]``, ``/help``, ``/quit``. Start a line with ``//`` to send text
+that begins with a slash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+
+from trading_agent.errors import ConfigError
+from trading_agent.operator.client import (
+    OperatorClient,
+    OperatorClientError,
+    OperatorRequestError,
+)
+from trading_agent.operator.config import DEFAULT_TOKEN_ENV, SOCKET_NAME
+from trading_agent.operator.render import EventPrinter, Style, format_money, format_table
+
+__all__ = ["EXIT_UNREACHABLE", "add_subcommands", "resolve_client"]
+
+EXIT_UNREACHABLE = 1
+"""The exit code when the daemon cannot be reached or refuses."""
+
+SOCKET_ENV = "TRADING_AGENT_SOCKET"
+"""The environment variable that names the daemon's socket."""
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Adds ``desks``, ``chat`` and ``events`` to the ``trading-agent`` command.
+
+    Each sets ``handler``: a function of the parsed arguments returning the exit code.
+
+    Args:
+        subparsers: What ``ArgumentParser.add_subparsers()`` returned.
+    """
+    desks = subparsers.add_parser(
+        "desks", help="list the running daemon's desks and their status",
+        description="A table of the desks: state, mode, equity, open orders, tokens and cost "
+                    "today, pending approvals, last turn.")
+    _add_connection_options(desks)
+    desks.add_argument("--json", action="store_true", help="print the statuses as JSON")
+    desks.set_defaults(handler=_run_desks)
+
+    chat = subparsers.add_parser(
+        "chat", help="talk to a desk and watch it work",
+        description="An interactive session with one desk: its text streams as it is "
+                    "written, tool calls show as compact lines, and a line you type is sent at "
+                    "once (mid-turn it steers the desk). Commands: /compact, /status, "
+                    "/approvals, /approve ID [note], /deny ID [reason], /help, /quit.")
+    chat.add_argument("desk", metavar="DESK", help="the desk's name")
+    _add_connection_options(chat)
+    chat.add_argument("--operator", default=None, metavar="NAME",
+                      help="your name, as the desk and the records see it (default: your "
+                           "login name)")
+    chat.set_defaults(handler=_run_chat)
+
+    events = subparsers.add_parser(
+        "events", help="print the daemon's event stream",
+        description="Every step of every desk (or one desk): turns, text, tool calls and "
+                    "results, approvals, compactions, errors.")
+    _add_connection_options(events)
+    events.add_argument("--desk", metavar="DESK", help="only this desk's events")
+    events.add_argument("--follow", "-f", action="store_true",
+                        help="keep printing new events (reconnects if the daemon restarts)")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.add_argument("--after", type=int, metavar="ID",
+                        help="start after this event id (older ones come from the store)")
+    events.add_argument("--tail", type=int, default=50, metavar="N",
+                        help="without --after, start with the last N events the daemon holds "
+                             "in memory since it started (default 50); --after 0 prints "
+                             "everything stored")
+    events.add_argument("--verbose", "-v", action="store_true",
+                        help="also show model requests and token usage")
+    events.set_defaults(handler=_run_events)
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("where the daemon is")
+    where.add_argument("--socket", type=Path, metavar="PATH",
+                       help=f"the daemon's Unix socket (or set {SOCKET_ENV})")
+    where.add_argument("--config", type=Path, metavar="FILE",
+                       help="the daemon's config file: its state directory holds the socket")
+    where.add_argument("--url", metavar="URL",
+                       help="the API over TCP (http://127.0.0.1:8765), with a bearer token")
+    where.add_argument("--token-env", default=DEFAULT_TOKEN_ENV, metavar="NAME",
+                       help="the environment variable holding the TCP bearer token "
+                            f"(default {DEFAULT_TOKEN_ENV})")
+
+
+def resolve_client(args: argparse.Namespace,
+                   environ: dict[str, str] | None = None) -> OperatorClient:
+    """The client for the daemon the arguments point at.
+
+    Args:
+        args: Parsed arguments with the connection options.
+        environ: The environment (``os.environ`` by default).
+
+    Returns:
+        A client (not yet connected).
+
+    Raises:
+        ConfigError: The config file is invalid, or a TCP URL has no token.
+    """
+    env = dict(os.environ) if environ is None else environ
+    if args.socket is not None:
+        return OperatorClient(socket_path=args.socket)
+    if args.url:
+        token = env.get(args.token_env, "").strip()
+        if not token:
+            raise ConfigError(f"--url needs the bearer token in the environment variable "
+                              f"{args.token_env} (--token-env)")
+        return OperatorClient(url=args.url, token=token)
+    if args.config is not None:
+        from trading_agent.settings import load_settings
+
+        settings = load_settings(args.config)
+        state_dir = settings.state_directory(env)
+        return OperatorClient(socket_path=settings.operator.socket_in(state_dir))
+    if env.get(SOCKET_ENV):
+        return OperatorClient(socket_path=Path(env[SOCKET_ENV]))
+    state_dir = Path(env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
+    return OperatorClient(socket_path=state_dir / SOCKET_NAME)
+
+
+def _run(args: argparse.Namespace,
+         body: Callable[[OperatorClient, argparse.Namespace], Awaitable[int]]) -> int:
+    """Runs a command's body with a client, turning failures into a message and exit code."""
+    try:
+        client = resolve_client(args)
+    except ConfigError as exc:
+        print(f"trading-agent: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        async with client:
+            return await body(client, args)
+
+    try:
+        return anyio.run(main, backend="asyncio")
+    except OperatorClientError as exc:
+        print(f"trading-agent: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+# --------------------------------------------------------------------------- desks
+
+
+def _ago(at: Any) -> str:
+    if not isinstance(at, int | float):
+        return "never"
+    seconds = max(0, time.time() - at)
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h ago"
+    return f"{seconds / 86400:.1f}d ago"
+
+
+def _state(status: dict[str, Any], style: Style) -> str:
+    state = str(status.get("state", "?"))
+    if state == "working":
+        return style.good(state)
+    if state in ("paused", "stopped"):
+        return style.bad(state)
+    return state
+
+
+async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
+    desks = await client.desks()
+    if args.json:
+        print(json.dumps(desks, indent=2))
+        return 0
+    if not desks:
+        print("The daemon runs no desks.")
+        return 0
+    style = Style(False)  # colour codes would break the alignment
+    rows = []
+    for d in desks:
+        cost = d.get("cost_today")
+        rows.append([
+            str(d.get("name")), str(d.get("state")), str(d.get("mode")), str(d.get("model")),
+            format_money(d.get("equity")), str(d.get("open_orders", 0)),
+            f"{int(d.get('tokens_today') or 0):,}",
+            f"${cost:.2f}" if isinstance(cost, int | float) else "-",
+            str(d.get("pending_approvals", 0)), _ago(d.get("last_turn_at")),
+        ])
+    print(format_table(rows, ["DESK", "STATE", "MODE", "MODEL", "EQUITY", "ORDERS",
+                              "TOKENS TODAY", "COST", "APPROVALS", "LAST TURN"], style))
+    for d in desks:
+        if d.get("state") == "paused" and d.get("paused_reason"):
+            print(f"{d['name']} is paused: {d['paused_reason']}")
+    return 0
+
+
+def _run_desks(args: argparse.Namespace) -> int:
+    return _run(args, _desks)
+
+
+# --------------------------------------------------------------------------- events
+
+
+async def _events(client: OperatorClient, args: argparse.Namespace) -> int:
+    if args.desk:
+        await client.desk(args.desk)  # a clear 404 before streaming nothing
+    style = Style.for_stream(sys.stdout)
+    printer = EventPrinter(sys.stdout.write, sys.stdout.flush, style, show_desk=True,
+                           verbose=args.verbose)
+    async for event in client.events(desk=args.desk, after=args.after, tail=args.tail,
+                                     follow=args.follow):
+        if args.json:
+            if event.id is not None:
+                sys.stdout.write(json.dumps(event.data, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+        else:
+            printer.event(event.data)
+    if not args.json:
+        printer.line("")
+    return 0
+
+
+def _run_events(args: argparse.Namespace) -> int:
+    return _run(args, _events)
+
+
+# --------------------------------------------------------------------------- chat
+
+
+_HELP = """Type a message and press Enter to send it; while the desk works it steers the turn
+(the desk reads it after the current tool round). Commands:
+  /status              the desk's state, equity, usage today
+  /compact             save memory and compact the desk's conversation now
+  /approvals           the desk's tool calls waiting for an operator
+  /approve ID [note]   let a held tool call run
+  /deny ID [reason]    refuse it; the desk reads your reason
+  /help                this help
+  /quit                leave (the desk keeps running)
+Start a line with // to send text beginning with a slash."""
+
+
+class _Chat:
+    """One chat session: the stream printer and the line handler."""
+
+    def __init__(self, client: OperatorClient, desk: str, operator: str, out: TextIO) -> None:
+        self.client = client
+        self.desk = desk
+        self.operator = operator
+        self.style = Style.for_stream(out)
+        self.printer = EventPrinter(out.write, out.flush, self.style)
+        self.done = anyio.Event()
+
+    def say(self, text: str) -> None:
+        self.printer.line(text)
+
+    async def status_line(self) -> str:
+        s = await self.client.desk(self.desk)
+        cost = s.get("cost_today")
+        parts = [self.style.bold(str(s["name"])), str(s.get("state")), str(s.get("mode")),
+                 str(s.get("model")), f"equity {format_money(s.get('equity'))}",
+                 f"{s.get('open_orders', 0)} open order(s)",
+                 f"{int(s.get('tokens_today') or 0):,} tokens today"
+                 + (f" (${cost:.2f})" if isinstance(cost, int | float) else ""),
+                 f"{s.get('pending_approvals', 0)} pending approval(s)"]
+        if s.get("state") == "paused" and s.get("paused_reason"):
+            parts.append(f"paused: {s['paused_reason']}")
+        return " · ".join(parts)
+
+    async def follow(self, after: int | None) -> None:
+        async for event in self.client.events(desk=self.desk, after=after):
+            self.printer.event(event.data)
+
+    async def handle(self, line: str, group: Any) -> None:
+        text = line.strip()
+        if not text:
+            return
+        if text.startswith("//"):
+            await self.send(text[1:])
+            return
+        if not text.startswith("/"):
+            await self.send(line.rstrip("\r\n"))
+            return
+        command, _, rest = text.partition(" ")
+        rest = rest.strip()
+        try:
+            if command in ("/quit", "/exit", "/q"):
+                self.done.set()
+            elif command == "/help":
+                self.say(_HELP)
+            elif command == "/status":
+                self.say(await self.status_line())
+            elif command == "/compact":
+                group.start_soon(self.compact)
+            elif command == "/approvals":
+                pending = await self.client.approvals(self.desk)
+                if not pending:
+                    self.say("No tool call is waiting for approval.")
+                for a in pending:
+                    self.say(self.style.warn(
+                        f"{a['id']}: {a['tool']} {json.dumps(a['arguments'])} ({a['reason']}); "
+                        f"denied in {max(0, a['expires_at'] - time.time()):.0f} s"))
+            elif command in ("/approve", "/deny"):
+                await self.decide(command, rest)
+            else:
+                self.say(self.style.bad(f"Unknown command {command}; /help lists them "
+                                        "(// sends a line starting with a slash)."))
+        except OperatorRequestError as exc:
+            self.say(self.style.bad(exc.message))
+        except OperatorClientError as exc:
+            self.say(self.style.bad(str(exc)))
+
+    async def send(self, text: str) -> None:
+        try:
+            sent = await self.client.send_message(self.desk, text, source=self.operator)
+        except OperatorRequestError as exc:
+            self.say(self.style.bad(f"Not sent: {exc.message}"))
+            return
+        except OperatorClientError as exc:
+            self.say(self.style.bad(f"Not sent: {exc}"))
+            return
+        how = ("steering the running turn: the desk reads it after its current tool round"
+               if sent.get("delivery") == "steering" else "it starts a turn")
+        self.say(self.style.dim(f"you › {_one_line(text)}  (sent; {how})"))
+
+    async def compact(self) -> None:
+        self.say(self.style.dim("Compacting (waits for a running turn to finish)…"))
+        try:
+            compacted = await self.client.compact(self.desk)
+        except OperatorRequestError as exc:
+            self.say(self.style.bad(f"/compact failed: {exc.message}"))
+            return
+        except OperatorClientError as exc:
+            self.say(self.style.bad(f"/compact failed: {exc}"))
+            return
+        self.say(self.style.good("Compacted.") if compacted
+                 else "Nothing to compact yet: the conversation is short.")
+
+    async def decide(self, command: str, rest: str) -> None:
+        approval_id, _, note = rest.partition(" ")
+        if not approval_id:
+            word = "note" if command == "/approve" else "reason"
+            self.say(self.style.bad(f"Usage: {command} ID [{word}]"))
+            return
+        if command == "/approve":
+            result = await self.client.approve(approval_id, self.operator, note.strip())
+        else:
+            result = await self.client.deny(approval_id, self.operator, note.strip())
+        self.say(f"Approval {result['id']}: {result['outcome']}.")
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 80 else line[:79] + "…"
+
+
+async def _read_lines(on_line: Callable[[str], Awaitable[None]], done: anyio.Event) -> None:
+    """Reads stdin line by line without blocking the event loop; EOF (Ctrl-D) ends."""
+    fd = sys.stdin.fileno()
+    pending = b""
+    while not done.is_set():
+        await anyio.wait_readable(fd)
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            if pending:
+                await on_line(pending.decode(errors="replace"))
+            done.set()
+            return
+        pending += chunk
+        while b"\n" in pending:
+            line, _, pending = pending.partition(b"\n")
+            await on_line(line.decode(errors="replace"))
+            if done.is_set():
+                return
+
+
+async def _chat(client: OperatorClient, args: argparse.Namespace) -> int:
+    operator = args.operator or _login_name()
+    health = await client.health()
+    session = _Chat(client, args.desk, operator, sys.stdout)
+    session.say(f"Connected to {await session.status_line()}")
+    session.say(session.style.dim(
+        "Type a message and press Enter (mid-turn it steers). /help for commands, /quit "
+        "to leave."))
+    async with anyio.create_task_group() as group:
+        group.start_soon(session.follow, health.get("last_event_id"))
+
+        async def on_line(line: str) -> None:
+            await session.handle(line, group)
+
+        group.start_soon(_read_lines, on_line, session.done)
+        await session.done.wait()
+        group.cancel_scope.cancel()
+    session.say(session.style.dim("Bye; the desk keeps running."))
+    return 0
+
+
+def _login_name() -> str:
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+    cleaned = "".join(c for c in name if c.isalnum() or c in "._-@+ ")[:64]
+    return cleaned or "operator"
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    return _run(args, _chat)

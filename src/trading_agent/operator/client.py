@@ -1,0 +1,324 @@
+"""A client of the operator API, over the daemon's Unix socket or TCP with a token.
+
+The CLI uses it; so do the tests and the benchmark. Errors are the project's: a daemon that
+is not running, a socket this user may not open, and refusals from the API each raise an
+:class:`OperatorClientError` whose message says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import httpx
+
+from trading_agent.errors import TradingAgentError
+
+__all__ = [
+    "DaemonNotRunningError",
+    "OperatorClient",
+    "OperatorClientError",
+    "OperatorRequestError",
+    "StreamEvent",
+    "parse_sse",
+]
+
+
+class OperatorClientError(TradingAgentError):
+    """The operator API could not be used; the message says why and what to do."""
+
+
+class DaemonNotRunningError(OperatorClientError):
+    """Nothing listens where the daemon should."""
+
+
+class OperatorRequestError(OperatorClientError):
+    """The API refused a request.
+
+    Args:
+        status: The HTTP status.
+        code: The API's error code (``unknown_desk``).
+        message: The API's message.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status})")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event from the stream.
+
+    Attributes:
+        id: The event's id (None for the client's own notices).
+        data: The event, with its ``type`` and ``desk``.
+    """
+
+    id: int | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def type(self) -> str:
+        """The event's type (``text_delta``, ``tool_call``...)."""
+        return str(self.data.get("type", ""))
+
+
+async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """Server-sent events from lines: ``(id, data)`` per event; comments are skipped.
+
+    Args:
+        lines: The response's lines, without line ends.
+
+    Yields:
+        The event's id field (None when it had none) and its data.
+    """
+    event_id: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield event_id, "\n".join(data)
+            event_id, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
+
+
+class OperatorClient:
+    """Talks to a running daemon's operator API.
+
+    Args:
+        socket_path: The daemon's Unix socket.
+        url: Or the API's TCP base URL (``http://127.0.0.1:8765``).
+        token: The bearer token (TCP).
+        timeout: Seconds to wait for an answer (a stream waits indefinitely, and the server
+            sends a keep-alive every 15 s).
+
+    Example::
+
+        async with OperatorClient(socket_path=Path("state/operator.sock")) as client:
+            for desk in await client.desks():
+                print(desk["name"], desk["state"])
+    """
+
+    def __init__(self, *, socket_path: Path | None = None, url: str | None = None,
+                 token: str | None = None, timeout: float = 120.0) -> None:
+        if (socket_path is None) == (url is None):
+            raise ValueError("give exactly one of socket_path and url")
+        self.socket_path = socket_path
+        self.url = url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if socket_path is not None:
+            transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
+            base_url = "http://operator"
+        else:
+            assert url is not None
+            transport = httpx.AsyncHTTPTransport()
+            base_url = url.rstrip("/")
+        self._client = httpx.AsyncClient(transport=transport, base_url=base_url,
+                                         headers=headers, timeout=timeout)
+
+    @property
+    def where(self) -> str:
+        """The socket or URL, for messages."""
+        return str(self.socket_path) if self.socket_path is not None else str(self.url)
+
+    async def __aenter__(self) -> OperatorClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Closes the connections."""
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ errors
+
+    def _unreachable(self, exc: BaseException) -> OperatorClientError:
+        """The clearest error for a failed connection."""
+        if self.socket_path is not None:
+            path = self.socket_path
+            start = "start it with `trading-agent run --config <your config>`"
+            if not path.exists():
+                return DaemonNotRunningError(
+                    f"No daemon is listening on {path}: the socket does not exist; {start}.")
+            if not os.access(path, os.R_OK | os.W_OK) or _caused_by(exc, PermissionError):
+                return OperatorClientError(
+                    f"Permission denied on {path}: the socket is readable only by the user "
+                    "the daemon runs as (mode 0600); run this command as that user.")
+            return DaemonNotRunningError(f"No daemon is listening on {path}: {start}.")
+        return DaemonNotRunningError(f"No daemon answers at {self.url}: {exc}. Is it running, "
+                                     "with operator.tcp_address set?")
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            raise self._unreachable(exc) from exc
+        except httpx.TimeoutException as exc:
+            raise OperatorClientError(f"The daemon at {self.where} did not answer in time: "
+                                      f"{exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise OperatorClientError(f"Talking to the daemon at {self.where} failed: "
+                                      f"{exc!r}") from exc
+        return _json_or_raise(response)
+
+    # ------------------------------------------------------------------ requests
+
+    async def health(self) -> dict[str, Any]:
+        """The daemon's health: desks, newest event id."""
+        result: dict[str, Any] = await self._request("GET", "/api/health")
+        return result
+
+    async def desks(self) -> list[dict[str, Any]]:
+        """Every desk's status."""
+        return list((await self._request("GET", "/api/desks"))["desks"])
+
+    async def desk(self, desk: str) -> dict[str, Any]:
+        """One desk's status."""
+        result: dict[str, Any] = await self._request("GET", f"/api/desks/{_part(desk)}")
+        return result
+
+    async def send_message(self, desk: str, text: str, source: str = "operator") -> dict[str, Any]:
+        """Sends a message: it steers a running turn or starts one.
+
+        Returns:
+            ``{"id", "desk", "delivery"}``; delivery is ``steering`` or ``turn``.
+        """
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/messages", json={"text": text, "source": source})
+        return result
+
+    async def compact(self, desk: str) -> bool:
+        """Compacts a desk's conversation now; True when something was compacted."""
+        result = await self._request("POST", f"/api/desks/{_part(desk)}/compact")
+        return bool(result["compacted"])
+
+    async def transcript(self, desk: str, *, before: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """A page of a desk's stored messages, newest last."""
+        params: dict[str, Any] = {"limit": limit}
+        if before is not None:
+            params["before"] = before
+        result = await self._request("GET", f"/api/desks/{_part(desk)}/transcript",
+                                     params=params)
+        return list(result["messages"])
+
+    async def approvals(self, desk: str | None = None) -> list[dict[str, Any]]:
+        """Pending approvals."""
+        params = {"desk": desk} if desk else {}
+        return list((await self._request("GET", "/api/approvals", params=params))["approvals"])
+
+    async def approve(self, approval_id: str, operator: str = "operator",
+                      reason: str = "") -> dict[str, Any]:
+        """Approves a held tool call."""
+        result = await self._request("POST", f"/api/approvals/{_part(approval_id)}/approve",
+                                     json={"operator": operator, "reason": reason})
+        return dict(result["approval"])
+
+    async def deny(self, approval_id: str, operator: str = "operator",
+                   reason: str = "") -> dict[str, Any]:
+        """Denies a held tool call; the desk's model reads the reason."""
+        result = await self._request("POST", f"/api/approvals/{_part(approval_id)}/deny",
+                                     json={"operator": operator, "reason": reason})
+        return dict(result["approval"])
+
+    async def events(self, *, desk: str | None = None, after: int | None = None,
+                     tail: int | None = None, follow: bool = True,
+                     reconnect: bool = True) -> AsyncIterator[StreamEvent]:
+        """The event stream; it reconnects after a dropped connection, resuming after the
+        last event seen, so nothing is missed or repeated.
+
+        Args:
+            desk: Only this desk's events.
+            after: Start after this event id.
+            tail: Start with the last ``tail`` events the daemon holds in memory.
+            follow: Keep streaming; False ends once caught up.
+            reconnect: Reconnect when the connection drops (following streams only).
+
+        Yields:
+            Events; while reconnecting, a notice of type ``stream_reconnecting``.
+        """
+        last_id = after
+        delay = 0.5
+        while True:
+            params: dict[str, Any] = {"follow": "1" if follow else "0"}
+            if desk:
+                params["desk"] = desk
+            if last_id is not None:
+                params["after"] = last_id
+            elif tail:
+                params["tail"] = tail
+            try:
+                async with self._client.stream(
+                        "GET", "/api/events", params=params,
+                        timeout=httpx.Timeout(self._client.timeout.connect, read=None)) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        _json_or_raise(response)
+                    delay = 0.5
+                    async for event_id, data in parse_sse(response.aiter_lines()):
+                        event = StreamEvent(int(event_id) if event_id else None, json.loads(data))
+                        if event.id is not None:
+                            last_id = event.id
+                        yield event
+                if not follow:
+                    return
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                if not (follow and reconnect):
+                    raise self._unreachable(exc) from exc
+                yield StreamEvent(None, {"type": "stream_reconnecting", "error": str(exc)
+                                         or type(exc).__name__, "retry_in": delay})
+            if not reconnect:
+                return
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _json_or_raise(response: httpx.Response) -> Any:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if response.is_success:
+        return data
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        raise OperatorRequestError(response.status_code, str(error.get("code", "")),
+                                   str(error.get("message", "")))
+    raise OperatorRequestError(response.status_code, "http_error",
+                               response.text[:200] or response.reason_phrase)
+
+
+def _part(text: str) -> str:
+    """A path segment, escaped."""
+    return quote(text, safe="")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,258 @@
+"""Events as compact terminal lines, for ``trading-agent chat`` and ``trading-agent events``.
+
+The desk's text streams as it is written; every other step is one short line (a tool call
+and its arguments, its result's first line, an approval with the command that answers it).
+:class:`EventPrinter` keeps track of whether the cursor sits in the middle of streamed text,
+so a step line always starts on a line of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+__all__ = ["EventPrinter", "Style", "describe_event", "format_money", "format_table"]
+
+
+class Style:
+    """ANSI styles, or none when the output is not a terminal (or ``NO_COLOR`` is set).
+
+    Args:
+        enabled: Whether to emit escape codes.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Style:
+        """Styles when ``stream`` is a terminal and ``NO_COLOR`` is unset."""
+        isatty = getattr(stream, "isatty", None)
+        return cls(bool(isatty and isatty()) and "NO_COLOR" not in os.environ)
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled and text else text
+
+    def dim(self, text: str) -> str:
+        """Secondary detail."""
+        return self._wrap("2", text)
+
+    def bold(self, text: str) -> str:
+        """Emphasis."""
+        return self._wrap("1", text)
+
+    def tool(self, text: str) -> str:
+        """Tool calls and results."""
+        return self._wrap("36", text)
+
+    def warn(self, text: str) -> str:
+        """Needs the operator's attention."""
+        return self._wrap("1;33", text)
+
+    def bad(self, text: str) -> str:
+        """Errors and refusals."""
+        return self._wrap("31", text)
+
+    def good(self, text: str) -> str:
+        """Success."""
+        return self._wrap("32", text)
+
+
+def format_money(value: Any) -> str:
+    """``12,345.67``, or ``-`` when unknown."""
+    if value is None:
+        return "-"
+    try:
+        return f"{float(value):,.2f}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _short(text: Any, width: int = 100) -> str:
+    """One line, at most ``width`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _arguments(raw: Any) -> str:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return _short(raw, 80)
+    if isinstance(raw, dict):
+        return _short(" ".join(f"{k}={json.dumps(v)}" for k, v in raw.items()), 80)
+    return _short(raw, 80)
+
+
+def describe_event(data: dict[str, Any], style: Style) -> str | None:
+    """One event as a compact line (without the desk), or None for events not shown as lines
+    (text deltas stream; usage and model requests are noise in a chat).
+
+    Args:
+        data: The event, as streamed.
+        style: Colours.
+
+    Returns:
+        The line, or None.
+    """
+    kind = data.get("type", "")
+    if kind == "turn_start":
+        if data.get("silent"):
+            return style.dim("▷ memory flush: the desk saves what it needs before compacting")
+        source = data.get("trigger_kind", "")
+        return style.dim(f"▶ turn ({source}): {_short(data.get('trigger_text', ''), 80)}")
+    if kind == "tool_call":
+        return style.tool(f"  → {data.get('name')} {_arguments(data.get('arguments', ''))}")
+    if kind == "tool_result":
+        mark = style.bad("✗") if data.get("is_error") else "←"
+        images = f" [{data['image_count']} image(s)]" if data.get("image_count") else ""
+        seconds = float(data.get("duration") or 0)
+        first = str(data.get("text", "")).strip().splitlines() or [""]
+        return style.tool(f"  {mark} {data.get('name')} {seconds:.2f}s{images}: "
+                          f"{_short(first[0], 100)}")
+    if kind == "tool_heartbeat":
+        return style.dim(f"  … {data.get('name')} still running "
+                         f"({float(data.get('elapsed') or 0):.0f} s)")
+    if kind == "steering_delivered":
+        return style.dim(f"  ✉ delivered to the desk after round {data.get('after_round')}: "
+                         f"{_short(data.get('text', ''), 70)}")
+    if kind == "approval_requested":
+        approval = data.get("approval_id")
+        notional = data.get("notional")
+        value = f", notional {format_money(notional)}" if notional is not None else ""
+        expires = max(0.0, float(data.get("expires_at") or 0) - time.time())
+        return style.warn(
+            f"⚠ APPROVAL {approval}: {data.get('tool')} {_arguments(data.get('arguments'))}"
+            f" ({data.get('reason')}{value}) — /approve {approval} or /deny {approval} "
+            f"[reason]; denied in {expires:.0f} s")
+    if kind == "approval_resolved":
+        outcome = data.get("outcome")
+        who = f" by {data['operator']}" if data.get("operator") else ""
+        note = f": {data['note']}" if data.get("note") else ""
+        line = f"  approval {data.get('approval_id')} {outcome}{who}{note}"
+        return style.good(line) if outcome == "approved" else style.bad(line)
+    if kind == "turn_end":
+        tokens = int(data.get("input_tokens") or 0) + int(data.get("output_tokens") or 0)
+        cost = data.get("cost")
+        price = f", ${cost:.4f}" if isinstance(cost, int | float) else ""
+        how = " (round limit)" if data.get("hit_round_limit") else (
+            " (stopped)" if data.get("stopped") else "")
+        label = "memory flush done" if data.get("silent") else "turn end"
+        return style.dim(f"■ {label}{how}: {data.get('rounds')} round(s), "
+                         f"{tokens:,} tokens{price}")
+    if kind == "retry":
+        return style.warn(f"  ↻ model retry {data.get('attempt')} in "
+                          f"{float(data.get('delay') or 0):.1f} s: {_short(data.get('reason'))}")
+    if kind == "error":
+        return style.bad(f"✗ {data.get('error_type')}: {_short(data.get('message'), 200)}")
+    if kind == "compaction_start":
+        return style.dim(f"⇣ compacting ({data.get('reason')}): "
+                         f"{int(data.get('tokens_before') or 0):,} tokens")
+    if kind == "compaction_end":
+        return style.dim(f"⇣ compacted: {int(data.get('tokens_before') or 0):,} → "
+                         f"{int(data.get('tokens_after') or 0):,} tokens, "
+                         f"{data.get('messages_summarized')} message(s) summarized")
+    if kind == "memory_flush":
+        return style.dim(f"⇣ memory flush: {data.get('tool_calls')} note(s) saved")
+    if kind == "overflow_recovery":
+        return style.warn(f"  ⇣ the prompt overflowed the model's window; compacting: "
+                          f"{_short(data.get('message'))}")
+    if kind == "stream_reconnecting":
+        return style.warn(f"(connection to the daemon lost: {_short(data.get('error'), 80)}; "
+                          f"reconnecting in {float(data.get('retry_in') or 0):.1f} s)")
+    if kind == "events_dropped":
+        return style.warn(f"({data.get('count')} events were dropped for a slow reader)")
+    return None
+
+
+class EventPrinter:
+    """Writes events to a terminal: text as it streams, steps as lines.
+
+    Args:
+        write: Where text goes (``sys.stdout.write``), flushed by the caller's ``flush``.
+        flush: Flushes the output.
+        style: Colours.
+        show_desk: Prefix lines with the desk's name (several desks in one stream).
+        verbose: Also show model requests and usage.
+    """
+
+    def __init__(self, write: Callable[[str], Any], flush: Callable[[], Any], style: Style,
+                 *, show_desk: bool = False, verbose: bool = False) -> None:
+        self._write = write
+        self._flush = flush
+        self.style = style
+        self._show_desk = show_desk
+        self._verbose = verbose
+        self._mid_line = False
+        self._streaming: tuple[str, str | None] | None = None
+
+    def _prefix(self, data: dict[str, Any]) -> str:
+        if not self._show_desk:
+            return ""
+        stamp = time.strftime("%H:%M:%S", time.localtime(float(data.get("at") or time.time())))
+        return self.style.dim(f"{stamp} ") + self.style.bold(f"{data.get('desk', '?')}") + " "
+
+    def line(self, text: str) -> None:
+        """Writes a line of its own (after ending any streamed text)."""
+        if self._mid_line:
+            self._write("\n")
+            self._mid_line = False
+        self._streaming = None
+        self._write(text + "\n")
+        self._flush()
+
+    def event(self, data: dict[str, Any]) -> None:
+        """Shows one event."""
+        kind = data.get("type")
+        if kind == "text_delta":
+            key = (str(data.get("desk")), data.get("turn"))
+            if self._streaming != key:
+                if self._mid_line:
+                    self._write("\n")
+                if self._show_desk:
+                    self._write(self._prefix(data) + self.style.bold("›") + " ")
+                else:
+                    self._write(self.style.bold(f"{data.get('desk')} ›") + " ")
+                self._streaming = key
+            text = str(data.get("text", ""))
+            self._write(text)
+            self._mid_line = True if not text else not text.endswith("\n")
+            self._flush()
+            return
+        line = describe_event(data, self.style)
+        if line is None and self._verbose:
+            line = self.style.dim(_short(json.dumps(data), 160))
+        if line is not None:
+            self.line(self._prefix(data) + line)
+
+
+def format_table(rows: list[list[str]], header: list[str], style: Style) -> str:
+    """A plain aligned table: numbers right-aligned, text left-aligned.
+
+    Args:
+        rows: The cells, as text.
+        header: The column names.
+        style: Colours (the header is bold).
+
+    Returns:
+        The table, one line per row.
+    """
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i])
+              for i in range(len(header))]
+
+    def numeric(column: int) -> bool:
+        cells = [r[column] for r in rows if r[column] not in ("-", "")]
+        return bool(cells) and all(c.replace(",", "").replace(".", "").replace("$", "")
+                                   .lstrip("-").isdigit() for c in cells)
+
+    right = [numeric(i) for i in range(len(header))]
+
+    def render(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w)
+                         for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    return "\n".join([style.bold(render(header)), *(render(r) for r in rows)])

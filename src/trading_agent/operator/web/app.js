@@ -1,0 +1,650 @@
+// The operator's web page: desks, a desk's live chat, approvals and an equity chart.
+// Plain JS, no build step. Talks to the operator API on the same origin; over TCP the token
+// comes from the URL fragment (#token=...), is kept in sessionStorage, and is sent as a
+// bearer header (and as ?token= for the EventSource, which cannot set headers).
+"use strict";
+
+(() => {
+  const state = {
+    token: null,
+    operator: "web",
+    desks: new Map(),         // name -> status
+    selected: null,           // desk name
+    turns: new Map(),         // turn id -> {el, body, lastText, steps: Map(call_id -> el)}
+    approvals: new Map(),     // approval id -> approval
+    source: null,             // EventSource
+    equity: [],
+    refreshTimer: null,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // ------------------------------------------------------------------ helpers
+
+  function readAuth() {
+    const fragment = new URLSearchParams(location.hash.slice(1));
+    if (fragment.get("token")) sessionStorage.setItem("trading-agent-token", fragment.get("token"));
+    if (fragment.get("operator")) sessionStorage.setItem("trading-agent-operator", fragment.get("operator"));
+    if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+    state.token = sessionStorage.getItem("trading-agent-token");
+    state.operator = sessionStorage.getItem("trading-agent-operator") || "web";
+  }
+
+  async function api(path, options = {}) {
+    const headers = {};
+    if (state.token) headers.Authorization = "Bearer " + state.token;
+    const init = { method: options.method || "GET", headers };
+    if (options.body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(options.body);
+    }
+    const response = await fetch(path, init);
+    let data = null;
+    try { data = await response.json(); } catch (_) { data = null; }
+    if (!response.ok) {
+      const error = new Error(data && data.error ? data.error.message : response.statusText);
+      error.status = response.status;
+      throw error;
+    }
+    return data;
+  }
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function money(value) {
+    if (value === null || value === undefined || Number.isNaN(Number(value))) return "–";
+    return Number(value).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  }
+
+  function ago(seconds) {
+    if (typeof seconds !== "number") return "never";
+    const s = Math.max(0, Date.now() / 1000 - seconds);
+    if (s < 60) return `${Math.round(s)}s ago`;
+    if (s < 3600) return `${Math.round(s / 60)}m ago`;
+    if (s < 86400) return `${(s / 3600).toFixed(1)}h ago`;
+    return `${(s / 86400).toFixed(1)}d ago`;
+  }
+
+  function clock(seconds) {
+    const date = seconds ? new Date(seconds * 1000) : new Date();
+    return date.toLocaleTimeString("en-GB", { hour12: false });
+  }
+
+  function shortArgs(raw) {
+    let value = raw;
+    if (typeof raw === "string") {
+      try { value = JSON.parse(raw); } catch (_) { return raw.slice(0, 160); }
+    }
+    if (value && typeof value === "object" && !Array.isArray(value)) {
+      return Object.entries(value).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ").slice(0, 160);
+    }
+    return JSON.stringify(value).slice(0, 160);
+  }
+
+  const OPERATOR_PREFIX = /^\[Message from ([^\]]*?), a human operator[^\]]*\]\n/;
+
+  function setConnection(kind, text) {
+    $("connection").dataset.state = kind;
+    $("connection-text").textContent = text;
+    document.body.dataset.live = kind === "live" ? "true" : "false";
+  }
+
+  // ------------------------------------------------------------------ desks
+
+  async function loadDesks() {
+    let data;
+    try {
+      data = await api("/api/desks");
+    } catch (error) {
+      if (error.status === 401) {
+        $("auth-note").hidden = false;
+        setConnection("error", "token needed");
+      }
+      throw error;
+    }
+    $("auth-note").hidden = true;
+    state.desks = new Map(data.desks.map((d) => [d.name, d]));
+    renderDeskList();
+    if (!state.selected || !state.desks.has(state.selected)) {
+      const wanted = new URLSearchParams(location.search).get("desk");
+      const first = data.desks.length ? data.desks[0].name : null;
+      await selectDesk(state.desks.has(wanted) ? wanted : first);
+    } else {
+      renderDeskHead();
+    }
+  }
+
+  function scheduleRefresh() {
+    if (state.refreshTimer) return;
+    state.refreshTimer = setTimeout(() => {
+      state.refreshTimer = null;
+      loadDesks().catch(() => {});
+    }, 250);
+  }
+
+  function renderDeskList() {
+    const list = $("desks");
+    list.replaceChildren();
+    for (const desk of state.desks.values()) {
+      const item = el("li", "desk-card");
+      item.dataset.desk = desk.name;
+      item.dataset.state = desk.state;
+      if (desk.name === state.selected) item.classList.add("selected");
+      const top = el("div", "desk-card-top");
+      top.append(el("span", "desk-card-name", desk.name), el("span", `badge badge-${desk.state}`, desk.state));
+      const figures = el("div", "desk-card-figures");
+      figures.append(el("span", "equity", money(desk.equity)), el("span", "muted", `${desk.mode} · ${ago(desk.last_turn_at)}`));
+      item.append(top, figures);
+      if (desk.pending_approvals > 0) {
+        item.append(el("div", "chip chip-warn", `${desk.pending_approvals} approval${desk.pending_approvals > 1 ? "s" : ""} waiting`));
+      }
+      if (desk.state === "paused" && desk.paused_reason) item.append(el("div", "desk-card-note", desk.paused_reason));
+      item.addEventListener("click", () => selectDesk(desk.name));
+      list.append(item);
+    }
+  }
+
+  function renderDeskHead() {
+    const desk = state.desks.get(state.selected);
+    if (!desk) return;
+    $("desk-name").textContent = desk.name;
+    const badge = $("desk-state");
+    badge.hidden = false;
+    badge.className = `badge badge-${desk.state}`;
+    badge.textContent = desk.state;
+    const mode = $("desk-mode");
+    mode.hidden = false;
+    mode.className = `badge badge-mode mode-${desk.mode}`;
+    mode.textContent = desk.mode;
+    $("desk-model").textContent = [desk.model, (desk.symbols || []).join(", ")].filter(Boolean).join(" · ");
+    const figures = [
+      ["Equity", money(desk.equity)],
+      ["Open orders", String(desk.open_orders ?? 0)],
+      ["Tokens today", Number(desk.tokens_today || 0).toLocaleString("en-US")],
+      ["Cost today", typeof desk.cost_today === "number" ? "$" + desk.cost_today.toFixed(2) : "–"],
+      ["Last turn", ago(desk.last_turn_at)],
+      ["Queued", String(desk.queued_triggers ?? 0)],
+    ];
+    const list = $("desk-figures");
+    list.replaceChildren();
+    for (const [name, value] of figures) {
+      const box = el("div", "figure");
+      box.append(el("dt", null, name), el("dd", null, value));
+      list.append(box);
+    }
+  }
+
+  async function selectDesk(name) {
+    if (!name) return;
+    state.selected = name;
+    const url = new URL(location.href);
+    url.searchParams.set("desk", name);
+    history.replaceState(null, "", url.pathname + url.search);
+    renderDeskList();
+    renderDeskHead();
+    state.turns.clear();
+    $("log").replaceChildren();
+    renderApprovals();
+    await Promise.all([loadTranscript(name), loadEquity()]);
+  }
+
+  // ------------------------------------------------------------------ the log
+
+  function log() { return $("log"); }
+
+  function stickToBottom(action) {
+    const box = log();
+    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+    action();
+    if (atBottom) box.scrollTop = box.scrollHeight;
+  }
+
+  function addNote(text, kind = "note", at) {
+    stickToBottom(() => {
+      const note = el("div", `entry note note-${kind}`);
+      note.append(el("time", null, clock(at)), el("span", null, text));
+      log().append(note);
+    });
+  }
+
+  // A note about a turn (steering delivered, an approval) goes inside that turn's block, in
+  // order with its text and tool steps; without one it is a line of its own.
+  function addTurnNote(turnId, text, kind, at, callId) {
+    const turn = state.turns.get(turnId);
+    if (!turn) {
+      addNote(text, kind, at);
+      return;
+    }
+    stickToBottom(() => {
+      const step = callId ? turn.steps.get(callId) : null;
+      if (step) {
+        step.append(el("div", `step-note note-${kind}`, text));  // before the call's result
+      } else {
+        turn.body.append(el("div", `turn-note note-${kind}`, text));
+        turn.lastText = null;
+      }
+    });
+  }
+
+  function addOperatorMessage(text, who, tag, at) {
+    let label = null;
+    stickToBottom(() => {
+      const entry = el("div", "entry you");
+      const meta = el("div", "meta");
+      meta.append(el("span", "who", who || "you"), el("time", null, clock(at)));
+      if (tag) {
+        label = el("span", "tag", tag);
+        meta.append(label);
+      }
+      entry.append(meta, el("div", "bubble bubble-you", text));
+      log().append(entry);
+    });
+    return label;
+  }
+
+  function turnBlock(turnId, label, at) {
+    let turn = state.turns.get(turnId);
+    if (turn) return turn;
+    const entry = el("div", "entry desk");
+    entry.dataset.turn = turnId || "";
+    const meta = el("div", "meta");
+    meta.append(el("span", "who", state.selected), el("time", null, clock(at)));
+    if (label) meta.append(el("span", "tag", label));
+    const body = el("div", "bubble bubble-desk");
+    entry.append(meta, body);
+    stickToBottom(() => log().append(entry));
+    turn = { el: entry, meta, body, lastText: null, steps: new Map() };
+    state.turns.set(turnId, turn);
+    return turn;
+  }
+
+  function appendText(turn, text) {
+    stickToBottom(() => {
+      if (!turn.lastText) {
+        turn.lastText = el("div", "text");
+        turn.body.append(turn.lastText);
+      }
+      turn.lastText.textContent += text;
+      turn.el.classList.add("streaming");
+    });
+  }
+
+  function addStep(turn, callId, name, args) {
+    stickToBottom(() => {
+      const step = el("div", "step");
+      step.dataset.call = callId;
+      const head = el("div", "step-head");
+      head.append(el("span", "step-arrow", "→"), el("span", "step-name", name), el("span", "step-args", shortArgs(args)));
+      step.append(head);
+      turn.body.append(step);
+      turn.steps.set(callId, step);
+      turn.lastText = null;
+    });
+  }
+
+  function finishStep(turn, callId, name, text, isError, duration) {
+    let step = turn.steps.get(callId);
+    if (!step) {
+      addStep(turn, callId, name, "");
+      step = turn.steps.get(callId);
+    }
+    stickToBottom(() => {
+      step.classList.add(isError ? "step-error" : "step-done");
+      const result = el("div", "step-result");
+      const first = String(text || "").trim().split("\n")[0];
+      const seconds = typeof duration === "number" ? `${duration.toFixed(2)}s · ` : "";
+      result.textContent = `${isError ? "✗" : "←"} ${seconds}${first.slice(0, 240)}`;
+      step.append(result);
+    });
+  }
+
+  function renderMessage(message) {
+    const text = message.text || "";
+    const at = message.created_at;
+    if (message.kind === "operator" || message.kind === "steering") {
+      const match = OPERATOR_PREFIX.exec(text);
+      addOperatorMessage(match ? text.slice(match[0].length) : text, match ? match[1] : "operator",
+        message.kind === "steering" ? "steered mid-turn" : null, at);
+    } else if (message.kind === "summary") {
+      addNote("Earlier conversation compacted into a summary.", "compact", at);
+    } else if (message.kind === "trigger" || message.kind === "notice") {
+      addNote(text.split("\n")[0].slice(0, 200), "trigger", at);
+    } else if (message.role === "assistant") {
+      const turn = turnBlock(`history-${message.seq}`, null, at);
+      for (const block of message.content || [{ type: "text", text }]) {
+        if (block.type === "text" && block.text) appendText(turn, block.text);
+        if (block.type === "tool_use") addStep(turn, block.id, block.name, block.arguments);
+      }
+      turn.el.classList.remove("streaming");
+      state.lastHistoryTurn = turn;
+    } else if (message.kind === "tool_results" && state.lastHistoryTurn) {
+      for (const block of message.content || []) {
+        if (block.type !== "tool_result") continue;
+        const inner = (block.content || []).filter((b) => b.type === "text").map((b) => b.text).join("\n");
+        finishStep(state.lastHistoryTurn, block.tool_use_id, "", inner, block.is_error);
+      }
+    }
+  }
+
+  async function loadTranscript(name) {
+    try {
+      const data = await api(`/api/desks/${encodeURIComponent(name)}/transcript?limit=60`);
+      if (state.selected !== name) return;
+      state.lastHistoryTurn = null;
+      for (const message of data.messages) renderMessage(message);
+      const box = log();
+      box.scrollTop = box.scrollHeight;
+    } catch (error) {
+      addNote(`Could not load the transcript: ${error.message}`, "error");
+    }
+  }
+
+  // ------------------------------------------------------------------ live events
+
+  function onEvent(data) {
+    if (data.type && data.type.startsWith("approval_")) {
+      handleApproval(data);
+    }
+    if (data.type === "turn_start" || data.type === "turn_end") scheduleRefresh();
+    if (data.desk !== state.selected) return;
+    const turnId = data.turn || "none";
+    switch (data.type) {
+      case "turn_start":
+        if (data.silent) addNote("Memory flush: the desk saves what it needs before compacting.", "compact", data.at);
+        else turnBlock(turnId, data.trigger_kind === "operator" ? null : data.trigger_kind, data.at);
+        break;
+      case "text_delta":
+        appendText(turnBlock(turnId, null, data.at), data.text);
+        break;
+      case "tool_call":
+        addStep(turnBlock(turnId, null, data.at), data.call_id, data.name, data.arguments);
+        break;
+      case "tool_result":
+        finishStep(turnBlock(turnId, null, data.at), data.call_id, data.name, data.text, data.is_error, data.duration);
+        break;
+      case "steering_delivered":
+        if (data.started_turn) {
+          addTurnNote(turnId, `✉ your message came as the desk finished its answer, so it opened this turn`, "steer", data.at);
+        } else {
+          addTurnNote(turnId, `✉ your message reached the desk after round ${data.after_round}: “${data.text.slice(0, 120)}”`, "steer", data.at);
+        }
+        break;
+      case "turn_end": {
+        const turn = state.turns.get(turnId);
+        if (turn && !data.silent) {
+          turn.el.classList.remove("streaming");
+          const tokens = (data.input_tokens || 0) + (data.output_tokens || 0);
+          const cost = typeof data.cost === "number" ? ` · $${data.cost.toFixed(4)}` : "";
+          turn.meta.append(el("span", "tag tag-dim", `${data.rounds} round${data.rounds === 1 ? "" : "s"} · ${tokens.toLocaleString("en-US")} tokens${cost}`));
+          if (!turn.body.childNodes.length && data.final_text) appendText(turn, data.final_text);
+        }
+        break;
+      }
+      case "compaction_end":
+        addNote(`Compacted: ${Number(data.tokens_before).toLocaleString("en-US")} → ${Number(data.tokens_after).toLocaleString("en-US")} tokens, ${data.messages_summarized} messages summarized.`, "compact", data.at);
+        break;
+      case "retry":
+        addNote(`Model retry ${data.attempt} in ${Number(data.delay).toFixed(1)} s: ${data.reason}`, "warn", data.at);
+        break;
+      case "error":
+        addNote(`${data.error_type}: ${data.message}`, "error", data.at);
+        break;
+      case "approval_requested":
+        addTurnNote(turnId, `⚠ waits for an operator's decision (${data.reason})`, "warn", data.at, data.call_id);
+        break;
+      case "approval_resolved":
+        addTurnNote(turnId, `${data.outcome === "approved" ? "✓" : "✗"} ${data.outcome.replace("_", " ")}${data.operator ? " by " + data.operator : ""}${data.note ? ": " + data.note : ""}`, data.outcome === "approved" ? "good" : "error", data.at, data.call_id);
+        break;
+      default:
+        break;
+    }
+  }
+
+  function connect(after) {
+    const params = new URLSearchParams();
+    if (after !== null && after !== undefined) params.set("after", String(after));
+    if (state.token) params.set("token", state.token);
+    const source = new EventSource("/api/events?" + params.toString());
+    state.source = source;
+    source.onopen = () => setConnection("live", "live");
+    source.onerror = () => setConnection("connecting", "reconnecting…");
+    source.onmessage = (message) => {
+      let data;
+      try { data = JSON.parse(message.data); } catch (_) { return; }
+      onEvent(data);
+    };
+  }
+
+  // ------------------------------------------------------------------ approvals
+
+  async function loadApprovals() {
+    const data = await api("/api/approvals");
+    state.approvals = new Map(data.approvals.map((a) => [a.id, a]));
+    renderApprovals();
+  }
+
+  function handleApproval(data) {
+    if (data.type === "approval_requested") {
+      let args = data.arguments;
+      try { args = JSON.parse(data.arguments); } catch (_) { /* keep the text */ }
+      state.approvals.set(data.approval_id, {
+        id: data.approval_id, desk: data.desk, tool: data.tool, arguments: args,
+        reason: data.reason, notional: data.notional, expires_at: data.expires_at,
+      });
+    } else {
+      state.approvals.delete(data.approval_id);
+    }
+    renderApprovals();
+    scheduleRefresh();
+  }
+
+  function renderApprovals() {
+    const list = $("approval-list");
+    list.replaceChildren();
+    const mine = [...state.approvals.values()].filter((a) => a.desk === state.selected);
+    $("approvals").hidden = mine.length === 0;
+    for (const approval of mine) {
+      const item = el("li", "approval");
+      item.dataset.approval = approval.id;
+      const head = el("div", "approval-head");
+      head.append(el("span", "approval-tool", approval.tool), el("span", "approval-args", shortArgs(approval.arguments)));
+      const details = el("div", "approval-details");
+      const notional = approval.notional !== null && approval.notional !== undefined ? ` · notional ${money(approval.notional)}` : "";
+      details.append(el("span", null, `${approval.reason}${notional}`), el("span", "countdown", ""));
+      details.lastChild.dataset.expires = String(approval.expires_at);
+      const actions = el("div", "approval-actions");
+      const reason = el("input", "approval-reason");
+      reason.placeholder = "Reason (the desk reads it)";
+      const approve = el("button", "button good", "Approve");
+      approve.type = "button";
+      approve.dataset.action = "approve";
+      const deny = el("button", "button bad", "Deny");
+      deny.type = "button";
+      deny.dataset.action = "deny";
+      approve.addEventListener("click", () => decide(approval.id, "approve", reason.value, item));
+      deny.addEventListener("click", () => decide(approval.id, "deny", reason.value, item));
+      actions.append(reason, approve, deny);
+      item.append(head, details, actions);
+      list.append(item);
+    }
+    tickCountdowns();
+  }
+
+  function tickCountdowns() {
+    for (const node of document.querySelectorAll(".countdown")) {
+      const left = Math.max(0, Number(node.dataset.expires) - Date.now() / 1000);
+      const minutes = Math.floor(left / 60);
+      const seconds = String(Math.floor(left % 60)).padStart(2, "0");
+      node.textContent = `denied in ${minutes}:${seconds} unless you answer`;
+    }
+  }
+
+  async function decide(id, action, reason, item) {
+    for (const button of item.querySelectorAll("button")) button.disabled = true;
+    try {
+      await api(`/api/approvals/${encodeURIComponent(id)}/${action}`, {
+        method: "POST", body: { operator: state.operator, reason },
+      });
+      state.approvals.delete(id);
+      renderApprovals();
+    } catch (error) {
+      addNote(`Could not ${action} ${id}: ${error.message}`, "error");
+      for (const button of item.querySelectorAll("button")) button.disabled = false;
+      if (error.status === 409 || error.status === 404) {
+        state.approvals.delete(id);
+        renderApprovals();
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ equity chart
+
+  async function loadEquity() {
+    if (!state.selected) return;
+    try {
+      const data = await api(`/api/desks/${encodeURIComponent(state.selected)}/equity`);
+      state.equity = data.points;
+      drawEquity();
+    } catch (_) { /* the chart waits for the next poll */ }
+  }
+
+  function drawEquity() {
+    const canvas = $("equity-chart");
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || 360;
+    const height = canvas.clientHeight || 92;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const g = canvas.getContext("2d");
+    g.setTransform(ratio, 0, 0, ratio, 0, 0);
+    g.clearRect(0, 0, width, height);
+    const points = state.equity;
+    const caption = $("equity-caption");
+    if (!points.length) {
+      g.fillStyle = "#5d6b82";
+      g.font = "12px system-ui, sans-serif";
+      g.fillText("No equity samples yet", 12, height / 2 + 4);
+      caption.textContent = "Equity";
+      return;
+    }
+    const values = points.map((p) => p[1]);
+    let low = Math.min(...values);
+    let high = Math.max(...values);
+    if (high - low < 1e-9) { low -= 1; high += 1; }
+    const pad = 8;
+    const x = (i) => pad + (points.length === 1 ? 0 : (i * (width - 2 * pad)) / (points.length - 1));
+    const y = (v) => pad + (1 - (v - low) / (high - low)) * (height - 2 * pad);
+    const up = values[values.length - 1] >= values[0];
+    const colour = up ? "#3ddc97" : "#ff6b6b";
+    const fill = g.createLinearGradient(0, 0, 0, height);
+    fill.addColorStop(0, up ? "rgba(61,220,151,0.28)" : "rgba(255,107,107,0.28)");
+    fill.addColorStop(1, "rgba(0,0,0,0)");
+    g.beginPath();
+    points.forEach((p, i) => (i ? g.lineTo(x(i), y(p[1])) : g.moveTo(x(i), y(p[1]))));
+    if (points.length === 1) g.lineTo(width - pad, y(values[0]));
+    g.lineTo(points.length === 1 ? width - pad : x(points.length - 1), height);
+    g.lineTo(x(0), height);
+    g.closePath();
+    g.fillStyle = fill;
+    g.fill();
+    g.beginPath();
+    points.forEach((p, i) => (i ? g.lineTo(x(i), y(p[1])) : g.moveTo(x(i), y(p[1]))));
+    if (points.length === 1) g.lineTo(width - pad, y(values[0]));
+    g.strokeStyle = colour;
+    g.lineWidth = 2;
+    g.stroke();
+    g.beginPath();  // the newest sample
+    g.arc(points.length === 1 ? width - pad : x(points.length - 1), y(values[values.length - 1]), 3, 0, 2 * Math.PI);
+    g.fillStyle = colour;
+    g.fill();
+    const last = values[values.length - 1];
+    const change = values[0] ? ((last - values[0]) / values[0]) * 100 : 0;
+    caption.textContent = `Equity ${money(last)}  ${change >= 0 ? "+" : ""}${change.toFixed(2)}%  ·  range ${money(Math.min(...values))} – ${money(Math.max(...values))}`;
+    caption.title = `${points.length} samples since ${clock(points[0][0])}`;
+    caption.className = up ? "up" : "down";
+  }
+
+  // ------------------------------------------------------------------ sending
+
+  async function send(event) {
+    event.preventDefault();
+    const box = $("message");
+    const text = box.value;
+    if (!text.trim() || !state.selected) return;
+    const button = $("send");
+    button.disabled = true;
+    // Shown before the request: the desk's answer can stream in before the reply arrives.
+    const label = addOperatorMessage(text, state.operator, "sending…");
+    box.value = "";
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(state.selected)}/messages`, {
+        method: "POST", body: { text, source: state.operator },
+      });
+      label.textContent = result.delivery === "steering" ? "steers the running turn" : "starts a turn";
+      scheduleRefresh();
+    } catch (error) {
+      label.textContent = "not sent";
+      label.classList.add("tag-bad");
+      if (!box.value) box.value = text;
+      addNote(`Not sent: ${error.message}`, "error");
+    } finally {
+      button.disabled = false;
+      box.focus();
+    }
+  }
+
+  async function compact() {
+    if (!state.selected) return;
+    const button = $("compact");
+    button.disabled = true;
+    addNote("Compacting (waits for a running turn to finish)…", "compact");
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(state.selected)}/compact`, { method: "POST" });
+      addNote(result.compacted ? "Compacted." : "Nothing to compact yet: the conversation is short.", "compact");
+    } catch (error) {
+      addNote(`/compact failed: ${error.message}`, "error");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // ------------------------------------------------------------------ start
+
+  async function start() {
+    readAuth();
+    $("composer").addEventListener("submit", send);
+    $("message").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        $("composer").requestSubmit();
+      }
+    });
+    $("compact").addEventListener("click", compact);
+    window.addEventListener("resize", drawEquity);
+    let health;
+    try {
+      health = await api("/api/health");
+    } catch (error) {
+      if (error.status === 401) {
+        $("auth-note").hidden = false;
+        setConnection("error", "token needed");
+      } else {
+        setConnection("error", `daemon unreachable: ${error.message}`);
+      }
+      return;
+    }
+    // Subscribe before loading the rest: nothing that happens meanwhile is missed.
+    connect(health.last_event_id);
+    await Promise.all([loadDesks(), loadApprovals()]);
+    setInterval(() => loadDesks().catch(() => {}), 5000);
+    setInterval(loadEquity, 5000);
+    setInterval(tickCountdowns, 1000);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => { start(); });
+})();
