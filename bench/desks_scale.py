@@ -1,0 +1,205 @@
+"""How the daemon scales with desks: memory per desk, turns per second, trigger latency.
+
+N desks (10, 100, 500 by default) are built as the daemon builds them (an AgentLoop with an
+OpenAI-compatible backend, a steering inbox, a context compressor, a Desk restored from a
+real SQLite store whose event recorder runs) and started idle under a Supervisor. Then every
+desk is triggered at once, a few rounds, against the scripted OpenAI-compatible server
+answering each request after 50 ms; the server runs in a process of its own so it takes no
+time from the desks' event loop.
+
+Printed per N:
+
+- memory per desk: what Python allocated (tracemalloc) from before the desks were built to
+  when all were idle, divided by N; and the growth of the process's RSS over the same span
+  (cruder: memory freed by an earlier N is reused). The one backend the desks share is
+  counted in both, and the reference run's figure also holds what is imported at first use;
+- turns per second: N turns over the time from the triggers to the last turn's end (the
+  median of the rounds); the bound set by the model alone would be N / 0.05 s;
+- trigger-to-first-request delay: from a trigger's creation to the desk's first model
+  request (its ``model_request`` event), median and 99th percentile over every desk of every
+  round; and the ratio of that p99 to the one of the reference run, one desk, in the same
+  process.
+
+Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+
+from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.events import Event
+from trading_agent.agent.retry import RetryPolicy
+from trading_agent.agent.steering_inbox import SteeringInbox
+from trading_agent.agent.tool_call_executor import ToolCallExecutor
+from trading_agent.agent.tool_registry import ToolRegistry
+from trading_agent.agent.trigger import Trigger
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.daemon.desk import Desk, DeskProfile
+from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+from trading_agent.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_LATENCY = 0.05
+
+_SERVER = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.scripted_server import Reply, ScriptedServer
+server = ScriptedServer(responder=lambda request: Reply("Nothing to do.", delay={latency}))
+server.start()
+print(server.base_url, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
+@dataclass
+class Figures:
+    """One N's results."""
+
+    desks: int
+    memory_per_desk: float
+    rss_per_desk: float
+    turns_per_second: float
+    delay_p50: float
+    delay_p99: float
+    store_seconds: float
+
+
+def rss_bytes() -> int:
+    """The process's resident set size."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend) -> Desk:
+    """A desk built as the daemon's wiring builds one (no trading tools: no exchange); like
+    the wiring, desks on the same model share its backend."""
+    inbox = SteeringInbox()
+    loop = AgentLoop(name, backend, ToolCallExecutor(ToolRegistry()), bus, maximum_rounds=8,
+                     compressor=ContextCompressor(32_000), steering_inbox=inbox)
+    loop.retry_policy = RetryPolicy(max_retries=2, base_delay=0.05)
+    return Desk(DeskProfile(name, model=backend.model), loop, f"You are the desk {name}.",
+                store, inbox=inbox, event_bus=bus)
+
+
+async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figures:
+    """Builds ``count`` desks, starts them idle, then triggers all of them ``rounds`` times."""
+    store = await Store.open(folder / f"bench-{count}.sqlite3")
+    bus = EventBus()
+    recorded = bus.subscribe("store", max_buffer=1_000_000)
+    requests = bus.subscribe("bench", max_buffer=1_000_000,
+                             accept=lambda e: e.type == "model_request")
+    before = rss_bytes()
+    tracemalloc.start()
+    backend = OpenAICompatibleBackend(OpenAIBackendConfig(
+        base_url=base_url, model="scripted-model", context_window=32_000))
+    desks = [build_desk(f"desk{i:04d}", store, bus, backend) for i in range(count)]
+    supervisor = Supervisor([DeskRuntime(desk) for desk in desks], bus, store)
+    throughput: list[float] = []
+    delays: list[float] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(store.persist_events, recorded)
+        await group.start(supervisor.run)
+        await anyio.sleep(0.2)  # idle
+        memory = tracemalloc.get_traced_memory()[0] / count
+        tracemalloc.stop()  # the timed rounds run untraced
+        rss = (rss_bytes() - before) / count
+        for number in range(1, rounds + 1):
+            fired = {desk.name: Trigger(kind="schedule", text="Check.", source="bench")
+                     for desk in desks}
+            started = time.perf_counter()
+            for desk in desks:
+                desk.fire(fired[desk.name])
+            with anyio.fail_after(120):
+                while any(desk.turns < number for desk in desks):  # noqa: ASYNC110
+                    await anyio.sleep(0.002)
+            throughput.append(count / (time.perf_counter() - started))
+            delays.extend(_first_request_delays(requests, fired))
+        supervisor.shutdown()
+        await supervisor.stopped.wait()
+        recorded.close()
+    store_started = time.perf_counter()
+    await store.close()
+    await backend.aclose()
+    delays.sort()
+    return Figures(count, memory, rss, statistics.median(throughput), statistics.median(delays),
+                   _percentile(delays, 0.99), time.perf_counter() - store_started)
+
+
+def _first_request_delays(requests: object, fired: dict[str, Trigger]) -> list[float]:
+    """Seconds from each desk's trigger to its first model request of that turn."""
+    first: dict[str, Event] = {}
+    while (event := requests.get_nowait()) is not None:  # type: ignore[attr-defined]
+        if event.desk in fired and event.desk not in first:
+            first[event.desk] = event
+    missing = set(fired) - set(first)
+    assert not missing, f"{len(missing)} desks sent no request"
+    return [first[name].at - trigger.at for name, trigger in fired.items()]
+
+
+def _percentile(ordered: list[float], share: float) -> float:
+    index = min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--desks", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where the SQLite files go (a temporary folder by default; "
+                             "/dev/shm shows the figures without fsync)")
+    args = parser.parse_args()
+    # The figures only: the daemon's info lines (a shutdown per N) would interleave.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}; load average {load}")
+    print(f"model latency {MODEL_LATENCY * 1000:.0f} ms (scripted server in its own process); "
+          f"{args.rounds} rounds of all desks triggered at once; store in "
+          f"{args.state_dir or tempfile.gettempdir()}")
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER.format(root=str(ROOT), latency=MODEL_LATENCY)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdin is not None
+    base_url = server.stdout.readline().strip()
+    try:
+        with tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:
+            reference = anyio.run(measure, 1, args.rounds * 3, base_url, Path(folder))
+            results = [anyio.run(measure, n, args.rounds, base_url, Path(folder))
+                       for n in args.desks]
+    finally:
+        server.stdin.close()
+        server.wait(10)
+    print(f"{'desks':>7} {'memory/desk':>12} {'RSS/desk':>9} {'turns/s':>8} {'bound':>7} "
+          f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9}")
+    for figures in [reference, *results]:
+        label = f"{figures.desks}{' (ref)' if figures is reference else ''}"
+        print(f"{label:>7} {figures.memory_per_desk / 1024:>8.1f} KiB "
+              f"{figures.rss_per_desk / 1024:>5.0f} KiB "
+              f"{figures.turns_per_second:>8.1f} {figures.desks / MODEL_LATENCY:>7.0f} "
+              f"{figures.delay_p50 * 1000:>7.1f} ms {figures.delay_p99 * 1000:>7.1f} ms "
+              f"{figures.delay_p99 / reference.delay_p99:>8.1f}x")
+
+
+if __name__ == "__main__":
+    main()

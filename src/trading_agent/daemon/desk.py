@@ -1,0 +1,400 @@
+"""One desk: its trigger queue and the loop that runs its turns, one at a time.
+
+The desk takes the next trigger from its :class:`TriggerQueue` and runs a turn for it with its
+:class:`AgentLoop`. What can go wrong is contained here, so other desks never notice:
+
+- The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries):
+  the desk is **paused** with the reason and tries again after a growing wait.
+- Anything else raised by a turn: logged, published as an error event, and the desk
+  restarts after a growing wait (reset by a turn that succeeds).
+
+Either way, and at start, the desk *restores*: it reads its conversation back from the
+store (the source of truth), answers any tool call left without a result, tells the desk
+in a resume notice that its last turn was interrupted, and queues again every operator
+message the store holds that the conversation does not. So a crash, a failure and a
+``kill -9`` all recover the same way, and an operator message is neither lost nor repeated.
+
+Operator messages are stored before they are acknowledged; during a turn they go to the
+:class:`SteeringInbox` (delivered before the next model call; one that comes while the model
+writes its final answer opens a follow-up turn inside the same ``run_turn``), else they
+queue a turn. Messages still in the inbox when ``run_turn`` returns or raises start the next
+turn at once. Each keeps its id from the store all the way into the conversation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.conversation import (
+    Conversation,
+    ConversationObserver,
+    ImageBlock,
+    Message,
+)
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.events import ErrorEvent
+from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
+from trading_agent.agent.trigger import Trigger
+from trading_agent.agent.turn_runner import TurnResult
+from trading_agent.daemon.control import DeskState, DeskStatus
+from trading_agent.daemon.trigger_queue import TriggerQueue
+from trading_agent.errors import BackendError, BackendUnavailableError
+
+__all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore"]
+
+_log = structlog.get_logger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+RESUME_TEXT = ("Carry on from where your previous turn stopped (see the notice above), or say "
+               "briefly that nothing is left to do.")
+"""What a desk is told in the turn it runs after an interrupted one."""
+
+
+class DeskStore(Protocol):
+    """What a desk needs of the store (:class:`trading_agent.store.store.Store` has it)."""
+
+    async def restore_conversation(self, desk: str, system_prompt: str) -> Conversation:
+        """The desk's conversation as stored, an interrupted turn repaired and followed by a
+        notice (a message of kind ``notice``), with the store as its observer."""
+        ...
+
+    async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
+        """Operator messages stored and not yet in the conversation, oldest first."""
+        ...
+
+    async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
+        """Stores an operator message before it is acknowledged; it counts as delivered
+        once a conversation message with its id is appended."""
+        ...
+
+    async def record_schedule_fired(self, desk: str, schedule: str, slot: datetime) -> None:
+        """Records the slot a schedule last fired for."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeskProfile:
+    """What an operator sees of a desk that does not change while it runs.
+
+    Attributes:
+        name: The desk's name.
+        mode: ``paper`` or ``live``.
+        model: The model it talks to.
+        symbols: The markets it trades.
+    """
+
+    name: str
+    mode: str = "paper"
+    model: str = ""
+    symbols: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a failing desk waits before it tries again: doubling, up to a cap.
+
+    Attributes:
+        crash_first: The first wait after a turn raised, in seconds.
+        crash_max: The longest such wait.
+        pause_first: The first wait while the model is unavailable.
+        pause_max: The longest such wait.
+    """
+
+    crash_first: float = 1.0
+    crash_max: float = 60.0
+    pause_first: float = 15.0
+    pause_max: float = 600.0
+
+    def delay(self, failures: int, *, paused: bool) -> float:
+        """Seconds to wait after the ``failures``-th failure in a row (1-based)."""
+        first, cap = ((self.pause_first, self.pause_max) if paused
+                      else (self.crash_first, self.crash_max))
+        return float(min(first * 2.0 ** max(failures - 1, 0), cap))
+
+
+@dataclass
+class _Outcome:
+    """What the desk remembers of its last turn."""
+
+    at: float | None = None
+    text: str = ""
+    turns: int = 0
+    failures: int = 0
+    reason: str = ""
+    notice: str = RESUME_TEXT
+    unfinished: Trigger | None = None
+
+
+class Desk:
+    """Runs one desk's turns, one trigger at a time.
+
+    Args:
+        profile: Name, mode, model and symbols, for status.
+        loop: The desk's agent loop.
+        system_prompt: The desk's system prompt.
+        store: Where the desk's conversation, operator messages and schedules are kept.
+        inbox: The loop's steering inbox.
+        event_bus: Where the desk's own failures are published (the loop's bus).
+        backoff: The waits after failures.
+        clock: Seconds since the epoch (for status and usage).
+        sleep: The sleep used for backoff (tests pass a fast one).
+        on_turn_start: Called with each trigger as its turn starts (a market watcher moves
+            its price mark).
+        on_stop: Called when a running turn is asked to stop (its subagents stop too).
+    """
+
+    def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
+                 store: DeskStore, *,
+                 inbox: SteeringInbox, event_bus: EventBus, backoff: Backoff | None = None,
+                 clock: Callable[[], float] = time.time, sleep: Sleep = anyio.sleep,
+                 on_turn_start: Sequence[Callable[[Trigger], None]] = (),
+                 on_stop: Sequence[Callable[[], None]] = ()) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self.loop = loop
+        self.system_prompt = system_prompt
+        self.store = store
+        self.inbox = inbox
+        self.event_bus = event_bus
+        self.backoff = backoff or Backoff()
+        self.queue = TriggerQueue()
+        self.conversation: Conversation | None = None
+        self.ready = anyio.Event()
+        """Set once the desk restored its conversation (or failed its first try)."""
+        self.on_turn_start = list(on_turn_start)
+        self.on_stop = list(on_stop)
+        self._clock = clock
+        self._sleep = sleep
+        self._outcome = _Outcome()
+        self._turn_lock = anyio.Lock()
+        self._in_turn = False
+        self._stopping = False
+        self._paused = False
+        self._nap: anyio.CancelScope | None = None
+        self._log = _log.bind(desk=self.name)
+
+    # ------------------------------------------------------------------ what others call
+
+    def fire(self, trigger: Trigger) -> None:
+        """Queues a trigger (a tick, a schedule...); never blocks."""
+        self.queue.put(trigger)
+
+    async def send_message(self, text: str, source: str = "operator",
+                           images: Sequence[ImageBlock] = ()) -> str:
+        """Gives an operator's message to the desk; it is stored before this returns.
+
+        Args:
+            text: What the operator wrote.
+            source: Who wrote it.
+            images: Pictures attached (image blocks).
+
+        Returns:
+            The message's id.
+        """
+        message = SteeringMessage(text=text, source=source, images=tuple(images))
+        await self.store.add_operator_message(self.name, message)
+        if self._in_turn and not self._stopping:
+            self.inbox.put(message)
+        else:
+            self.queue.put(message.to_trigger())
+            if self._paused and self._nap is not None:
+                self._nap.cancel()  # a person is there: try again now
+        return message.id
+
+    async def compact(self) -> bool:
+        """Flushes memory and compacts the conversation now, after any running turn.
+
+        Returns:
+            True when something was compacted.
+        """
+        async with self._turn_lock:
+            if self.conversation is None:
+                return False
+            trigger = Trigger(kind="command", text="/compact", source="operator")
+            return await self.loop.compact(self.conversation, trigger)
+
+    def stop(self) -> None:
+        """No new turns; a running turn stops at its next safe point."""
+        self._stopping = True
+        self.queue.wake()
+        if self._nap is not None:
+            self._nap.cancel()
+        if self._in_turn:
+            self.loop.request_stop()
+            for hook in self.on_stop:
+                hook()
+
+    def status(self) -> DeskStatus:
+        """The desk as an operator sees it (exchange and usage figures are the caller's)."""
+        return DeskStatus(
+            name=self.name, state=self.state, mode=self.profile.mode,
+            model=self.profile.model, symbols=list(self.profile.symbols),
+            last_turn_at=self._outcome.at, last_turn_text=self._outcome.text,
+            queued_triggers=len(self.queue),
+            paused_reason=self._outcome.reason if self._paused else "")
+
+    @property
+    def state(self) -> DeskState:
+        """idle, working, paused or stopped."""
+        if self._stopping and not self._in_turn:
+            return "stopped"
+        if self._in_turn:
+            return "working"
+        return "paused" if self._paused else "idle"
+
+    @property
+    def turns(self) -> int:
+        """How many turns finished since the desk started."""
+        return self._outcome.turns
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Runs the desk until :meth:`stop`: restore, then turns; after a failure, back off
+        and restore again.
+
+        Args:
+            task_status: Told at once (the desk restores in its own time; see :attr:`ready`).
+        """
+        task_status.started()
+        try:
+            while not self._stopping:
+                try:
+                    await self._restore()
+                    self.ready.set()
+                    await self._serve()
+                except BackendUnavailableError as exc:
+                    await self._failed(exc, paused=True)
+                except Exception as exc:
+                    await self._failed(exc, paused=False)
+                finally:
+                    self.ready.set()
+        finally:
+            self.ready.set()
+
+    async def _serve(self) -> None:
+        while not self._stopping:
+            trigger = self.queue.take()
+            if trigger is None:
+                self._paused = False  # nothing to try again: the desk just waits
+                await self.queue.wait()
+                continue
+            self._outcome.unfinished = trigger
+            result = await self._run_turn(trigger)
+            self._outcome.unfinished = None
+            if result is not None:
+                self._finished(result)
+
+    async def _run_turn(self, trigger: Trigger) -> TurnResult | None:
+        for hook in self.on_turn_start:
+            hook(trigger)
+        async with self._turn_lock:
+            conversation = self.conversation
+            if self._stopping or conversation is None:
+                self.queue.put_first(trigger)
+                return None
+            # No await between this check and run_turn's start, so a stop() from here on
+            # reaches the running turn.
+            self._in_turn = True
+            try:
+                return await self.loop.run_turn(conversation, trigger)
+            finally:
+                self._in_turn = False
+                self._steering_to_queue()
+
+    def _finished(self, result: TurnResult) -> None:
+        outcome = self._outcome
+        outcome.at, outcome.text = self._clock(), result.text
+        outcome.turns += 1
+        outcome.failures, outcome.reason, self._paused = 0, "", False
+        outcome.notice = RESUME_TEXT
+
+    def _steering_to_queue(self) -> None:
+        """Messages that arrived too late for the turn start the next one."""
+        for message in self.inbox.take_all():
+            self.queue.put(message.to_trigger())
+
+    # ------------------------------------------------------------------ failures
+
+    async def _failed(self, error: Exception, *, paused: bool) -> None:
+        outcome = self._outcome
+        outcome.failures += 1
+        delay = self.backoff.delay(outcome.failures, paused=paused)
+        described = f"{type(error).__name__}: {error}"
+        if paused:
+            outcome.reason = f"the model is unavailable ({error}); trying again in {delay:g} s"
+            outcome.notice = (f"The model was unavailable ({error}), so your previous turn "
+                              f"could not finish. {RESUME_TEXT}")
+            self._log.warning("desk_paused", error=described, retry_in=delay)
+        else:
+            outcome.reason = f"the desk failed ({described}); restarting in {delay:g} s"
+            outcome.notice = (f"Your previous turn failed with an error in the daemon "
+                              f"({described}) and was ended. {RESUME_TEXT}")
+            self._log.error("desk_failed", error=described, restart_in=delay, exc_info=error)
+            if not isinstance(error, BackendError):  # the loop published those already
+                self.event_bus.publish(ErrorEvent(desk=self.name, message=described,
+                                                  error_type=type(error).__name__))
+        self._paused = True
+        self._steering_to_queue()
+        with anyio.CancelScope() as self._nap:
+            if not self._stopping:
+                await self._sleep(delay)
+        self._nap = None
+
+    # ------------------------------------------------------------------ restore
+
+    async def _restore(self) -> None:
+        """Reads the conversation back (the store repairs an interrupted turn and adds a
+        notice), then queues what is owed: the unfinished trigger if it never reached the
+        conversation, else a resume turn after an interruption, and undelivered messages."""
+        self._steering_to_queue()
+        conversation = await self.store.restore_conversation(self.name, self.system_prompt)
+        conversation.observer = _ScheduleObserver(conversation.observer, self)
+        self.conversation = conversation
+        last = conversation.messages[-1] if conversation.messages else None
+        interrupted = last is not None and last.kind == "notice"
+        delivered = {message.id for message in conversation.messages}
+        unfinished, self._outcome.unfinished = self._outcome.unfinished, None
+        if unfinished is not None and unfinished.id not in delivered:
+            self.queue.put_first(unfinished)  # it never reached the conversation: run it again
+        elif interrupted:
+            self.queue.put_first(Trigger(kind="resume", text=self._outcome.notice,
+                                         source="daemon"))
+        for message in await self.store.undelivered_operator_messages(self.name):
+            if message.id not in delivered:
+                self.queue.put(message.to_trigger())
+        if self._outcome.at is None and last is not None and last.role == "assistant":
+            self._outcome.at, self._outcome.text = last.created_at, last.text
+
+
+class _ScheduleObserver:
+    """Passes every change to the store; when a schedule's trigger reaches the conversation,
+    records its slot as fired (so a trigger lost to a crash before that fires again)."""
+
+    def __init__(self, inner: ConversationObserver | None, desk: Desk) -> None:
+        self._inner = inner
+        self._desk = desk
+
+    async def message_appended(self, conversation: Conversation, message: Message) -> None:
+        if self._inner is not None:
+            await self._inner.message_appended(conversation, message)
+        trigger = self._desk._outcome.unfinished
+        if trigger is not None and trigger.kind == "schedule" and message.id == trigger.id:
+            await self._desk.store.record_schedule_fired(
+                self._desk.name, trigger.source, datetime.fromtimestamp(trigger.at, UTC))
+
+    async def compacted(self, conversation: Conversation, summary: Message,
+                        first_kept_id: str | None) -> None:
+        if self._inner is not None:
+            await self._inner.compacted(conversation, summary, first_kept_id)
+

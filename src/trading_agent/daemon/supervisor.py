@@ -1,0 +1,387 @@
+"""The supervisor: every desk in one task group, and the daemon's life from start to exit.
+
+:class:`Supervisor` runs each desk (and what runs beside it: its schedules, its market
+watcher, its price feed) in a task of its own, and is the :class:`DeskControl` the operator
+API talks to. A desk's failures stay inside the desk (see :mod:`.desk`); a failing service
+beside it is logged and restarted with backoff.
+
+:func:`run_daemon` is ``trading-agent run``: it builds the desks from the settings, serves
+the operator API, tells systemd (``READY=1`` once the desks run, ``WATCHDOG=1`` and
+``STATUS=`` from the main loop, ``STOPPING=1`` on shutdown) and handles signals:
+
+- the first SIGTERM or SIGINT stops new turns; running turns stop at their next safe point
+  (after the tool round in flight); after ``shutdown_timeout_seconds`` whatever still runs
+  is cancelled (a cancelled tool round still gets its results stored). The events still
+  buffered are written, the store is closed, and the process exits 0;
+- a second signal cancels everything at once. Every write to SQLite is one transaction, so
+  the store stays consistent either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.events import ErrorEvent
+from trading_agent.daemon.control import DeskStatus, UnknownDeskError
+from trading_agent.daemon.desk import Backoff, Desk
+from trading_agent.daemon.systemd import SystemdNotifier
+from trading_agent.logging_setup import log_events
+
+if TYPE_CHECKING:
+    from trading_agent.settings import Settings
+    from trading_agent.store.store import DailyUsage
+
+__all__ = ["DeskRuntime", "Service", "Supervisor", "run_daemon"]
+
+_log = structlog.get_logger(__name__)
+
+Service = Callable[[], Awaitable[None]]
+"""Something that runs beside a desk until cancelled (a schedule runner, a market watcher)."""
+
+AccountProbe = Callable[[], Awaitable[tuple[float | None, int]]]
+"""Gives a desk's equity (None when unknown) and its number of open orders."""
+
+_STATUS_SECONDS = 30.0
+"""How often systemd's status line is refreshed when there is no watchdog."""
+
+_STATUS_PROBE_SECONDS = 2.0
+"""How long a status request waits for the exchange before leaving its figures out."""
+
+
+class _History(Protocol):
+    """What the supervisor reads back from the store for operators."""
+
+    async def transcript(self, desk: str, before_seq: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]: ...
+
+    async def events_since(self, after_id: int, desk: str | None = None,
+                           limit: int = 1000) -> list[dict[str, Any]]: ...
+
+    async def usage_on(self, desk: str) -> DailyUsage: ...
+
+
+class _Approvals(Protocol):
+    def pending_count(self, desk: str) -> int: ...
+
+
+@dataclass
+class DeskRuntime:
+    """One desk and what runs beside it.
+
+    Attributes:
+        desk: The desk.
+        services: Named tasks run while the desk runs (restarted with backoff if they fail,
+            left alone if they return).
+        account: Gives the desk's equity and open orders for its status, when it trades.
+    """
+
+    desk: Desk
+    services: list[tuple[str, Service]] = field(default_factory=list)
+    account: AccountProbe | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Supervisor:
+    """Runs the desks and answers for them (a :class:`DeskControl`).
+
+    Args:
+        runtimes: The desks, in config order.
+        event_bus: The daemon's bus.
+        history: The store, for transcripts, stored events and usage.
+        approvals: The approval book, for each desk's pending approvals.
+        shutdown_timeout: Seconds a shutdown waits for running turns to reach a safe point.
+        service_backoff: The waits before a failed service is restarted.
+        clock: Seconds since the epoch.
+    """
+
+    def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
+                 *, approvals: _Approvals | None = None, shutdown_timeout: float = 8.0,
+                 service_backoff: Backoff | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
+        self.event_bus = event_bus
+        self._history = history
+        self._approvals = approvals
+        self.shutdown_timeout = shutdown_timeout
+        self._service_backoff = service_backoff or Backoff()
+        self._clock = clock
+        self._stop_requested = anyio.Event()
+        self.stopped = anyio.Event()
+        """Set once every desk has stopped."""
+
+    # ------------------------------------------------------------------ DeskControl
+
+    def desk_names(self) -> Sequence[str]:
+        """The desks, in config order."""
+        return list(self._runtimes)
+
+    @property
+    def runtimes(self) -> Sequence[DeskRuntime]:
+        """The desks and their services, in config order."""
+        return list(self._runtimes.values())
+
+    def desk(self, name: str) -> Desk:
+        """One desk.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(name).desk
+
+    async def desk_status(self, desk: str) -> DeskStatus:
+        """One desk's status, with its equity, usage today and pending approvals.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        runtime = self._runtime(desk)
+        status = runtime.desk.status()
+        update: dict[str, Any] = {}
+        usage = await self._history.usage_on(desk)
+        update["tokens_today"], update["cost_today"] = usage.total_tokens, usage.cost
+        if self._approvals is not None:
+            update["pending_approvals"] = self._approvals.pending_count(desk)
+        if runtime.account is not None:
+            with anyio.move_on_after(_STATUS_PROBE_SECONDS):
+                try:
+                    update["equity"], update["open_orders"] = await runtime.account()
+                except Exception as exc:  # a status must not fail because a price is missing
+                    _log.warning("desk_account_unavailable", desk=desk, error=str(exc))
+        return status.model_copy(update=update)
+
+    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+        """Stores an operator's message, then steers the running turn or queues a turn.
+
+        Returns:
+            The message's id.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return await self._runtime(desk).desk.send_message(text, source)
+
+    async def compact(self, desk: str) -> bool:
+        """Flushes memory and compacts a desk's conversation, after any running turn.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return await self._runtime(desk).desk.compact()
+
+    async def transcript(self, desk: str, *, before: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """A page of a desk's stored messages, newest last.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        self._runtime(desk)
+        return await self._history.transcript(desk, before_seq=before, limit=limit)
+
+    async def events_since(self, after_id: int, desk: str | None = None,
+                           limit: int = 1000) -> list[dict[str, Any]]:
+        """Stored events with an id above ``after_id``."""
+        return await self._history.events_since(after_id, desk, limit)
+
+    def _runtime(self, desk: str) -> DeskRuntime:
+        try:
+            return self._runtimes[desk]
+        except KeyError:
+            raise UnknownDeskError(desk) from None
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Runs every desk until :meth:`shutdown`, then drains them.
+
+        Args:
+            task_status: Told once every desk has restored its conversation.
+        """
+        async with anyio.create_task_group() as group:
+            for runtime in self._runtimes.values():
+                group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
+            for runtime in self._runtimes.values():
+                await runtime.desk.ready.wait()
+            task_status.started()
+            await self._stop_requested.wait()
+            with anyio.move_on_after(self.shutdown_timeout):
+                for runtime in self._runtimes.values():
+                    await runtime.done.wait()
+            group.cancel_scope.cancel()
+        self.stopped.set()
+
+    def shutdown(self) -> None:
+        """Stops new turns; running turns stop at their next safe point (idempotent)."""
+        if self._stop_requested.is_set():
+            return
+        _log.info("shutdown_requested", working=[r.desk.name for r in self._runtimes.values()
+                                                 if r.desk.state == "working"])
+        for runtime in self._runtimes.values():
+            runtime.desk.stop()
+        self._stop_requested.set()
+
+    async def _run_desk(self, runtime: DeskRuntime) -> None:
+        try:
+            async with anyio.create_task_group() as services:
+                for name, service in runtime.services:
+                    services.start_soon(self._keep_running, runtime.desk.name, name, service)
+                await runtime.desk.run()
+                services.cancel_scope.cancel()
+        finally:
+            runtime.done.set()
+
+    async def _keep_running(self, desk: str, name: str, service: Service) -> None:
+        """Runs a service; when it fails, logs it and starts it again after a wait."""
+        failures = 0
+        while True:
+            try:
+                await service()
+                return
+            except Exception as exc:
+                failures += 1
+                delay = self._service_backoff.delay(failures, paused=False)
+                message = f"{name} failed ({type(exc).__name__}: {exc}); restarting in {delay:g} s"
+                _log.error("desk_service_failed", desk=desk, service=name, error=str(exc),
+                           restart_in=delay, exc_info=exc)
+                self.event_bus.publish(ErrorEvent(desk=desk, message=message,
+                                                  error_type=type(exc).__name__))
+                await anyio.sleep(delay)
+
+    def status_line(self) -> str:
+        """One line for ``systemctl status``: the desks' states and the last turn."""
+        counts: dict[str, int] = {}
+        last: tuple[float, str] | None = None
+        for runtime in self._runtimes.values():
+            status = runtime.desk.status()
+            counts[status.state] = counts.get(status.state, 0) + 1
+            if status.last_turn_at is not None and (last is None or status.last_turn_at > last[0]):
+                last = (status.last_turn_at, status.name)
+        states = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+        count = len(self._runtimes)
+        line = f"{count} desk{'s' if count != 1 else ''} ({states})"
+        if last is not None:
+            when = datetime.fromtimestamp(last[0], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            line += f"; last turn: {last[1]} at {when}"
+        return line
+
+
+# ---------------------------------------------------------------------- the daemon
+
+
+async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None) -> None:
+    """Runs the daemon until SIGTERM or SIGINT (``trading-agent run``).
+
+    Args:
+        settings: The validated settings.
+        environ: The environment (``os.environ`` by default): secrets, ``$NOTIFY_SOCKET``.
+
+    Raises:
+        ConfigError: The settings cannot be put to work (a missing secret, a busy socket).
+        StoreError: The state directory's store cannot be opened.
+    """
+    notifier = SystemdNotifier(environ)
+    try:
+        with _single_error():
+            async with anyio.create_task_group() as outer:
+                shutdown = _Shutdown(outer.cancel_scope, notifier)
+                outer.start_soon(shutdown.watch_signals)
+                await _run(settings, environ, notifier, shutdown)
+                outer.cancel_scope.cancel()
+    finally:
+        notifier.close()
+    _log.info("daemon_stopped")
+
+
+async def _run(settings: Settings, environ: Mapping[str, str] | None,
+               notifier: SystemdNotifier, shutdown: _Shutdown) -> None:
+    # Imported here: the wiring builds on this module (DeskRuntime, Supervisor).
+    from trading_agent.daemon.wiring import open_daemon
+
+    async with open_daemon(settings, environ=environ) as daemon:
+        supervisor = daemon.supervisor
+        async with anyio.create_task_group() as recorders:
+            # These end once their subscriptions close and what they hold is written.
+            recorders.start_soon(daemon.store.persist_events, daemon.store_subscription)
+            recorders.start_soon(log_events, daemon.log_subscription)
+            try:
+                async with anyio.create_task_group() as group:
+                    if daemon.serve_api is not None:
+                        await group.start(daemon.serve_api)
+                    shutdown.supervisor = supervisor
+                    await group.start(supervisor.run)
+                    notifier.ready(supervisor.status_line())
+                    _log.info("daemon_ready", desks=list(supervisor.desk_names()))
+                    group.start_soon(_inform_systemd, notifier, supervisor,
+                                     settings.daemon.watchdog)
+                    await supervisor.stopped.wait()
+                    group.cancel_scope.cancel()
+            finally:
+                daemon.store_subscription.close()
+                daemon.log_subscription.close()
+
+
+async def _inform_systemd(notifier: SystemdNotifier, supervisor: Supervisor,
+                          watchdog: bool) -> None:
+    """``WATCHDOG=1`` with a fresh ``STATUS=`` every watchdog interval, from the main loop;
+    without a watchdog, the status alone every half minute."""
+    if watchdog and notifier.watchdog_interval is not None:
+        await notifier.run_watchdog(supervisor.status_line)
+        return
+    while notifier.enabled:
+        await anyio.sleep(_STATUS_SECONDS)
+        notifier.status(supervisor.status_line())
+
+
+@contextlib.contextmanager
+def _single_error() -> Iterator[None]:
+    """Lets a lone error out of the task groups as itself (the CLI reports ConfigError)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        errors = _leaves(group)
+        if len(errors) == 1:
+            raise errors[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found
+
+
+class _Shutdown:
+    """The signals: the first drains the desks, the second cancels everything."""
+
+    def __init__(self, scope: anyio.CancelScope, notifier: SystemdNotifier) -> None:
+        self._scope = scope
+        self._notifier = notifier
+        self.supervisor: Supervisor | None = None
+        self.requested = False
+
+    async def watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for received in signals:
+                if self.requested:
+                    _log.warning("shutdown_forced", signal=signal.Signals(received).name)
+                    self._scope.cancel()
+                    return
+                self.requested = True
+                _log.info("shutdown_started", signal=signal.Signals(received).name)
+                self._notifier.stopping("stopping: desks finish their tool round")
+                if self.supervisor is not None:
+                    self.supervisor.shutdown()
+                else:
+                    self._scope.cancel()  # still starting: no turn to drain yet

@@ -1,0 +1,262 @@
+"""Building the daemon from its settings: the store, the bus, and each desk with its parts.
+
+:func:`open_daemon` opens everything a run needs and closes it all, in reverse, on exit:
+
+- the store (SQLite in the state directory) and the event bus, numbered on from the last
+  stored event;
+- per desk: its exchange and price feed (paper on a replay by default), its model backend
+  (an OpenAI-compatible server, or the embedded local server for ``provider = "local"``),
+  its tools (trading tools through its risk policy, ``remember``/``recall`` on its notes in
+  the same SQLite file, ``delegate``; narrowed to the desk's ``tools`` list), an
+  executor whose approval gate is the daemon's :class:`ApprovalBook`, a context compressor
+  sized to the backend's window, an image preparer, a steering inbox, the
+  :class:`AgentLoop`, the :class:`Desk`, and the services beside it (schedules, market
+  triggers, the replay's clock);
+- the :class:`Supervisor`, and the operator API ready to be started.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.backend import ModelBackend
+from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.event_bus import EventBus, Subscription
+from trading_agent.agent.image_preparer import ImagePreparer
+from trading_agent.agent.steering_inbox import SteeringInbox
+from trading_agent.agent.tool_call_executor import ToolCallExecutor
+from trading_agent.agent.tool_registry import ToolRegistry
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.local_server import LocalModelServer
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
+from trading_agent.daemon.schedules import Schedule, ScheduleRunner
+from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
+from trading_agent.daemon.triggers import MarketWatcher
+from trading_agent.errors import ConfigError
+from trading_agent.operator.approvals import ApprovalBook
+from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
+from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
+from trading_agent.store.store import Store, database_path
+from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
+from trading_agent.tools.memory_store import SqliteMemory
+from trading_agent.tools.trading_tools import register_trading_tools
+from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.replay import ReplayFeed
+from trading_agent.trading.valuation import value_account
+
+__all__ = ["Daemon", "open_daemon"]
+
+_STORE_BUFFER = 50_000
+"""Events the store's subscription holds while a batch is written."""
+
+_LOG_BUFFER = 10_000
+
+
+@dataclass
+class Daemon:
+    """Everything a run needs, opened.
+
+    Attributes:
+        store: The SQLite store.
+        event_bus: The daemon's bus.
+        supervisor: The desks.
+        store_subscription: What the store writes (run ``store.persist_events`` on it).
+        log_subscription: What is logged (run ``log_events`` on it).
+        serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``).
+    """
+
+    store: Store
+    event_bus: EventBus
+    supervisor: Supervisor
+    store_subscription: Subscription
+    log_subscription: Subscription
+    serve_api: Callable[..., Coroutine[Any, Any, None]] | None
+
+
+@asynccontextmanager
+async def open_daemon(settings: Settings, *,
+                      environ: Mapping[str, str] | None = None) -> AsyncIterator[Daemon]:
+    """Opens the store, every desk's exchange and model, and builds the supervisor.
+
+    Args:
+        settings: The validated settings.
+        environ: Where secrets are read from (``os.environ`` by default).
+
+    Yields:
+        The daemon, ready to run.
+
+    Raises:
+        ConfigError: A secret is missing, a tool name is unknown, a file is wrong.
+        StoreError: The store cannot be opened.
+    """
+    state_dir = settings.state_directory(environ)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    async with AsyncExitStack() as stack:
+        database = database_path(state_dir)
+        store = await Store.open(database)
+        stack.push_async_callback(store.close)
+        bus = EventBus(first_id=await store.last_event_id() + 1)
+        store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
+        log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
+        venues: dict[str, TradingVenue] = {}
+        approvals = ApprovalBook.from_config(
+            settings.operator,
+            is_live=lambda desk: settings.desks[desk].exchange.mode == "live",
+            price_lookup=functools.partial(_last_price, venues))
+        backends = _Backends(stack, environ)
+        runtimes = []
+        for name, desk_settings in settings.desks.items():
+            venue = await stack.enter_async_context(open_exchange(
+                desk_settings.exchange, database=database, account=name,
+                symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ))
+            venues[name] = venue
+            backend = await backends.get(desk_settings)
+            runtimes.append(await _build_desk(
+                name, desk_settings, venue, backend, stack=stack, database=database,
+                store=store, bus=bus, approvals=approvals, settings=settings))
+        supervisor = Supervisor(
+            runtimes, bus, store, approvals=approvals,
+            shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
+            service_backoff=_backoff(settings))
+
+        async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
+                            = anyio.TASK_STATUS_IGNORED) -> None:
+            await serve_operator_api(supervisor, approvals, settings.operator,
+                                     state_dir=state_dir, environ=environ,
+                                     task_status=task_status)
+
+        yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api)
+
+
+def _backoff(settings: Settings) -> Backoff:
+    return Backoff(crash_first=settings.daemon.restart_backoff_seconds,
+                   crash_max=settings.daemon.restart_backoff_max_seconds)
+
+
+async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
+                      backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
+                      store: Store, bus: EventBus, approvals: ApprovalBook,
+                      settings: Settings) -> DeskRuntime:
+    """One desk and the services beside it."""
+    registry, delegator = await _tools(name, config, venue, backend, stack=stack,
+                                       database=database, store=store, approvals=approvals)
+    executor = ToolCallExecutor(registry, approval_gate=approvals)
+    context = config.context
+    compressor = ContextCompressor(
+        backend.context_window, flush_threshold=context.flush_threshold,
+        hard_threshold=context.hard_threshold, keep_recent_tokens=context.keep_recent_tokens,
+        summary_max_tokens=context.summary_max_tokens)
+    inbox = SteeringInbox()
+    loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
+                     steering_inbox=inbox, image_preparer=ImagePreparer(config.image_limits()))
+    profile = DeskProfile(name, mode=venue.mode, model=backend.model,
+                          symbols=tuple(config.symbols))
+    desk = Desk(profile, loop, config.system_prompt, store, inbox=inbox, event_bus=bus,
+                backoff=_backoff(settings))
+    if delegator is not None:
+        desk.on_stop.append(functools.partial(delegator.request_stop, name))
+
+    services: list[tuple[str, Service]] = []
+    if isinstance(venue.feed, ReplayFeed):
+        services.append(("replay", venue.feed.run))
+    ticks = config.triggers.ticks
+    if ticks.move_percent is not None or ticks.on_candle_close:
+        watcher = MarketWatcher(venue.feed, config.symbols, desk.fire,
+                                move_percent=ticks.move_percent,
+                                candle_timeframes=ticks.on_candle_close)
+        desk.on_turn_start.append(watcher.desk_looked)
+        services.append(("market triggers", watcher.run))
+    schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
+                 for s in config.triggers.schedules]
+    if schedules:
+        runner = ScheduleRunner(schedules, desk.fire,
+                                last_fired=functools.partial(store.schedule_last_fired, name))
+        services.append(("schedules", runner.run))
+    quote = config.risk.quote_currency
+
+    async def account() -> tuple[float | None, int]:
+        valuation = await value_account(venue.exchange, quote)
+        return float(valuation.total), len(await venue.exchange.fetch_open_orders())
+
+    return DeskRuntime(desk, services, account)
+
+
+async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
+                 stack: AsyncExitStack, database: Path, store: Store,
+                 approvals: ApprovalBook) -> tuple[ToolRegistry, Delegator | None]:
+    """The desk's tools: trading and memory tools, then ``delegate``, narrowed to the
+    desk's ``tools`` list."""
+    assert venue.risk is not None  # open_exchange builds one when given the limits
+    memory = await SqliteMemory.open(database, name, clock=venue.exchange.now)
+    stack.push_async_callback(memory.close)
+    everything = register_trading_tools(ToolRegistry(), exchange=venue.exchange,
+                                        risk_policy=venue.risk, symbols=config.symbols,
+                                        memory=memory)
+    known = [*everything.names, DELEGATE_TOOL_NAME]
+    wanted = config.tools
+    if wanted is not None:
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            raise ConfigError(f"desks.{name}.tools: unknown tool(s) {', '.join(unknown)} "
+                              f"(allowed: {', '.join(known)})")
+    registry = everything if wanted is None else everything.subset(wanted)
+    delegator = None
+    if wanted is None or DELEGATE_TOOL_NAME in wanted:
+        delegator = register_delegate_tool(registry, config.subagents, backend=backend,
+                                           transcripts=store, approval_gate=approvals)
+    return registry, delegator
+
+
+async def _last_price(venues: Mapping[str, TradingVenue], desk: str, symbol: str) -> float | None:
+    """The approval book's price lookup: the desk's feed's last price."""
+    venue = venues.get(desk)
+    if venue is None:
+        return None
+    return float((await venue.feed.ticker(symbol)).last)
+
+
+class _Backends:
+    """The desks' model backends: one per distinct model config, shared by the desks that
+    use it (a backend holds an HTTP client whose TLS setup alone costs ~60 ms of CPU, so one
+    per desk would stall the start of a daemon with hundreds of desks); the embedded local
+    server is started once."""
+
+    def __init__(self, stack: AsyncExitStack, environ: Mapping[str, str] | None) -> None:
+        self._stack = stack
+        self._environ = environ
+        self._backends: dict[str, OpenAICompatibleBackend] = {}
+        self._local: dict[str, LocalModelServer] = {}
+
+    async def get(self, config: DeskSettings) -> ModelBackend:
+        model = config.model
+        if isinstance(model, OpenAIModelSettings):
+            backend_config = model.backend_config()
+        else:
+            backend_config = await self._local_config(model)
+        key = backend_config.model_dump_json()
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = OpenAICompatibleBackend(backend_config, environ=self._environ)
+            self._stack.push_async_callback(backend.aclose)
+            self._backends[key] = backend
+        return backend
+
+    async def _local_config(self, model: LocalModelSettings) -> OpenAIBackendConfig:
+        server_config = model.server_config()
+        key = server_config.model_dump_json()
+        server = self._local.get(key)
+        if server is None:
+            server = await self._stack.enter_async_context(LocalModelServer(server_config))
+            self._local[key] = server
+        return OpenAIBackendConfig(base_url=server.base_url, model=server.model,
+                                   context_window=server.context_window)

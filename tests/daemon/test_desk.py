@@ -1,0 +1,322 @@
+"""One desk: turns one at a time, coalesced ticks, operator messages, pauses and restarts."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.daemon.harness import (
+    EventLog,
+    ManualSleep,
+    ToolGate,
+    build_desk,
+    gate_tools,
+    is_valid_transcript,
+    last_user_text,
+    open_store,
+    stop_desk,
+    wait_for,
+)
+from tests.scripted_server import Reply, ScriptedServer, ToolCall, server_error, unauthorized
+from trading_agent.agent.conversation import Message, TextBlock, ToolUseBlock
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.steering_inbox import SteeringMessage
+from trading_agent.agent.trigger import Trigger
+from trading_agent.daemon.desk import Backoff
+
+
+async def test_a_trigger_runs_one_turn_stored_as_it_goes(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(Reply("All quiet on BTC."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        await desk.ready.wait()
+        slot = datetime(2024, 1, 1, 9, 0, tzinfo=UTC)
+        desk.fire(Trigger(kind="schedule", text="Morning review.", source="morning",
+                          at=slot.timestamp()))
+        await wait_for(lambda: desk.turns == 1)
+
+        status = desk.status()
+        transcript = await store.transcript("alpha")
+        assert status.state == "idle"
+        assert status.last_turn_text == "All quiet on BTC."
+        assert [row["kind"] for row in transcript] == ["trigger", "assistant"]
+        assert "Morning review." in transcript[0]["text"]
+        # The slot is recorded once its trigger reached the conversation.
+        assert await store.schedule_last_fired("alpha") == {"morning": slot}
+        await stop_desk(desk, group)
+    scripted_server.assert_complete()
+
+
+async def test_ticks_that_pile_up_during_a_turn_are_coalesced(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    hold = threading.Event()
+    scripted_server.add(Reply("Looked at the first move.", hold_until=hold),
+                        Reply("BTC handled."), Reply("ETH handled."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="tick", text="BTC +1%", source="BTC/USDT"))
+        await scripted_server.wait_for_requests(1)
+        for move in ("+2%", "+3%", "+4%"):
+            desk.fire(Trigger(kind="tick", text=f"BTC {move}", source="BTC/USDT"))
+        desk.fire(Trigger(kind="tick", text="ETH -1%", source="ETH/USDT"))
+        assert desk.status().queued_triggers == 2
+        hold.set()
+        await wait_for(lambda: desk.turns == 3)
+        await stop_desk(desk, group)
+
+    second, third = scripted_server.requests[1:]
+    assert last_user_text(second) == "[tick, 3 merged: BTC/USDT]\nBTC +4%"
+    assert last_user_text(third) == "[tick: ETH/USDT]\nETH -1%"
+    scripted_server.assert_complete()
+
+
+async def test_an_operator_message_steers_the_running_turn_and_is_stored_first(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    gate = ToolGate()
+    scripted_server.add(Reply(tool_calls=[ToolCall("wait_for_release", {"label": "a"})]),
+                        Reply("Done, and I read your note."))
+    bus = EventBus()
+    events = EventLog(bus)
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus,
+                          tools=gate_tools(gate))
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await gate.entered.wait()
+        assert desk.state == "working"
+
+        message_id = await desk.send_message("Do not buy more today.", source="ann")
+
+        pending = await store.undelivered_operator_messages("alpha")
+        assert [(m.id, m.text) for m in pending] == [(message_id, "Do not buy more today.")]
+        gate.release.set()
+        await wait_for(lambda: desk.turns == 1)
+        assert await store.undelivered_operator_messages("alpha") == []
+        await stop_desk(desk, group)
+
+    assert "Do not buy more today." in last_user_text(scripted_server.requests[1])
+    assert [e.text for e in events.of_type("steering_delivered")] == [  # type: ignore[attr-defined]
+        "Do not buy more today."]
+    scripted_server.assert_complete()
+
+
+async def test_a_message_that_comes_during_the_final_answer_starts_the_next_turn(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    hold = threading.Event()
+    scripted_server.add(Reply("Final answer.", hold_until=hold), Reply("Answering Ann."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await scripted_server.wait_for_requests(1)
+        message_id = await desk.send_message("What about ETH?", source="ann")
+        hold.set()
+        await wait_for(lambda: len(scripted_server.requests) == 2 and desk.state == "idle")
+        transcript = await store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    assert last_user_text(scripted_server.requests[1]) == (
+        "[Message from ann, a human operator]\nWhat about ETH?")
+    assert [row["id"] for row in transcript if row["kind"] == "operator"] == [message_id]
+    scripted_server.assert_complete()
+
+
+async def test_an_unavailable_model_pauses_the_desk_without_spinning(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(server_error(503), server_error(503), Reply("Back again."))
+    sleep = ManualSleep()
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, sleep=sleep,
+                          backoff=Backoff(pause_first=15, pause_max=600))
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await wait_for(lambda: desk.state == "paused")
+
+        status = desk.status()
+        assert "model is unavailable" in status.paused_reason
+        assert "trying again in 15 s" in status.paused_reason
+        await anyio.sleep(0.1)
+        assert len(scripted_server.requests) == 2  # one try and one retry, then it waits
+        assert sleep.delays == [15]
+
+        sleep.release()
+        await wait_for(lambda: desk.turns == 1)
+        assert desk.status().state == "idle"
+        assert desk.status().paused_reason == ""
+        conversation = desk.conversation
+        assert conversation is not None
+        assert is_valid_transcript(conversation.messages)
+        await stop_desk(desk, group)
+
+    resumed = last_user_text(scripted_server.requests[2])
+    assert resumed.startswith("[resume: daemon]\nThe model was unavailable")
+    scripted_server.assert_complete()
+
+
+async def test_a_turn_that_raises_is_logged_evented_and_the_desk_restarts(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(unauthorized(), Reply("Recovered."))
+    bus = EventBus()
+    events = EventLog(bus)
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await wait_for(lambda: desk.turns == 1)
+        transcript = await store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    errors = events.of_type("error")
+    assert [e.error_type for e in errors] == ["BackendError"]  # type: ignore[attr-defined]
+    assert [row["kind"] for row in transcript] == ["trigger", "notice", "notice", "assistant"]
+    assert "failed with an error in the daemon" in transcript[2]["text"]
+    scripted_server.assert_complete()
+
+
+async def test_a_failure_in_the_desk_itself_is_evented_and_restarted(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(Reply("Fine."))
+    bus = EventBus()
+    events = EventLog(bus)
+    calls = 0
+
+    def flaky(trigger: Trigger) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug before the turn")
+
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        desk.on_turn_start.append(flaky)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await wait_for(lambda: desk.turns == 1)
+        transcript = await store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    assert [(e.error_type, e.message) for e in events.of_type("error")] == [  # type: ignore[attr-defined]
+        ("RuntimeError", "RuntimeError: a bug before the turn")]
+    # The trigger never reached the conversation, so it ran again, once.
+    assert [row["kind"] for row in transcript] == ["trigger", "assistant"]
+    scripted_server.assert_complete()
+
+
+async def test_stop_ends_the_running_turn_after_its_tool_round(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    gate = ToolGate()
+    scripted_server.add(Reply(tool_calls=[ToolCall("wait_for_release")]))
+    bus = EventBus()
+    events = EventLog(bus)
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, tools=gate_tools(gate))
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await gate.entered.wait()
+        desk.stop()
+        desk.fire(Trigger(kind="schedule", text="Never run.", source="s"))
+        assert desk.state == "working"
+        gate.release.set()
+        await stop_desk(desk)
+        transcript = await store.transcript("alpha")
+        group.cancel_scope.cancel()
+
+    ended = events.of_type("turn_end")
+    assert [e.stopped for e in ended] == [True]  # type: ignore[attr-defined]
+    assert [row["kind"] for row in transcript] == ["trigger", "assistant", "tool_results"]
+    assert len(scripted_server.requests) == 1
+    scripted_server.assert_complete()
+
+
+async def test_a_restart_repairs_the_interrupted_turn_resumes_and_delivers_each_message_once(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(Reply("Checked: nothing was placed twice."), Reply("Hello Ann."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store:
+        # What a killed daemon leaves: a tool call without its result, and a message that
+        # was acknowledged but never delivered.
+        before = await store.restore_conversation("alpha", "You trade.")
+        await before.append(Trigger(kind="schedule", text="Check.", source="s").to_message())
+        await before.append(Message(role="assistant", content=(
+            TextBlock("Placing."), ToolUseBlock("call_1", "wait_for_release", "{}"))))
+        await store.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
+
+        async with anyio.create_task_group() as group:
+            desk = build_desk("alpha", store, scripted_server.base_url, bus)
+            group.start_soon(desk.run)
+            await wait_for(lambda: desk.turns == 2)
+            conversation = desk.conversation
+            await stop_desk(desk, group)
+        transcript = await store.transcript("alpha")
+
+    assert conversation is not None and is_valid_transcript(conversation.messages)
+    assert [row["kind"] for row in transcript] == [
+        "trigger", "assistant", "tool_results", "notice", "notice", "assistant", "operator",
+        "assistant"]
+    assert "interrupted" in json.dumps(transcript[2]["content"])
+    assert [row["text"].count("Are you there?") for row in transcript].count(1) == 1
+    assert last_user_text(scripted_server.requests[0]).startswith("[resume: daemon]")
+    scripted_server.assert_complete()
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_backoff_doubles_up_to_its_cap(paused: bool) -> None:
+    backoff = Backoff(crash_first=1, crash_max=8, pause_first=15, pause_max=60)
+    delays = [backoff.delay(n, paused=paused) for n in range(1, 7)]
+    assert delays == ([15, 30, 60, 60, 60, 60] if paused else [1, 2, 4, 8, 8, 8])
+
+
+async def test_an_operator_message_wakes_a_paused_desk_at_once(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(server_error(503), server_error(503), Reply("Back."), Reply("Hi Ann."))
+    sleep = ManualSleep()  # never released: only the message ends the pause
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, sleep=sleep)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await wait_for(lambda: desk.state == "paused")
+
+        await desk.send_message("The model is back, try again.", source="ann")
+
+        await wait_for(lambda: len(scripted_server.requests) == 4 and desk.state == "idle")
+        await stop_desk(desk, group)
+    assert sleep.delays == [0.01]
+    assert last_user_text(scripted_server.requests[3]).endswith("The model is back, try again.")
+    scripted_server.assert_complete()
+
+
+async def test_compact_waits_for_the_running_turn(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    hold = threading.Event()
+    scripted_server.add(Reply("Done.", hold_until=hold))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+        await scripted_server.wait_for_requests(1)
+        compacted: list[bool] = []
+
+        async def compact() -> None:
+            compacted.append(await desk.compact())
+
+        group.start_soon(compact)
+        await anyio.sleep(0.05)
+        assert compacted == []  # waits for the turn
+        hold.set()
+        await wait_for(lambda: compacted == [False])  # no compressor: nothing to compact
+        assert desk.turns == 1
+        await stop_desk(desk, group)

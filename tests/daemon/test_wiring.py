@@ -1,0 +1,75 @@
+"""Building the daemon from a config file: desks, their tools, services and shared parts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.scripted_server import ScriptedServer
+from trading_agent.daemon.wiring import open_daemon
+from trading_agent.errors import ConfigError
+from trading_agent.settings import load_settings
+
+
+def _config(folder: Path, base_url: str,
+            beta_tools: str = '["get_ticker", "remember", "delegate"]') -> Path:
+    path = folder / "daemon.toml"
+    path.write_text(f"""
+[daemon]
+state_dir = "{folder / 'state'}"
+
+[model]
+provider = "openai"
+base_url = "{base_url}"
+model = "scripted-model"
+context_window = 32000
+
+[desks.alpha]
+system_prompt = "You are alpha."
+symbols = ["BTC/USDT"]
+timezone = "Europe/Paris"
+[desks.alpha.triggers]
+ticks = {{ move_percent = 0.5, on_candle_close = ["1h"] }}
+schedules = [{{ cron = "0 9 * * mon-fri", message = "Morning review." }}]
+
+[desks.beta]
+system_prompt = "You are beta."
+symbols = ["BTC/USDT"]
+tools = {beta_tools}
+maximum_rounds = 4
+""")
+    return path
+
+
+async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, scripted_server.base_url))
+
+    async with open_daemon(settings) as daemon:
+        supervisor = daemon.supervisor
+        alpha, beta = supervisor.runtimes
+
+        assert list(supervisor.desk_names()) == ["alpha", "beta"]
+        assert [name for name, _ in alpha.services] == ["replay", "market triggers",
+                                                        "schedules"]
+        assert [name for name, _ in beta.services] == ["replay"]
+        assert alpha.desk.loop.backend is beta.desk.loop.backend
+        assert [d["function"]["name"] for d in beta.desk.loop.tool_definitions()] == [
+            "get_ticker", "remember", "delegate"]
+        alpha_tools = {d["function"]["name"] for d in alpha.desk.loop.tool_definitions()}
+        assert {"place_order", "get_candles", "recall", "delegate"} <= alpha_tools
+        assert alpha.desk.system_prompt == "You are alpha."
+        status = await supervisor.desk_status("alpha")
+        assert (status.mode, status.model, status.state) == ("paper", "scripted-model", "idle")
+        assert status.equity is not None and status.open_orders == 0
+    assert (tmp_path / "state" / "trading-agent.sqlite3").exists()
+
+
+async def test_an_unknown_tool_name_is_a_config_error(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, scripted_server.base_url, '["teleport"]'))
+
+    with pytest.raises(ConfigError, match=r"desks\.beta\.tools: unknown tool\(s\) teleport"):
+        async with open_daemon(settings):
+            pass
