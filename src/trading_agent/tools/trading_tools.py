@@ -1,0 +1,54 @@
+"""One call that gives a desk all its trading tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trading_agent.agent.tool_registry import ToolRegistry
+from trading_agent.tools.account import register_account_tools
+from trading_agent.tools.charts import register_chart_tool
+from trading_agent.tools.market import register_market_tools
+from trading_agent.tools.memory import register_memory_tools
+from trading_agent.tools.memory_store import DeskMemory
+from trading_agent.tools.orders import register_order_tools
+from trading_agent.trading.exchange import Exchange
+from trading_agent.trading.risk import RiskPolicy
+
+__all__ = ["TRADING_TOOL_NAMES", "register_trading_tools"]
+
+TRADING_TOOL_NAMES = (
+    "get_ticker", "get_order_book", "get_candles", "render_chart", "get_balance",
+    "get_positions", "place_order", "cancel_order", "get_order", "list_open_orders",
+)
+"""The tools :func:`register_trading_tools` registers (``remember`` and ``recall`` besides,
+when a memory is given)."""
+
+
+def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
+                           risk_policy: RiskPolicy, symbols: Sequence[str],
+                           memory: DeskMemory | None = None) -> ToolRegistry:
+    """Registers a desk's trading tools (and its memory tools, given a memory).
+
+    Args:
+        registry: The desk's registry.
+        exchange: The desk's exchange.
+        risk_policy: The desk's risk policy, on the same exchange; every order goes through it.
+        symbols: The desk's symbols; the first is the default of the market tools.
+        memory: The desk's notes, for ``remember`` and ``recall``.
+
+    Returns:
+        The registry, for chaining.
+
+    Raises:
+        ValueError: The risk policy guards another exchange, or a tool name is taken.
+    """
+    if risk_policy.exchange is not exchange:
+        raise ValueError("the risk policy must guard the desk's own exchange")
+    register_market_tools(registry, exchange=exchange, symbols=symbols)
+    register_chart_tool(registry, exchange=exchange, symbols=symbols)
+    register_account_tools(registry, exchange=exchange,
+                           quote_currency=risk_policy.limits.quote_currency)
+    register_order_tools(registry, exchange=exchange, risk_policy=risk_policy, symbols=symbols)
+    if memory is not None:
+        register_memory_tools(registry, memory)
+    return registry

@@ -1,0 +1,226 @@
+"""A desk's risk policy: every order is checked against the limits before an exchange sees it.
+
+The limits (:class:`~trading_agent.trading.config.RiskLimits`), in the order they are checked:
+
+1. ``allowed_symbols``: the only markets the desk may trade.
+2. ``max_daily_loss``: once the account's value has fallen this far below what it was when
+   the UTC day (of the exchange clock) was first seen, every new order is refused until the
+   next UTC day, even if prices recover.
+3. ``max_order_notional``: amount × price (the limit price, or the ask for a market buy and
+   the bid for a market sell).
+4. ``max_position_notional``: the position the order could leave, counting every open order
+   on the same side, valued at the order's price. An order that shrinks the position is
+   always allowed.
+5. ``max_open_orders``: a limit order could rest, so it needs a free slot.
+6. ``max_orders_per_hour``: orders placed in the rolling hour before now.
+
+A refusal raises :class:`~trading_agent.errors.RiskLimitError` naming the limit and the
+numbers, which the model reads. :meth:`RiskPolicy.place_order` runs the check and the order
+under one lock, so two concurrent tool calls cannot both squeeze under a limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import anyio
+
+from trading_agent.errors import ExchangeUnavailableError, RiskLimitError
+from trading_agent.trading.config import RiskLimits
+from trading_agent.trading.exchange import Exchange, Order, OrderRequest
+from trading_agent.trading.formatting import format_amount
+from trading_agent.trading.risk_journal import DayState, RiskJournal
+from trading_agent.trading.valuation import convert, value_account
+
+__all__ = ["RiskCheck", "RiskPolicy"]
+
+_ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class RiskCheck:
+    """The numbers an accepted order was checked with.
+
+    Attributes:
+        price: The price the order was valued at.
+        notional: Its value in the quote currency.
+        projected_position: The signed position it could leave (open orders included).
+        position_notional: That position's value in the quote currency.
+        open_orders: Orders resting before it.
+        orders_last_hour: Orders placed in the hour before it.
+        daily_loss: The account's loss since the start of the UTC day.
+    """
+
+    price: Decimal
+    notional: Decimal
+    projected_position: Decimal
+    position_notional: Decimal
+    open_orders: int
+    orders_last_hour: int
+    daily_loss: Decimal
+
+
+class RiskPolicy:
+    """A desk's limits, enforced on one exchange.
+
+    Args:
+        limits: The limits.
+        exchange: The exchange the desk trades on.
+        journal: Where recent orders, day starts and halts are remembered (in memory by
+            default; pass a file-backed one so a restart keeps them).
+    """
+
+    def __init__(self, limits: RiskLimits, exchange: Exchange, *,
+                 journal: RiskJournal | None = None) -> None:
+        self.limits = limits
+        self.exchange = exchange
+        self.journal = journal or RiskJournal.in_memory()
+        self._lock = anyio.Lock()
+
+    async def place_order(self, request: OrderRequest) -> Order:
+        """Checks ``request`` and, if every limit allows it, places it; atomically per desk.
+
+        Returns:
+            The order as the exchange accepted it.
+
+        Raises:
+            RiskLimitError: A limit refuses the order; the exchange never saw it.
+            OrderRejectedError: The exchange refused it.
+            ExchangeUnavailableError: The exchange could not be reached; the order may or may
+                not exist (it is counted against the hourly limit either way).
+        """
+        async with self._lock:
+            await self.check(request)
+            try:
+                order = await self.exchange.create_order(request)
+            except ExchangeUnavailableError:
+                await self.journal.record_order(request.client_order_id, self.exchange.now())
+                raise
+            await self.journal.record_order(request.client_order_id, self.exchange.now())
+            return order
+
+    async def observe(self) -> DayState:
+        """Records the start of the current UTC day if it is new, and halts on a loss.
+
+        The daemon calls this on every tick so the day's starting value is taken at the start
+        of the day, not at the first order.
+        """
+        state, loss = await self._day()
+        if state.halted is None and loss >= self.limits.max_daily_loss:
+            state = await self.journal.halt(state.day, self._loss_text(loss))
+        return state
+
+    async def check(self, request: OrderRequest) -> RiskCheck:
+        """Checks ``request`` against every limit without placing it.
+
+        Returns:
+            The numbers the order passed with.
+
+        Raises:
+            RiskLimitError: A limit refuses it.
+        """
+        limits = self.limits
+        quote = limits.quote_currency
+        if request.symbol not in limits.allowed_symbols:
+            allowed = ", ".join(limits.allowed_symbols) or "nothing (none configured)"
+            raise RiskLimitError("allowed_symbols", f"Refused: {request.symbol} is not in "
+                                 f"allowed_symbols; this desk may trade {allowed}.")
+        state, loss = await self._day()
+        if state.halted is None and loss >= limits.max_daily_loss:
+            state = await self.journal.halt(state.day, self._loss_text(loss))
+        if state.halted is not None:
+            resume = state.day + timedelta(days=1)
+            raise RiskLimitError("max_daily_loss", f"Refused: {state.halted}; new orders are "
+                                 f"halted until 00:00 UTC on {resume.isoformat()}.")
+
+        ticker = await self.exchange.fetch_ticker(request.symbol)
+        if request.price is not None:
+            price = request.price
+        elif request.side == "buy":
+            price = ticker.ask or ticker.last
+        else:
+            price = ticker.bid or ticker.last
+        market_quote = request.symbol.partition("/")[2].split(":")[0]
+        notional = await self._in_quote(request.amount * price, market_quote)
+        if notional > limits.max_order_notional:
+            raise RiskLimitError("max_order_notional", f"Refused: order notional "
+                                 f"{format_amount(notional, quote)} exceeds max_order_notional "
+                                 f"{format_amount(limits.max_order_notional, quote)}.")
+
+        open_orders = await self.exchange.fetch_open_orders()
+        held = sum((p.signed_amount for p in await self.exchange.fetch_positions([request.symbol])
+                    if p.symbol == request.symbol), _ZERO)
+        same_side = sum((o.remaining for o in open_orders
+                         if o.symbol == request.symbol and o.side == request.side), _ZERO)
+        direction = 1 if request.side == "buy" else -1
+        projected = held + direction * (same_side + request.amount)
+        position_notional = await self._in_quote(abs(projected) * price, market_quote)
+        if abs(projected) > abs(held) and position_notional > limits.max_position_notional:
+            base = request.symbol.partition("/")[0]
+            raise RiskLimitError(
+                "max_position_notional",
+                f"Refused: the {request.symbol} position could reach {abs(projected)} {base} = "
+                f"{format_amount(position_notional, quote)} (held {held}, open {request.side} "
+                f"orders {same_side}, this order {request.amount}), exceeding "
+                f"max_position_notional {format_amount(limits.max_position_notional, quote)}.")
+
+        if request.type == "limit" and len(open_orders) >= limits.max_open_orders:
+            raise RiskLimitError("max_open_orders", f"Refused: {len(open_orders)} orders are "
+                                 f"open and max_open_orders is {limits.max_open_orders}; cancel "
+                                 "one first.")
+
+        now = self.exchange.now()
+        recent = self.journal.orders_in_hour_before(now)
+        if len(recent) >= limits.max_orders_per_hour:
+            next_slot = recent[len(recent) - limits.max_orders_per_hour] + timedelta(hours=1) \
+                if limits.max_orders_per_hour else now + timedelta(hours=1)
+            raise RiskLimitError("max_orders_per_hour", f"Refused: {len(recent)} orders placed "
+                                 f"in the last hour and max_orders_per_hour is "
+                                 f"{limits.max_orders_per_hour}; the next slot opens at "
+                                 f"{next_slot:%H:%M} UTC.")
+        return RiskCheck(price, notional, projected, position_notional, len(open_orders),
+                         len(recent), loss)
+
+    async def describe(self) -> str:
+        """The limits and how much of each is used, in a few lines the model reads."""
+        limits, quote = self.limits, self.limits.quote_currency
+        state, loss = await self._day()
+        now = self.exchange.now()
+        open_orders = len(await self.exchange.fetch_open_orders())
+        recent = len(self.journal.orders_in_hour_before(now))
+        lines = [
+            f"Risk limits ({quote}): symbols {', '.join(limits.allowed_symbols) or 'none'}; "
+            f"max order {format_amount(limits.max_order_notional)}; max position "
+            f"{format_amount(limits.max_position_notional)} per symbol.",
+            f"Open orders {open_orders}/{limits.max_open_orders}; orders in the last hour "
+            f"{recent}/{limits.max_orders_per_hour}; loss today "
+            f"{format_amount(max(loss, _ZERO))}/{format_amount(limits.max_daily_loss)}.",
+        ]
+        if state.halted:
+            lines.append(f"HALTED for the rest of {state.day.isoformat()} UTC: {state.halted}.")
+        return "\n".join(lines)
+
+    async def _day(self) -> tuple[DayState, Decimal]:
+        """Today's state (started now if new) and the loss since its start."""
+        now: datetime = self.exchange.now()
+        valuation = await value_account(self.exchange, self.limits.quote_currency)
+        state = self.journal.day(now.date()) or await self.journal.start_day(
+            now.date(), valuation.total)
+        return state, state.start_equity - valuation.total
+
+    def _loss_text(self, loss: Decimal) -> str:
+        quote = self.limits.quote_currency
+        return (f"daily loss {format_amount(loss, quote)} since 00:00 UTC reached "
+                f"max_daily_loss {format_amount(self.limits.max_daily_loss, quote)}")
+
+    async def _in_quote(self, amount: Decimal, currency: str) -> Decimal:
+        value = await convert(self.exchange, amount, currency, self.limits.quote_currency)
+        if value is None:
+            raise RiskLimitError("quote_currency", f"Refused: cannot value {currency} in "
+                                 f"{self.limits.quote_currency} to check the limits.")
+        return value
+
+    def __repr__(self) -> str:
+        return f"RiskPolicy(desk={self.journal.desk!r}, exchange={self.exchange.name!r})"

@@ -1,0 +1,1 @@
+"""Tests of the trading layer: exchanges, the replay, risk."""

@@ -1,0 +1,236 @@
+"""A small stand-in for Binance's spot REST API on 127.0.0.1, for ccxt to talk to.
+
+ccxt's real request signing, HTTP client and response parsing run against it; only the far
+side is ours. Responses are shaped like Binance's (the static ones are JSON files under
+``fixtures/``). Signed endpoints check the API key header and the HMAC signature, so a test
+also proves that credentials came through. Faults are scripted per endpoint:
+
+- ``"disconnect"``: the connection is dropped before any answer.
+- ``"hang"``: no answer until the server stops (the client times out).
+- ``"hang_after_processing"``: the request takes effect (an order is created), then no answer.
+- any key of ``fixtures/errors.json``: that Binance error response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> Any:
+    """A JSON fixture by file name (without ``.json``)."""
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@dataclass
+class Recorded:
+    """One request the server received."""
+
+    method: str
+    path: str
+    params: dict[str, str]
+    api_key: str | None
+
+
+class FakeBinance:
+    """The fake exchange. ``await start()`` gives the base URL; ``await stop()`` at the end.
+
+    Args:
+        api_key: The API key signed requests must carry.
+        secret: The secret their signatures are made with.
+    """
+
+    def __init__(self, api_key: str, secret: str) -> None:
+        self.api_key = api_key
+        self.secret = secret
+        self.requests: list[Recorded] = []
+        self.orders: dict[int, dict[str, Any]] = {}
+        self.klines: list[list[Any]] = fixture("klines")
+        self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
+        self._errors = fixture("errors")
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    # -- test controls ---------------------------------------------------------------------
+
+    def fail(self, method: str, path: str, *faults: str) -> None:
+        """Scripts the next answers of ``method path`` (``/api/v3/order``) to be ``faults``."""
+        for fault in faults:
+            if fault not in ("disconnect", "hang", "hang_after_processing") \
+                    and fault not in self._errors:
+                raise ValueError(f"unknown fault {fault!r}")
+            self._faults[(method, path)].append(fault)
+
+    def count(self, method: str, path: str) -> int:
+        """How many requests ``method path`` received."""
+        return sum(1 for r in self.requests if r.method == method and r.path == path)
+
+    def api_urls(self) -> dict[str, str]:
+        """``urls['api']`` entries that point ccxt's spot endpoints here."""
+        return {"public": f"{self.base_url}/api/v3", "private": f"{self.base_url}/api/v3"}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.base_url = f"http://{host}:{port}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        self._release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.text() if request.method == "POST" else request.query_string
+        params = dict(parse_qsl(raw, keep_blank_values=True))
+        self.requests.append(Recorded(request.method, request.path, params,
+                                      request.headers.get("X-MBX-APIKEY")))
+        faults = self._faults[(request.method, request.path)]
+        fault = faults.popleft() if faults else None
+        if fault == "disconnect":
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError("dropped on purpose")
+        if fault == "hang":
+            await self._release.wait()
+            return web.json_response({})
+        if fault is not None and fault != "hang_after_processing":
+            error = self._errors[fault]
+            if isinstance(error["body"], str):
+                return web.Response(text=error["body"], status=error["status"],
+                                    content_type="text/html")
+            return web.json_response(error["body"], status=error["status"])
+        routes = {
+            ("GET", "/api/v3/exchangeInfo"): self._exchange_info,
+            ("GET", "/api/v3/ticker/24hr"): self._ticker,
+            ("GET", "/api/v3/klines"): self._klines,
+            ("GET", "/api/v3/depth"): self._depth,
+            ("GET", "/api/v3/account"): self._account,
+            ("POST", "/api/v3/order"): self._create_order,
+            ("GET", "/api/v3/order"): self._get_order,
+            ("DELETE", "/api/v3/order"): self._cancel_order,
+            ("GET", "/api/v3/openOrders"): self._open_orders,
+        }
+        route = routes.get((request.method, request.path))
+        if route is None:
+            return web.json_response({"code": -1000, "msg": f"no route {request.path}"},
+                                     status=404)
+        if request.method != "GET" or request.path in ("/api/v3/account", "/api/v3/order",
+                                                       "/api/v3/openOrders"):
+            denied = self._check_signature(request, raw)
+            if denied is not None:
+                return denied
+        status, body = route(params)
+        if fault == "hang_after_processing":
+            await self._release.wait()
+        return web.json_response(body, status=status)
+
+    def _check_signature(self, request: web.Request, raw: str) -> web.Response | None:
+        if request.headers.get("X-MBX-APIKEY") != self.api_key:
+            return web.json_response({"code": -2014, "msg": "API-key format invalid."},
+                                     status=401)
+        payload, _, signature = raw.rpartition("&signature=")
+        expected = hmac.new(self.secret.encode(), payload.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(signature, expected):
+            return web.json_response({"code": -1022, "msg": "Signature for this request is "
+                                      "not valid."}, status=400)
+        return None
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    def _exchange_info(self, params: dict[str, str]) -> tuple[int, Any]:
+        return 200, fixture("exchange_info")
+
+    def _ticker(self, params: dict[str, str]) -> tuple[int, Any]:
+        if params.get("symbol") != "BTCUSDT":
+            return 400, self._errors["bad_symbol"]["body"]
+        return 200, fixture("ticker_24hr")
+
+    def _klines(self, params: dict[str, str]) -> tuple[int, Any]:
+        limit = int(params.get("limit", len(self.klines)))
+        return 200, self.klines[-limit:]
+
+    def _depth(self, params: dict[str, str]) -> tuple[int, Any]:
+        return 200, fixture("depth")
+
+    def _account(self, params: dict[str, str]) -> tuple[int, Any]:
+        return 200, fixture("account")
+
+    def _create_order(self, params: dict[str, str]) -> tuple[int, Any]:
+        order_id = 28_000 + len(self.orders) + 1
+        last = fixture("ticker_24hr")["lastPrice"]
+        order = fixture("order_template") | {
+            "symbol": params["symbol"],
+            "orderId": order_id,
+            "clientOrderId": params["newClientOrderId"],
+            "side": params["side"],
+            "type": params["type"],
+            "origQty": params["quantity"],
+            "price": params.get("price", "0.00000000"),
+            "timeInForce": params.get("timeInForce", "GTC"),
+        }
+        if params["type"] == "MARKET":
+            quantity = float(params["quantity"])
+            order |= {
+                "status": "FILLED",
+                "executedQty": params["quantity"],
+                "cummulativeQuoteQty": f"{quantity * float(last):.8f}",
+                "fills": [{"price": last, "qty": params["quantity"],
+                           "commission": f"{quantity * float(last) * 0.001:.8f}",
+                           "commissionAsset": "USDT", "tradeId": 100 + order_id}],
+            }
+        self.orders[order_id] = order
+        return 200, order
+
+    def _find(self, params: dict[str, str]) -> dict[str, Any] | None:
+        if "orderId" in params:
+            return self.orders.get(int(params["orderId"]))
+        wanted = params.get("origClientOrderId")
+        return next((o for o in self.orders.values() if o["clientOrderId"] == wanted), None)
+
+    @staticmethod
+    def _as_queried(order: dict[str, Any]) -> dict[str, Any]:
+        """An order as ``GET /api/v3/order`` shows it (no fills, times named differently)."""
+        shown = {k: v for k, v in order.items() if k not in ("fills", "transactTime")}
+        return shown | {"time": order["transactTime"], "updateTime": order["transactTime"],
+                        "isWorking": True, "stopPrice": "0.00000000",
+                        "icebergQty": "0.00000000"}
+
+    def _get_order(self, params: dict[str, str]) -> tuple[int, Any]:
+        order = self._find(params)
+        if order is None:
+            return 400, self._errors["unknown_order"]["body"]
+        return 200, self._as_queried(order)
+
+    def _cancel_order(self, params: dict[str, str]) -> tuple[int, Any]:
+        order = self._find(params)
+        if order is None or order["status"] != "NEW":
+            return 400, {"code": -2011, "msg": "Unknown order sent."}
+        order["status"] = "CANCELED"
+        canceled = {k: v for k, v in order.items() if k != "fills"}
+        return 200, canceled | {"origClientOrderId": order["clientOrderId"]}
+
+    def _open_orders(self, params: dict[str, str]) -> tuple[int, Any]:
+        return 200, [self._as_queried(o) for o in self.orders.values() if o["status"] == "NEW"
+                     and params.get("symbol", o["symbol"]) == o["symbol"]]
