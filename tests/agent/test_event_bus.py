@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import EventsDropped, TextDelta
@@ -56,8 +57,8 @@ async def test_closing_ends_a_waiting_reader() -> None:
 
     async with anyio.create_task_group() as group:
         group.start_soon(read)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         bus.publish(TextDelta(desk="d", text="hello"))
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         subscription.close()
     assert len(received) == 1

@@ -10,12 +10,18 @@ replay, the wall clock live) and fires:
   (``Trigger.merged``), and the mark moves when the desk takes it;
 - a **candle** trigger when a candle of a configured timeframe closes (a ``1h`` candle
   closes with the feed's ``5m`` candle that ends the hour).
+
+Before a step's triggers fire, the watcher awaits its ``on_step`` hook once per feed step
+(the first new candle of a step: every candle of the step is visible by then). The daemon
+matches the desk's resting paper orders and records its risk day there, so a desk woken by
+a tick already sees the fills and balances of that candle.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from decimal import Decimal
 
 import anyio
@@ -38,11 +44,12 @@ class MarketWatcher:
         fire: Queues a trigger for the desk (never blocks).
         move_percent: The move, in percent, that fires a tick; None for no tick triggers.
         candle_timeframes: Timeframes whose candle closes fire a trigger (``["1h"]``).
+        on_step: Awaited once per new step of the feed, before its triggers fire.
     """
 
     def __init__(self, feed: PriceFeed, symbols: Sequence[str], fire: Callable[[Trigger], None],
-                 *, move_percent: float | None = None,
-                 candle_timeframes: Sequence[str] = ()) -> None:
+                 *, move_percent: float | None = None, candle_timeframes: Sequence[str] = (),
+                 on_step: Callable[[], Awaitable[None]] | None = None) -> None:
         self.feed = feed
         self.symbols = frozenset(symbols)
         self._fire = fire
@@ -53,6 +60,8 @@ class MarketWatcher:
         self.marks: dict[str, Decimal] = {}
         """The price of each symbol when the desk last looked."""
         self._fired: dict[str, Decimal] = {}
+        self._on_step = on_step
+        self._step_closes: datetime | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watches the feed until it ends or the task is cancelled.
@@ -61,12 +70,16 @@ class MarketWatcher:
             task_status: Told once subscribed (for ``TaskGroup.start``).
         """
         with self.feed.subscribe() as candles:
-            for symbol in sorted(self.symbols - self.marks.keys()):
+            ticking = self.symbols if self.move_percent is not None else frozenset()
+            for symbol in sorted(ticking - self.marks.keys()):
                 # No price yet: the first candle seen sets the mark.
                 with contextlib.suppress(TradingAgentError):
                     self.marks[symbol] = (await self.feed.ticker(symbol)).last
             task_status.started()
             async for candle in candles:
+                if self._on_step is not None and candle.closes_at != self._step_closes:
+                    self._step_closes = candle.closes_at
+                    await self._on_step()
                 if candle.symbol in self.symbols:
                     await self.observe(candle)
 

@@ -13,6 +13,11 @@ Example::
             if isinstance(venue.feed, ReplayFeed):
                 await group.start(venue.feed.run)
             ...  # venue.exchange, venue.risk, venue.feed.subscribe()
+
+Desks on the same feed config can share one feed (a replay parses its files and holds every
+candle; a ccxt feed holds a client): :class:`SharedFeeds` opens one per distinct config, and
+``open_exchange(..., feed=...)`` trades on it. Whoever opened a shared feed runs it (one
+``ReplayFeed.run`` for all its desks) and closes it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Literal
 
 import anyio
@@ -34,7 +40,7 @@ from trading_agent.trading.risk import RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal
 from trading_agent.trading.timing import Sleep
 
-__all__ = ["TradingVenue", "open_exchange"]
+__all__ = ["SharedFeeds", "TradingVenue", "open_exchange", "open_feed"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ async def open_exchange(
     risk_limits: RiskLimits | None = None,
     environ: Mapping[str, str] | None = None,
     sleep: Sleep = anyio.sleep,
+    feed: PriceFeed | None = None,
 ) -> AsyncIterator[TradingVenue]:
     """Opens a desk's exchange and feed (and risk policy), and closes them on exit.
 
@@ -78,16 +85,17 @@ async def open_exchange(
         risk_limits: The desk's limits; when given, ``venue.risk`` enforces them.
         environ: Where live credentials are read from (the process environment).
         sleep: How retries and the replay wait (tests pass a fake).
+        feed: A feed to trade on instead of opening one (from :class:`SharedFeeds`); the
+            caller runs and closes it. A live exchange still sends its orders to ccxt.
 
     Raises:
         ConfigError: A file, an exchange id or a credential is wrong.
         ExchangeUnavailableError: The ccxt exchange's markets could not be loaded.
     """
-    wanted = list(symbols or (risk_limits.allowed_symbols if risk_limits else ["BTC/USDT"]))
+    wanted = _wanted_symbols(symbols, risk_limits)
     async with AsyncExitStack() as stack:
         exchange: Exchange
-        feed: PriceFeed
-        if config.mode == "live" or config.feed == "ccxt":
+        if config.mode == "live":
             # Imported here: ccxt takes a second to import, and paper desks on a replay
             # never need it.
             from trading_agent.trading.ccxt_exchange import CcxtExchange
@@ -95,19 +103,17 @@ async def open_exchange(
             from trading_agent.trading.order_journal import OrderJournal
 
             assert config.ccxt is not None  # ExchangeConfig validates this
-            journal = None
-            if config.mode == "live":
-                journal = await OrderJournal.open(database)
-                stack.push_async_callback(journal.close)
-            venue_exchange = await CcxtExchange.open(
-                config.ccxt, allow_orders=config.mode == "live", journal=journal,
-                environ=environ, sleep=sleep)
-            stack.push_async_callback(venue_exchange.close)
-            feed = CcxtPriceFeed(venue_exchange, wanted, sleep=sleep)
-            exchange = venue_exchange
-        else:
-            feed = ReplayFeed.from_config(config.replay, sleep=sleep)
-        stack.push_async_callback(feed.close)
+            journal = await OrderJournal.open(database)
+            stack.push_async_callback(journal.close)
+            live = await CcxtExchange.open(config.ccxt, allow_orders=True, journal=journal,
+                                           environ=environ, sleep=sleep)
+            stack.push_async_callback(live.close)
+            exchange = live
+            if feed is None:
+                feed = CcxtPriceFeed(live, wanted, sleep=sleep)
+                stack.push_async_callback(feed.close)
+        elif feed is None:
+            feed = await stack.enter_async_context(open_feed(config, symbols=wanted, sleep=sleep))
         if config.mode == "paper":
             paper = await PaperExchange.open(config.paper, feed, database, account=account)
             stack.push_async_callback(paper.close)
@@ -118,3 +124,103 @@ async def open_exchange(
             stack.push_async_callback(risk_journal.close)
             risk = RiskPolicy(risk_limits, exchange, journal=risk_journal)
         yield TradingVenue(config.mode, exchange, feed, risk)
+
+
+@asynccontextmanager
+async def open_feed(config: ExchangeConfig, *, symbols: Sequence[str] = ("BTC/USDT",),
+                    sleep: Sleep = anyio.sleep) -> AsyncIterator[PriceFeed]:
+    """Opens the price feed a paper exchange on ``config`` trades on, and closes it on exit.
+
+    Args:
+        config: The exchange config: ``feed`` says replay or ccxt.
+        symbols: The symbols a ccxt feed carries (a replay's come from its files).
+        sleep: How a replay and a ccxt feed's retries wait.
+
+    Raises:
+        ConfigError: A replay file or the exchange id is wrong.
+        ExchangeUnavailableError: The ccxt exchange's markets could not be loaded.
+    """
+    async with AsyncExitStack() as stack:
+        feed: PriceFeed
+        if config.feed == "ccxt":
+            from trading_agent.trading.ccxt_exchange import CcxtExchange
+            from trading_agent.trading.ccxt_feed import CcxtPriceFeed
+
+            assert config.ccxt is not None  # ExchangeConfig validates this
+            # Market data only: without allow_orders the credentials are not even read.
+            source = await CcxtExchange.open(config.ccxt, sleep=sleep)
+            stack.push_async_callback(source.close)
+            feed = CcxtPriceFeed(source, list(symbols), sleep=sleep)
+        else:
+            feed = ReplayFeed.from_config(config.replay, sleep=sleep)
+        stack.push_async_callback(feed.close)
+        yield feed
+
+
+class SharedFeeds:
+    """One price feed per distinct feed config, shared by the paper desks that name it.
+
+    A replay is keyed by its ``replay`` section (its files, speed and start), so desks on
+    the same one see the same candles at the same replayed time; a ccxt feed by its
+    ``ccxt`` section and symbols. Live desks get None: they take their prices from their
+    own exchange. Use it as an async context manager; it closes every feed it opened.
+
+    Args:
+        sleep: How the feeds wait (tests pass a fake).
+    """
+
+    def __init__(self, *, sleep: Sleep = anyio.sleep) -> None:
+        self._sleep = sleep
+        self._stack = AsyncExitStack()
+        self._feeds: dict[str, PriceFeed] = {}
+
+    @property
+    def feeds(self) -> list[PriceFeed]:
+        """The feeds opened so far, in the order they were first asked for."""
+        return list(self._feeds.values())
+
+    async def get(self, config: ExchangeConfig, *, symbols: Sequence[str] | None = None,
+                  risk_limits: RiskLimits | None = None) -> PriceFeed | None:
+        """The feed a desk on ``config`` trades on, opened on first use; None in live mode.
+
+        Args:
+            config: The desk's exchange config.
+            symbols: The desk's symbols (what a ccxt feed carries), as for
+                :func:`open_exchange`.
+            risk_limits: The desk's limits (their allowed symbols when ``symbols`` is None).
+
+        Raises:
+            ConfigError: A replay file or the exchange id is wrong.
+            ExchangeUnavailableError: The ccxt exchange's markets could not be loaded.
+        """
+        if config.mode == "live":
+            return None
+        wanted = _wanted_symbols(symbols, risk_limits)
+        if config.feed == "ccxt":
+            assert config.ccxt is not None
+            key = f"ccxt {config.ccxt.model_dump_json()} {sorted(wanted)}"
+        else:
+            key = f"replay {config.replay.model_dump_json()}"
+        feed = self._feeds.get(key)
+        if feed is None:
+            feed = await self._stack.enter_async_context(
+                open_feed(config, symbols=wanted, sleep=self._sleep))
+            self._feeds[key] = feed
+        return feed
+
+    async def aclose(self) -> None:
+        """Closes every feed opened."""
+        self._feeds.clear()
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> SharedFeeds:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.aclose()
+
+
+def _wanted_symbols(symbols: Sequence[str] | None, risk_limits: RiskLimits | None) -> list[str]:
+    """The symbols a desk's ccxt feed carries: its own, else those its limits allow."""
+    return list(symbols or (risk_limits.allowed_symbols if risk_limits else ["BTC/USDT"]))

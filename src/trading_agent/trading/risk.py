@@ -105,12 +105,14 @@ class RiskPolicy:
         """Records the start of the current UTC day if it is new, and halts on a loss.
 
         The daemon calls this on every tick so the day's starting value is taken at the start
-        of the day, not at the first order.
+        of the day, not at the first order. It takes the order lock, so the day's start is
+        never recorded twice at once (by the candle watcher and by an order).
         """
-        state, loss = await self._day()
-        if state.halted is None and loss >= self.limits.max_daily_loss:
-            state = await self.journal.halt(state.day, self._loss_text(loss))
-        return state
+        async with self._lock:
+            state, loss = await self._day()
+            if state.halted is None and loss >= self.limits.max_daily_loss:
+                state = await self.journal.halt(state.day, self._loss_text(loss))
+            return state
 
     async def check(self, request: OrderRequest) -> RiskCheck:
         """Checks ``request`` against every limit without placing it.
