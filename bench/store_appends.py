@@ -4,7 +4,13 @@ The store commits every message before the conversation goes on (an operator's m
 kept before the model is called). This times ``Store.append_message`` (FULL, through a
 worker thread) against the same INSERT on a plain connection with ``synchronous=NORMAL``
 and against one with FULL, all on the same disk in the same process, then restoring the
-300-message conversation. Run: ``.venv/bin/python bench/store_appends.py``.
+300-message conversation.
+
+Then group commit: many desks appending at the same moment (every desk storing its trigger
+when a candle closes) share commits. It times ``DESKS`` concurrent appends, one per desk,
+against the same number made one after another, and counts the commits (fsyncs) each took.
+
+Run: ``.venv/bin/python bench/store_appends.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from trading_agent.agent.conversation import Message, TextBlock
 from trading_agent.store import Store
 
 ROUNDS = 300
+DESKS = 200
+REPEATS = 5
 
 
 def _message(i: int) -> Message:
@@ -71,6 +79,23 @@ async def _bench(folder: Path) -> None:
         start = time.perf_counter()
         conversation = await store.restore_conversation("alpha", "prompt")
         restores.append(time.perf_counter() - start)
+
+    concurrent: dict[str, list[float]] = {"one after another": [], "all at once": []}
+    commits: dict[str, int] = {}
+    for _ in range(REPEATS):
+        for name in concurrent:
+            messages = [(f"desk{number}", _message(number)) for number in range(DESKS)]
+            before = store._db.commits
+            start = time.perf_counter()
+            if name == "all at once":
+                async with anyio.create_task_group() as group:
+                    for desk, message in messages:
+                        group.start_soon(store.append_message, desk, message)
+            else:
+                for desk, message in messages:
+                    await store.append_message(desk, message)
+            concurrent[name].append(time.perf_counter() - start)
+            commits[name] = store._db.commits - before
     await store.close()
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
@@ -82,6 +107,13 @@ async def _bench(folder: Path) -> None:
         print(f"  {name:45s} {median * 1e3:7.3f} ms  ({median / reference:5.1f}x NORMAL)")
     print(f"restore of {len(conversation.messages)} messages: "
           f"{statistics.median(restores) * 1e3:.1f} ms (median of {len(restores)})")
+    print(f"{DESKS} desks appending one message each (Store.append_message, FULL); "
+          f"medians of {REPEATS}:")
+    sequential = statistics.median(concurrent["one after another"])
+    for name, values in concurrent.items():
+        median = statistics.median(values)
+        print(f"  {name:20s} {median * 1e3:8.1f} ms for all, {commits[name]:4d} commits  "
+              f"({sequential / median:5.1f}x faster than one after another)")
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import pytest
 from trading_agent import cli
 from trading_agent.errors import ConfigError
 from trading_agent.settings import (
+    DESK_TOOL_NAMES,
     LocalModelSettings,
     OpenAIModelSettings,
     Settings,
@@ -128,6 +129,8 @@ def test_a_valid_file_loads_with_desks_inheriting_the_defaults(tmp_path: Path) -
     assert beta.maximum_rounds == 3 and alpha.maximum_rounds == 20
     assert beta.tools is None  # every tool
     assert alpha.image_limits().keep == 4
+    assert settings.daemon.shutdown_timeout_seconds == 8  # the daemon exits within 10 s
+    assert (alpha.context.tool_result_max_tokens, alpha.context.flush_max_rounds) == (None, 3)
     assert settings.secret_env_vars() == {
         "TRADING_AGENT_OPERATOR_TOKEN": "operator.token_env",
         "TEST_MODEL_KEY": "desks.alpha.model.api_key_env"}
@@ -276,6 +279,79 @@ def test_each_mistake_is_reported_at_its_place(tmp_path: Path, old: str, new: st
     errors = _errors(path)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"{path}: {expected}"), errors
+
+
+def test_the_shutdown_timeout_leaves_the_daemon_time_to_exit_within_10_s(
+        tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace('log_level = "debug"',
+                                          'log_level = "debug"\nshutdown_timeout_seconds = 30'))
+    assert _one_error(path).startswith(
+        f"{path}: daemon.shutdown_timeout_seconds: at most 9 seconds: on SIGTERM the daemon "
+        "must exit within 10 s")
+    path = _write(tmp_path, VALID.replace('log_level = "debug"',
+                                          'log_level = "debug"\nshutdown_timeout_seconds = 9'))
+    assert load_settings(path).daemon.shutdown_timeout_seconds == 9
+
+
+def test_the_queue_has_no_size_to_set(tmp_path: Path) -> None:
+    """Schedules and operator messages are never dropped, so no queue limit is offered."""
+    path = _write(tmp_path, VALID.replace('ticks = { move_percent',
+                                          'maximum_queued = 10\nticks = { move_percent'))
+    assert _one_error(path).startswith(
+        f"{path}: desks.alpha.triggers.maximum_queued: unknown key")
+
+
+def test_images_kept_per_request_are_between_1_and_16(tmp_path: Path) -> None:
+    def images(keep: int) -> str:
+        return VALID + f"\n[desks.alpha.images]\nkeep = {keep}\n"
+
+    assert load_settings(_write(tmp_path, images(2))).desks["alpha"].image_limits().keep == 2
+    for keep in (0, 17):
+        path = _write(tmp_path, images(keep))
+        assert _one_error(path).startswith(f"{path}: desks.alpha.images.keep: ")
+
+
+def test_context_settings_reach_the_compressor(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID + """
+[desks.alpha.context]
+keep_recent_tokens = 6000
+summary_max_tokens = 1000
+tool_result_max_tokens = 2000
+flush_max_rounds = 5
+""")
+    compressor = load_settings(path).desks["alpha"].context.compressor(32000)
+    assert (compressor.keep_recent_tokens, compressor.summary_max_tokens,
+            compressor.tool_result_max_tokens, compressor.flush_max_rounds) == (
+        6000, 1000, 2000, 5)
+
+
+def test_context_settings_that_do_not_fit_the_window_are_caught_at_load_time(
+        tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID + "\n[desks.beta.context]\nkeep_recent_tokens = 64000\n")
+    assert _one_error(path) == (
+        f"{path}: desks.beta.context: keep_recent_tokens (64000) plus summary_max_tokens "
+        "(1200) must be at most half the context window (128000 tokens), or a compaction "
+        "could leave the conversation as full as it found it; lower "
+        "context.keep_recent_tokens (now 64000) or context.summary_max_tokens (now 1200), "
+        "or use a model with a larger context_window (now 128000)")
+    # The defaults are checked too: a fifth of a small window plus the summary is too much.
+    path = _write(tmp_path, VALID.replace("context_window = 32000", "context_window = 3000"))
+    error = _one_error(path)
+    assert error.startswith(f"{path}: desks.alpha.context: keep_recent_tokens (600) plus "
+                            "summary_max_tokens (1200) must be at most half")
+    assert "context.keep_recent_tokens (now 600 by default, a fifth of the window)" in error
+
+
+def test_an_unknown_tool_is_refused_with_the_tools_a_desk_can_have(tmp_path: Path) -> None:
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3",
+                                          'maximum_rounds = 3\ntools = ["get_ticker", "teleport"]'))
+    assert _one_error(path) == (
+        f"{path}: desks.beta.tools: unknown tool(s) teleport; allowed: "
+        f"{', '.join(DESK_TOOL_NAMES)} (got ['get_ticker', 'teleport'])")
+    assert {"place_order", "remember", "recall", "delegate"} <= set(DESK_TOOL_NAMES)
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3",
+                                          'maximum_rounds = 3\ntools = ["get_ticker", "recall"]'))
+    assert load_settings(path).desks["beta"].tools == ["get_ticker", "recall"]
 
 
 def test_a_secret_written_in_the_file_is_refused_and_not_repeated(tmp_path: Path) -> None:

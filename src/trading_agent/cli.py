@@ -12,12 +12,9 @@ Each subcommand sets ``handler``: a function of the parsed arguments returning t
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from trading_agent import __version__
 from trading_agent.errors import ConfigError, TradingAgentError
@@ -78,21 +75,19 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(settings.daemon.log_level, settings.daemon.log_format,
                       secret_env_names=settings.secret_env_vars())
     # Imported here: check-config and the operator's commands need none of the daemon.
-    runner: Any = importlib.import_module("trading_agent.daemon.supervisor").run_daemon
-    try:
-        if inspect.iscoroutinefunction(runner):
-            import anyio
+    import anyio
 
-            result = anyio.run(runner, settings, backend="asyncio")
-        else:
-            result = runner(settings)
+    from trading_agent.daemon.supervisor import run_daemon
+
+    try:
+        anyio.run(run_daemon, settings, backend="asyncio")
     except ConfigError as exc:
         print(f"{args.config}: refusing to start: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except TradingAgentError as exc:
         print(f"trading-agent stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    return int(result) if isinstance(result, int) else 0
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@
     TradingAgentError
     ├── BackendError                     the model server failed
     │   ├── BackendUnavailableError      still failing after every retry
+    │   │   └── _PortTakenError *        the local model server's port was taken (retried)
     │   ├── TransientBackendError        worth retrying (429, 5xx, timeout, dropped stream)
     │   └── ContextOverflowError         the prompt is longer than the model's window
     ├── ToolError                        a tool refuses; its message goes back to the model
@@ -13,7 +14,22 @@
     │   ├── ExchangeUnavailableError     network, timeout or rate limit, after retries
     │   └── OrderRejectedError           the exchange refused the order (funds, symbol...)
     ├── StoreError                       the SQLite store failed
-    └── ConfigError                      a configuration file or variable is wrong
+    ├── ConfigError                      a configuration file or variable is wrong
+    ├── ApprovalError †                  an approve or deny could not be applied
+    │   ├── UnknownApprovalError †       no approval of that id (also a LookupError)
+    │   └── ApprovalAlreadyResolvedError †  answered, timed out or cancelled already
+    └── OperatorClientError ‡            the operator API could not be used
+        ├── DaemonNotRunningError ‡      nothing listens where the daemon should
+        └── OperatorRequestError ‡       the API refused a request (status, code)
+
+Defined where they are raised, not here: ``*`` in :mod:`trading_agent.backends.local_server`
+(private), ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
+:mod:`trading_agent.operator.client`.
+
+Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
+the operator API turns into its JSON answer, never seen outside it) and
+:class:`trading_agent.daemon.control.UnknownDeskError` (a ``KeyError``: a lookup of a desk
+name that does not exist).
 
 Each error carries what a reader needs to act on it (desk, model, status code, limit).
 """

@@ -195,7 +195,7 @@ async def test_a_second_signal_exits_at_once_and_the_store_stays_sound(
         scripted_server: ScriptedServer, folder: Path) -> None:
     script = DeskScript()
     scripted_server.responder = script
-    config = write_config(folder, scripted_server.base_url, shutdown_timeout=30)
+    config = write_config(folder, scripted_server.base_url, shutdown_timeout=9)
 
     daemon = DaemonProcess(config)
     try:
@@ -215,7 +215,7 @@ async def test_a_second_signal_exits_at_once_and_the_store_stays_sound(
         script.hold.set()
 
     assert code == 0, daemon.log()
-    assert took < 3  # at once: no waiting for the tool call (30 s of drain allowed)
+    assert took < 3  # at once: no waiting for the tool call (9 s of drain allowed)
     database = sqlite3.connect(folder / "state" / "trading-agent.sqlite3")
     try:
         assert database.execute("PRAGMA integrity_check").fetchone() == ("ok",)

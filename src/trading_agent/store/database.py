@@ -3,14 +3,20 @@
 Why ``synchronous=FULL``: in WAL mode ``NORMAL`` never corrupts the file, but a power cut
 may lose the last commits. The store promises an operator that a message is kept *before*
 it says so, and it keeps the record of orders and fills; a promise that a power cut can
-take back is not one. ``FULL`` costs one fsync per commit, and the store commits a few
-times per model round (events are written in batches), so the cost is small.
+take back is not one. ``FULL`` costs one fsync per commit.
 
-Each connection runs one call at a time in a worker thread (``anyio.to_thread``). A call
-that is cancelled still runs to its end (the thread is never abandoned), so a transaction
-is never cut in half. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a
-second process or component writing the same file waits (``busy_timeout``) instead of
-failing half-way.
+Group commit: so that the fsync is paid per *batch* rather than per write, the writes
+queued while a commit is under way are run together, in one transaction, each in a
+savepoint of its own, and committed with one fsync. A caller is released only once the
+commit that holds its write has returned, so "the await returned" still means "it is on
+disk"; a write that fails rolls back to its savepoint and raises to its own caller only.
+Hundreds of desks starting their turns at once thus cost a few commits, not hundreds.
+
+Each connection runs one call at a time in a worker thread (``anyio.to_thread``). A write
+that is cancelled once its batch has started still runs to its end (the thread is never
+abandoned), so a transaction is never cut in half; one cancelled while still queued is
+dropped. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a second process or
+component writing the same file waits (``busy_timeout``) instead of failing half-way.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -34,6 +41,10 @@ Migration = tuple[int, Sequence[str]]
 """A schema version and the statements that bring the schema to it."""
 
 _BUSY_TIMEOUT_MS = 10_000
+
+_MAX_BATCH = 1000
+"""The most writes committed together: a batch holds the file's write lock, which the
+trading layer's own connections wait for."""
 
 
 @contextmanager
@@ -95,6 +106,63 @@ class _Connection:
                 await anyio.to_thread.run_sync(self._connection.close)
 
 
+@dataclass(eq=False)
+class _Write:
+    """A queued write and, once its batch has committed, its outcome."""
+
+    call: Callable[[sqlite3.Connection], Any]
+    taken: bool = False
+    """In a batch that has started: it runs to its end even if its caller is cancelled."""
+    done: bool = False
+    """Its batch has returned: ``result`` or ``error`` holds the outcome."""
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _run_batch(connection: sqlite3.Connection, calls: Sequence[Callable[[sqlite3.Connection], Any]]
+               ) -> tuple[list[tuple[Any, BaseException | None]], int]:
+    """Runs ``calls`` in one transaction, each in its own savepoint, and commits once.
+
+    A call that raises is rolled back to its savepoint and the others go on. An error that
+    rolls back the whole transaction (SQLite does for a full disk or an I/O error) fails
+    only that call: the calls that had succeeded are run again in a new transaction.
+
+    Returns:
+        Each call's (result, error), in order, and how many transactions were committed.
+
+    Raises:
+        sqlite3.Error: ``BEGIN`` or ``COMMIT`` failed: no call took effect.
+    """
+    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
+    pending = list(range(len(calls)))
+    while pending:
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            survivors: list[int] = []
+            for position, index in enumerate(pending):
+                connection.execute("SAVEPOINT write")
+                try:
+                    outcomes[index] = (calls[index](connection), None)
+                    connection.execute("RELEASE write")
+                except Exception as exc:
+                    outcomes[index] = (None, exc)
+                    if not connection.in_transaction:  # SQLite rolled it all back
+                        pending = survivors + pending[position + 1:]
+                        break
+                    connection.execute("ROLLBACK TO write")
+                    connection.execute("RELEASE write")
+                else:
+                    survivors.append(index)
+            else:
+                connection.execute("COMMIT")
+                return outcomes, 1
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+    return outcomes, 0
+
+
 class Database:
     """The SQLite file: a writer and a reader connection (WAL lets them work at once).
 
@@ -104,6 +172,10 @@ class Database:
         path: The file.
         writer: The writing connection.
         reader: The reading connection.
+
+    Attributes:
+        commits: How many write transactions were committed (each cost one fsync).
+        writes: How many writes were committed.
     """
 
     def __init__(self, path: Path, writer: sqlite3.Connection,
@@ -111,6 +183,11 @@ class Database:
         self.path = path
         self._writer = _Connection(path, writer)
         self._reader = _Connection(path, reader)
+        self._queued: list[_Write] = []
+        self._committing = anyio.Lock()
+        self._batch_ended = anyio.Event()
+        self.commits = 0
+        self.writes = 0
 
     @classmethod
     async def open(cls, path: Path, migrations: Sequence[Migration],
@@ -143,17 +220,71 @@ class Database:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
 
     async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
-        """Runs ``call`` in one write transaction on the writer connection.
+        """Runs ``call`` in a write transaction on the writer connection; returns once the
+        transaction is committed.
+
+        ``call`` may share its transaction with other writes queued at the same moment (see
+        the module's docstring); it runs in a savepoint of its own, so what it raises rolls
+        back its own changes only, and raises here only.
 
         Raises:
-            StoreError: SQLite failed (the transaction was rolled back), or the store is closed.
+            StoreError: SQLite failed (the call's changes were rolled back), or the store is
+                closed.
+            Exception: Whatever else ``call`` raised (its changes were rolled back).
         """
+        write = _Write(call)
+        self._queued.append(write)
+        try:
+            while not write.done:
+                if self._committing.locked():
+                    await self._batch_ended.wait()  # then see whether it held this write
+                else:
+                    await self._commit_queued()
+        except BaseException:
+            if not write.taken:
+                self._queued.remove(write)
+            raise
+        if isinstance(write.error, sqlite3.Error):
+            raise StoreError(f"{self.path}: {write.error}") from write.error
+        if write.error is not None:
+            raise write.error
+        return cast(T, write.result)
 
-        def in_transaction(connection: sqlite3.Connection) -> T:
-            with transaction(connection):
-                return call(connection)
+    async def _commit_queued(self) -> None:
+        """Runs every write queued now (up to :data:`_MAX_BATCH`) in one transaction."""
+        async with self._committing:
+            batch, self._queued = self._queued[:_MAX_BATCH], self._queued[_MAX_BATCH:]
+            ended = self._batch_ended
+            try:
+                if batch:
+                    await self._commit(batch)
+            finally:
+                # Wakes every waiting caller: those of this batch return, the others queue
+                # the next one.
+                self._batch_ended = anyio.Event()
+                ended.set()
 
-        return await self._writer.run(in_transaction)
+    async def _commit(self, batch: list[_Write]) -> None:
+        for write in batch:
+            write.taken = True
+        calls = [write.call for write in batch]
+        try:
+            # Shielded: once taken, a batch runs and its callers learn the outcome, even when
+            # the task that happens to run it is cancelled.
+            with anyio.CancelScope(shield=True):
+                outcomes, commits = await self._writer.run(
+                    lambda connection: _run_batch(connection, calls))
+        except Exception as exc:  # BEGIN or COMMIT failed, or the store is closed
+            for write in batch:
+                # One exception object each: they are raised in as many tasks.
+                failure = StoreError(str(exc))
+                failure.__cause__ = exc
+                write.error, write.done = failure, True
+            return
+        self.commits += commits
+        for write, (result, error) in zip(batch, outcomes, strict=True):
+            write.result, write.error, write.done = result, error, True
+            self.writes += int(error is None)
 
     async def read(self, call: Callable[[sqlite3.Connection], T]) -> T:
         """Runs ``call`` on the reader connection (it sees every committed write).

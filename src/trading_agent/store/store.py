@@ -70,12 +70,14 @@ DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "tool_heartbea
 """Event types not stored by default: there are too many, and the messages keep their text."""
 
 INTERRUPTED_NOTICE = (
-    "[Notice from the daemon] Your previous turn was interrupted (the daemon stopped) before "
-    "you finished it. Tool calls that had not returned are marked as interrupted: they may or "
-    "may not have taken effect, so check your open orders, positions and balances before "
-    "repeating any of them."
+    "[Notice from the daemon] Your previous turn was interrupted before it finished (the "
+    "daemon stopped, or the turn failed). Tool calls that had not returned are marked as "
+    "interrupted: they may or may not have taken effect, so check your open orders, positions "
+    "and balances before repeating any of them."
 )
-"""What a desk is told when its conversation is restored after a turn was cut off."""
+"""What a desk is told when its conversation is restored after a turn was cut off: by a
+stop or crash of the daemon, or by a turn that failed in a running one (the model
+unavailable, an error); the desk's resume trigger then says which."""
 
 _IN_CHUNK = 500
 """The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
