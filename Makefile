@@ -11,16 +11,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The local extra builds llama-cpp-python from source the first time (about 15 minutes on
+# The local extra builds llama-cpp-python from source the first time (5 to 10 minutes on
 # two cores); pip caches the wheel, so later installs take seconds.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@echo "==> Installing trading-agent into $(VENV)."
-	@echo "    The first install compiles llama-cpp-python for the embedded model: about"
-	@echo "    15 minutes on two cores (pip caches the wheel; later installs take seconds)."
+	@echo "    The first install compiles llama-cpp-python for the embedded model: 5 to 10"
+	@echo "    minutes on two cores (pip caches the wheel; later installs take seconds)."
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev,local]'
 	@touch $@
 
 run: $(VENV)/.installed
+	@echo "==> Starting the daemon on $(CONFIG) (Ctrl-C stops it). Once the model is loaded"
+	@echo "    and the desks run, it prints how to watch and steer them."
 	$(BIN)/trading-agent run --config $(CONFIG)
 
 test: $(VENV)/.installed

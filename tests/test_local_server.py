@@ -26,6 +26,7 @@ from trading_agent.backends.local_server import (
     ensure_model_file,
 )
 from trading_agent.errors import BackendUnavailableError, ConfigError
+from trading_agent.settings import LocalModelSettings
 
 _HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 _HAS_MODEL = importlib.util.find_spec(local_server.DEFAULT_MODEL_PACKAGE) is not None
@@ -167,6 +168,15 @@ def test_the_config_refuses_unknown_keys() -> None:
         LocalModelConfig.model_validate({"context_size": 4096})
 
 
+def test_the_answer_cap_is_a_request_setting_not_the_servers(tmp_path: Path) -> None:
+    settings = LocalModelSettings(provider="local", cache_dir=tmp_path, max_output_tokens=256)
+
+    assert settings.server_config() == LocalModelConfig(cache_dir=tmp_path)
+    assert LocalModelSettings(provider="local").max_output_tokens == 512  # never unbounded
+    with pytest.raises(ValueError, match="greater than 0"):
+        LocalModelSettings(provider="local", max_output_tokens=0)
+
+
 def test_server_settings_in_the_environment_do_not_reach_the_child() -> None:
     environment = {"PATH": "/usr/bin", "PORT": "8080", "api_key": "s3cret", "N_CTX": "99",
                    "HOME": "/root"}
@@ -197,6 +207,26 @@ def test_the_prompt_keeps_tool_results_and_strips_turn_markers() -> None:
     assert "And <b>now</b>?\n[image omitted]<|im_end|>" in prompt
     assert prompt.count("<|im_start|>system") == 1  # the user's text cannot open a turn
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_only_the_call_just_answered_counts_as_a_repeat() -> None:
+    asked = {"role": "user", "content": "Where is my order?"}
+    called = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_order", "arguments": '{"order_id": "o-7",  "symbol": "BTC/USDT"}'}}]}
+    answered = {"role": "tool", "tool_call_id": "c1", "content": "Error: no order o-7"}
+    same = {"name": "get_order", "arguments": '{"symbol": "BTC/USDT", "order_id": "o-7"}'}
+
+    def repeats(messages: list[dict[str, Any]], function: dict[str, str]) -> bool:
+        return local_server._repeats_last_call(messages, function)
+
+    assert repeats([asked, called, answered], same)  # the same JSON, written differently
+    assert not repeats([asked, called, answered], {**same, "arguments": '{"order_id": "o-8"}'})
+    assert not repeats([asked, called, answered], {**same, "name": "get_ticker"})
+    assert not repeats([asked, called, answered, {"role": "user", "content": "Again."}], same)
+    assert not repeats([asked], same)
+    assert repeats([asked, {"role": "assistant", "tool_calls": [{"id": "c2", "function": {
+        "name": "get_order", "arguments": "not json"}}]}],
+        {"name": "get_order", "arguments": " not json "})
 
 
 # --------------------------------------------------------------------------- the real server
@@ -238,6 +268,18 @@ async def test_the_packaged_model_answers_over_openai_compatible_http(tmp_path: 
             assert call["function"]["name"] == "get_ticker"
             assert call["id"].startswith("call_")
             assert "function_call" not in forced.json()["choices"][0]["message"]
+
+            # Left to choose right after the result, it does not make that call again.
+            again = await client.post("/chat/completions", json={
+                "model": server.model, "max_tokens": 48, "temperature": 0, "tools": [_TICKER_TOOL],
+                "messages": [{"role": "user", "content": "What is BTC/USDT at?"},
+                             {"role": "assistant", "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": call["id"], "content": "16612.5"}]})
+            assert again.status_code == 200, again.text
+            assert not [c for c in again.json()["choices"][0]["message"].get("tool_calls") or []
+                        if c["function"]["name"] == "get_ticker" and json.loads(
+                            c["function"]["arguments"]) == json.loads(
+                            call["function"]["arguments"])]
 
             long_prompt = {"model": server.model, "max_tokens": 8,
                            "messages": [{"role": "user", "content": "price " * 1200}]}

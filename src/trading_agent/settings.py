@@ -69,6 +69,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -81,17 +82,21 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.image_preparer import ImageLimits
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelConfig
 from trading_agent.errors import ConfigError
 from trading_agent.operator.config import OperatorConfig
-from trading_agent.tools.delegate import SubagentConfig
+from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
+from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import timeframe_delta
 
 __all__ = [
+    "DESK_TOOL_NAMES",
     "ENV_PREFIX",
+    "MAX_SHUTDOWN_TIMEOUT_SECONDS",
     "ContextSettings",
     "DaemonSettings",
     "DeskSettings",
@@ -109,6 +114,15 @@ __all__ = [
 
 ENV_PREFIX = "TRADING_AGENT_"
 """The prefix of every environment variable the settings read."""
+
+DESK_TOOL_NAMES: tuple[str, ...] = (*TRADING_TOOL_NAMES, "remember", "recall",
+                                    DELEGATE_TOOL_NAME)
+"""Every tool a desk can be given, what ``desks.<name>.tools`` may list (the daemon's wiring
+registers exactly these: the trading tools, the memory tools and ``delegate``)."""
+
+MAX_SHUTDOWN_TIMEOUT_SECONDS = 9.0
+"""The longest ``daemon.shutdown_timeout_seconds``: on SIGTERM the daemon must exit within
+10 s, and cancelling what still runs, then storing it, takes the last second."""
 
 _DESK_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _INTERVAL = re.compile(r"(\d+)([smhd])")
@@ -133,7 +147,7 @@ class DaemonSettings(_Strict):
             unless stdout is a terminal.
         watchdog: Ping systemd's watchdog from the main loop when the unit asks for it.
         shutdown_timeout_seconds: How long a SIGTERM waits for desks to reach a safe point
-            before cancelling them.
+            before cancelling them; at most 9, so the daemon exits within 10 s.
         restart_backoff_seconds: The first wait before a crashed desk is restarted; it
             doubles on each crash in a row.
         restart_backoff_max_seconds: The longest wait between restarts of a crashing desk.
@@ -143,9 +157,20 @@ class DaemonSettings(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     watchdog: bool = True
-    shutdown_timeout_seconds: float = Field(default=30.0, gt=0)
+    shutdown_timeout_seconds: float = Field(default=8.0, gt=0)
     restart_backoff_seconds: float = Field(default=1.0, gt=0)
     restart_backoff_max_seconds: float = Field(default=300.0, gt=0)
+
+    @field_validator("shutdown_timeout_seconds")
+    @classmethod
+    def _check_shutdown_timeout(cls, value: float) -> float:
+        if value > MAX_SHUTDOWN_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"at most {MAX_SHUTDOWN_TIMEOUT_SECONDS:g} seconds: on SIGTERM the daemon must "
+                "exit within 10 s (systemd and operators count on it); turns still running "
+                "when it ends are cancelled, and their unfinished tool calls stored as "
+                "interrupted")
+        return value
 
 
 class OpenAIModelSettings(OpenAIBackendConfig):
@@ -175,14 +200,19 @@ class LocalModelSettings(LocalModelConfig):
     The other keys are those of :class:`~trading_agent.backends.local_server.LocalModelConfig`;
     ``cache_dir`` defaults to ``$CACHE_DIRECTORY/models`` under systemd (the unit's home is
     not writable there), else ``~/.cache/trading-agent/models``.
+
+    Attributes:
+        max_output_tokens: A cap on each answer. The small base model rarely stops on its
+            own: without a cap it writes until the context window is full.
     """
 
     provider: Literal["local"]
     cache_dir: Path = Field(default_factory=_default_cache_dir)
+    max_output_tokens: int = Field(default=512, gt=0)
 
     def server_config(self) -> LocalModelConfig:
-        """The local server's own config (these settings without ``provider``)."""
-        return LocalModelConfig(**self.model_dump(exclude={"provider"}))
+        """The local server's own config (these settings without the request-side keys)."""
+        return LocalModelConfig(**self.model_dump(exclude={"provider", "max_output_tokens"}))
 
 
 ModelSettings = Annotated[OpenAIModelSettings | LocalModelSettings, Field(discriminator="provider")]
@@ -199,12 +229,21 @@ class ContextSettings(_Strict):
         keep_recent_tokens: How many tokens of the newest messages stay verbatim after a
             compaction; by default a fifth of the window.
         summary_max_tokens: The longest summary the model may write.
+        tool_result_max_tokens: Longer tool results are cut to this in what the model is
+            sent (the stored result stays whole); by default half of ``keep_recent_tokens``.
+        flush_max_rounds: The most model calls of the silent memory-flush turn that comes
+            before a compaction.
+
+    ``keep_recent_tokens`` plus ``summary_max_tokens`` must be at most half the model's
+    ``context_window``, checked when the file is loaded.
     """
 
     flush_threshold: float = Field(default=0.70, gt=0, lt=1)
     hard_threshold: float = Field(default=0.85, gt=0, lt=1)
     keep_recent_tokens: int | None = Field(default=None, gt=0)
     summary_max_tokens: int = Field(default=1200, gt=0)
+    tool_result_max_tokens: int | None = Field(default=None, ge=64)
+    flush_max_rounds: int = Field(default=3, ge=1, le=20)
 
     @model_validator(mode="after")
     def _ordered(self) -> ContextSettings:
@@ -213,6 +252,36 @@ class ContextSettings(_Strict):
                              f"hard_threshold ({self.hard_threshold})")
         return self
 
+    def compressor(self, context_window: int, *, key: str = "context") -> ContextCompressor:
+        """The agent core's ``ContextCompressor`` for these settings and a model's window.
+
+        Args:
+            context_window: The model's window, in tokens.
+            key: Where these settings are in the config, for the error message
+                (``desks.alpha.context``).
+
+        Returns:
+            The compressor.
+
+        Raises:
+            ConfigError: The settings cannot work for this window; the message names the
+                keys, their values and the window.
+        """
+        try:
+            return ContextCompressor(
+                context_window, flush_threshold=self.flush_threshold,
+                hard_threshold=self.hard_threshold, keep_recent_tokens=self.keep_recent_tokens,
+                summary_max_tokens=self.summary_max_tokens,
+                tool_result_max_tokens=self.tool_result_max_tokens,
+                flush_max_rounds=self.flush_max_rounds)
+        except ValueError as exc:
+            keep = (str(self.keep_recent_tokens) if self.keep_recent_tokens is not None
+                    else f"{context_window // 5} by default, a fifth of the window")
+            raise ConfigError(
+                f"{key}: {exc}; lower {key}.keep_recent_tokens (now {keep}) or "
+                f"{key}.summary_max_tokens (now {self.summary_max_tokens}), or use a model "
+                f"with a larger context_window (now {context_window})") from exc
+
 
 class ImageSettings(_Strict):
     """What pictures the model is sent (``[desks.<name>.images]``).
@@ -220,12 +289,13 @@ class ImageSettings(_Strict):
     Attributes:
         max_side: The longest side in pixels.
         max_bytes: The largest encoded size.
-        keep: How many of the newest images are sent; older ones become text placeholders.
+        keep: How many of the newest images are sent with each request; older ones become
+            text placeholders.
     """
 
     max_side: int = Field(default=1568, ge=64)
     max_bytes: int = Field(default=3_750_000, ge=10_000)
-    keep: int = Field(default=4, ge=0)
+    keep: int = Field(default=4, ge=1, le=16)
 
 
 class TickTriggerSettings(_Strict):
@@ -323,13 +393,10 @@ class TriggerSettings(_Strict):
     Attributes:
         ticks: Market moves and candle closes.
         schedules: Intervals and cron schedules.
-        maximum_queued: The most triggers waiting while the desk works; past it the oldest
-            non-operator trigger is dropped (ticks are coalesced anyway).
     """
 
     ticks: TickTriggerSettings = Field(default_factory=TickTriggerSettings)
     schedules: list[ScheduleSettings] = Field(default_factory=list)
-    maximum_queued: int = Field(default=100, ge=1)
 
     @model_validator(mode="after")
     def _unique_names(self) -> TriggerSettings:
@@ -348,12 +415,13 @@ class DeskSettings(_Strict):
     Attributes:
         system_prompt: What the desk's model is told before every request.
         symbols: The markets it watches and trades.
-        tools: The names of the tools it may call; None for all of them.
+        tools: The names of the tools it may call (from :data:`DESK_TOOL_NAMES`); None
+            for all of them.
         maximum_rounds: The most model calls in one turn.
         model: Its model: the top-level ``[model]`` with this desk's overrides.
         exchange: Its exchange: the top-level ``[exchange]`` with this desk's overrides.
         risk: Its risk limits (``allowed_symbols`` defaults to ``symbols``).
-        context: When its conversation is compacted.
+        context: When its conversation is compacted (checked against its model's window).
         images: What pictures its model is sent.
         timezone: An IANA time zone name; cron schedules and the desk's dates use it.
         subagents: What its ``delegate`` tool may do.
@@ -367,7 +435,8 @@ class DeskSettings(_Strict):
     model: ModelSettings
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     risk: RiskLimits = Field(default_factory=RiskLimits)
-    context: ContextSettings = Field(default_factory=ContextSettings)
+    # Validated even when left out: the defaults may not fit a small window.
+    context: ContextSettings = Field(default_factory=ContextSettings, validate_default=True)
     images: ImageSettings = Field(default_factory=ImageSettings)
     timezone: str = "UTC"
     subagents: SubagentConfig = Field(default_factory=SubagentConfig)
@@ -386,8 +455,26 @@ class DeskSettings(_Strict):
     @field_validator("tools")
     @classmethod
     def _check_tools(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and len(set(value)) != len(value):
+        if value is None:
+            return value
+        unknown = [name for name in value if name not in DESK_TOOL_NAMES]
+        if unknown:
+            raise ValueError(f"unknown tool(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(DESK_TOOL_NAMES)}")
+        if len(set(value)) != len(value):
             raise ValueError("a tool is listed twice")
+        return value
+
+    @field_validator("context")
+    @classmethod
+    def _context_fits_the_window(cls, value: ContextSettings,
+                                 info: ValidationInfo) -> ContextSettings:
+        model = info.data.get("model")  # absent when the model table itself is wrong
+        if model is not None:
+            try:
+                value.compressor(model.context_window)
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("context: ")) from None
         return value
 
     @model_validator(mode="after")
@@ -760,7 +847,7 @@ class _ErrorReport:
             details.append(f"{hint}allowed keys: {', '.join(fields)}")
         else:
             shown = _show(value, keys)
-            if not isinstance(value, Mapping) and shown not in message:
+            if not isinstance(value, Mapping | BaseModel) and shown not in message:
                 details.append(f"got {shown}")
             if kind != "value_error" and annotation is not None:
                 details.append("allowed: " + _describe(annotation, parent, keys))

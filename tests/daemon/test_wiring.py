@@ -51,9 +51,9 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
         alpha, beta = supervisor.runtimes
 
         assert list(supervisor.desk_names()) == ["alpha", "beta"]
-        assert [name for name, _ in alpha.services] == ["replay", "market triggers",
-                                                        "schedules"]
-        assert [name for name, _ in beta.services] == ["replay"]
+        assert [name for name, _ in alpha.services] == ["market", "schedules"]
+        assert [name for name, _ in beta.services] == ["market"]
+        assert [name for name, _ in supervisor.services] == ["replay 1 (BTC/USDT)"]
         assert alpha.desk.loop.backend is beta.desk.loop.backend
         assert [d["function"]["name"] for d in beta.desk.loop.tool_definitions()] == [
             "get_ticker", "remember", "delegate"]
@@ -68,7 +68,9 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
 
 async def test_an_unknown_tool_name_is_a_config_error(
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
-    settings = load_settings(_config(tmp_path, scripted_server.base_url, '["teleport"]'))
+    settings = load_settings(_config(tmp_path, scripted_server.base_url))
+    # Past the check at load time (tests/test_settings.py): the wiring refuses it too.
+    settings.desks["beta"].tools = ["teleport"]
 
     with pytest.raises(ConfigError, match=r"desks\.beta\.tools: unknown tool\(s\) teleport"):
         async with open_daemon(settings):

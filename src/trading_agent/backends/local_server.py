@@ -26,6 +26,9 @@ registers :data:`TOOL_CHAT_FORMAT`, a small handler in the same spirit (a gramma
 ``message:`` or ``functions.<name>:``, then a JSON-schema grammar writes the arguments) that
 keeps tool results and text, streams both kinds of answer, reports usage on the last stream
 chunk, and turns a context overflow into a 400 (plain) or an ``error`` event (streamed).
+Left to choose (``tool_choice`` ``auto``), the model never repeats, right after its results,
+the call it just made (same name, same arguments): the 270M model at greedy decoding would do
+so until the client's round limit; it writes its message instead.
 """
 
 from __future__ import annotations
@@ -484,6 +487,29 @@ def _tidy_json(text: str) -> str:
         return text.strip()  # cut short by max_tokens: let the tool's validation say so
 
 
+def _repeats_last_call(messages: Sequence[Mapping[str, Any]],
+                       function: Mapping[str, str]) -> bool:
+    """Whether ``function`` (name, arguments) is the call the latest assistant message made,
+    with nothing but its results after it."""
+    for message in reversed(messages):
+        if message["role"] in ("tool", "function"):
+            continue
+        if message["role"] != "assistant":
+            return False
+        calls = [call["function"] for call in message.get("tool_calls") or []]
+        return any(call["name"] == function["name"]
+                   and _same_json(call.get("arguments") or "{}", function["arguments"])
+                   for call in calls)
+    return False
+
+
+def _same_json(left: str, right: str) -> bool:
+    try:
+        return bool(json.loads(left) == json.loads(right))
+    except ValueError:
+        return left.strip() == right.strip()
+
+
 def _overflow_error(prompt_tokens: int, n_ctx: int) -> dict[str, Any]:
     return {"message": (f"This model's maximum context length is {n_ctx} tokens. However, "
                         f"your messages resulted in {prompt_tokens} tokens."),
@@ -554,15 +580,19 @@ def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
         reply.completion_tokens += arguments["usage"]["completion_tokens"]
         finish = "length" if arguments["choices"][0]["finish_reason"] == "length" else (
             "tool_calls")
-        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": selected,
-                             "arguments": _tidy_json(arguments["choices"][0]["text"])}}
-        if not stream:
-            return reply.message({"role": "assistant", "content": None, "tool_calls": [call]},
-                                 finish)
-        return iter([reply.chunk({"role": "assistant", "content": None}),
-                     reply.chunk({"tool_calls": [{"index": 0, **call}]}),
-                     reply.chunk({}, finish, usage=True)])
+        function = {"name": selected, "arguments": _tidy_json(arguments["choices"][0]["text"])}
+        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}
+        free_choice = not isinstance(choice, dict) and choice != "required"
+        if not (free_choice and _repeats_last_call(messages, function)):
+            if not stream:
+                return reply.message(
+                    {"role": "assistant", "content": None, "tool_calls": [call]}, finish)
+            return iter([reply.chunk({"role": "assistant", "content": None}),
+                         reply.chunk({"tool_calls": [{"index": 0, **call}]}),
+                         reply.chunk({}, finish, usage=True)])
+        # Greedy decoding, a prompt grown only by the result: the small model would make the
+        # same call again, round after round, until the client's round limit. Its result is
+        # already there to read, so the model writes its message instead.
 
     text_prompt = f"{prompt}message:\n" if offered else prompt
     if offered:

@@ -1,13 +1,16 @@
 """The supervisor: every desk in one task group, and the daemon's life from start to exit.
 
 :class:`Supervisor` runs each desk (and what runs beside it: its schedules, its market
-watcher, its price feed) in a task of its own, and is the :class:`DeskControl` the operator
+watcher) in a task of its own, and the services the desks share (the price feeds they
+trade on) once every desk is ready; it is the :class:`DeskControl` the operator
 API talks to. A desk's failures stay inside the desk (see :mod:`.desk`); a failing service
 beside it is logged and restarted with backoff.
 
 :func:`run_daemon` is ``trading-agent run``: it builds the desks from the settings, serves
 the operator API, tells systemd (``READY=1`` once the desks run, ``WATCHDOG=1`` and
-``STATUS=`` from the main loop, ``STOPPING=1`` on shutdown) and handles signals:
+``STATUS=`` from the main loop, ``STOPPING=1`` on shutdown), prints on stderr how to watch
+and steer the desks (the socket, ``trading-agent desks``/``chat``/``events``) and handles
+signals:
 
 - the first SIGTERM or SIGINT stops new turns; running turns stop at their next safe point
   (after the tool round in flight); after ``shutdown_timeout_seconds`` whatever still runs
@@ -20,11 +23,15 @@ the operator API, tells systemd (``READY=1`` once the desks run, ``WATCHDOG=1`` 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -37,6 +44,7 @@ from trading_agent.daemon.control import DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
 from trading_agent.daemon.systemd import SystemdNotifier
 from trading_agent.logging_setup import log_events
+from trading_agent.operator.config import SOCKET_NAME
 
 if TYPE_CHECKING:
     from trading_agent.settings import Settings
@@ -102,12 +110,17 @@ class Supervisor:
         approvals: The approval book, for each desk's pending approvals.
         shutdown_timeout: Seconds a shutdown waits for running turns to reach a safe point.
         service_backoff: The waits before a failed service is restarted.
+        services: Named tasks the desks share (a replay several desks trade on), started
+            once every desk is ready (so the desks' watchers have subscribed) and run like a
+            desk's services until the desks stop (their failures are published for desk
+            ``*``).
         clock: Seconds since the epoch.
     """
 
     def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
                  *, approvals: _Approvals | None = None, shutdown_timeout: float = 8.0,
                  service_backoff: Backoff | None = None,
+                 services: Sequence[tuple[str, Service]] = (),
                  clock: Callable[[], float] = time.time) -> None:
         self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
         self.event_bus = event_bus
@@ -115,6 +128,8 @@ class Supervisor:
         self._approvals = approvals
         self.shutdown_timeout = shutdown_timeout
         self._service_backoff = service_backoff or Backoff()
+        self.services = list(services)
+        """The shared services."""
         self._clock = clock
         self._stop_requested = anyio.Event()
         self.stopped = anyio.Event()
@@ -213,6 +228,8 @@ class Supervisor:
                 group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
             for runtime in self._runtimes.values():
                 await runtime.desk.ready.wait()
+            for name, service in self.services:
+                group.start_soon(self._keep_running, "*", name, service, name=name)
             task_status.started()
             await self._stop_requested.wait()
             with anyio.move_on_after(self.shutdown_timeout):
@@ -316,12 +333,14 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
             recorders.start_soon(log_events, daemon.log_subscription)
             try:
                 async with anyio.create_task_group() as group:
+                    endpoints = None
                     if daemon.serve_api is not None:
-                        await group.start(daemon.serve_api)
+                        endpoints = await group.start(daemon.serve_api)
                     shutdown.supervisor = supervisor
                     await group.start(supervisor.run)
                     notifier.ready(supervisor.status_line())
                     _log.info("daemon_ready", desks=list(supervisor.desk_names()))
+                    _print_banner(supervisor.desk_names(), endpoints, environ)
                     group.start_soon(_inform_systemd, notifier, supervisor,
                                      settings.daemon.watchdog)
                     await supervisor.stopped.wait()
@@ -329,6 +348,49 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
             finally:
                 daemon.store_subscription.close()
                 daemon.log_subscription.close()
+
+
+def _print_banner(desks: Sequence[str], endpoints: Any,
+                  environ: Mapping[str, str] | None) -> None:
+    """Tells the person who started the daemon (``make run``) how to watch and steer it.
+
+    On stderr, apart from the log lines on stdout; under systemd it lands in the journal once.
+    """
+    command = _operator_command()
+    where = ""
+    if endpoints is not None:
+        env = os.environ if environ is None else environ
+        # Where ``trading-agent chat`` looks when given no --socket.
+        default = Path(env.get("STATE_DIRECTORY", "").split(":")[0] or "state") / SOCKET_NAME
+        if Path(endpoints.socket_path).resolve() != default.resolve():
+            where = f" --socket {endpoints.socket_path}"
+    first = desks[0] if desks else "DESK"
+    lines = [f"trading-agent is running {len(desks)} desk{'s' if len(desks) != 1 else ''}: "
+             f"{', '.join(desks)}"]
+    if endpoints is not None:
+        lines.append(f"  operator API: {endpoints.socket_path}"
+                     + (f" and {endpoints.url}" if endpoints.url else ""))
+        lines += ["  watch and steer them from another terminal:",
+                  f"    {command} desks{where}",
+                  f"    {command} chat {first}{where}      # type to steer the desk",
+                  f"    {command} events --follow{where}"]
+    lines.append("  stop: Ctrl-C (SIGINT) or SIGTERM")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _operator_command() -> str:
+    """The ``trading-agent`` console script beside this Python: by its name when it is the
+    one on ``$PATH``, relative to the working directory when under it (``.venv/bin/...``)."""
+    script = Path(sys.executable).parent / "trading-agent"
+    if not script.exists():
+        return f"{sys.executable} -m trading_agent.cli"
+    found = shutil.which("trading-agent")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "trading-agent"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 async def _inform_systemd(notifier: SystemdNotifier, supervisor: Supervisor,

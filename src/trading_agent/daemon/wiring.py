@@ -4,14 +4,17 @@
 
 - the store (SQLite in the state directory) and the event bus, numbered on from the last
   stored event;
-- per desk: its exchange and price feed (paper on a replay by default), its model backend
+- the price feeds, one per distinct feed config, shared by the desks that name it (one
+  replay task for them all, run by the supervisor);
+- per desk: its exchange on its feed (paper on a replay by default), its model backend
   (an OpenAI-compatible server, or the embedded local server for ``provider = "local"``),
   its tools (trading tools through its risk policy, ``remember``/``recall`` on its notes in
   the same SQLite file, ``delegate``; narrowed to the desk's ``tools`` list), an
   executor whose approval gate is the daemon's :class:`ApprovalBook`, a context compressor
   sized to the backend's window, an image preparer, a steering inbox, the
-  :class:`AgentLoop`, the :class:`Desk`, and the services beside it (schedules, market
-  triggers, the replay's clock);
+  :class:`AgentLoop`, the :class:`Desk`, and the services beside it (schedules, and the
+  market watcher: on each new candle it matches resting paper orders and records the risk
+  day, then fires the tick and candle triggers);
 - the :class:`Supervisor`, and the operator API ready to be started.
 """
 
@@ -20,16 +23,16 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskStatus
 
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.backend import ModelBackend
-from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox
@@ -42,7 +45,7 @@ from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
-from trading_agent.errors import ConfigError
+from trading_agent.errors import ConfigError, TradingAgentError
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
@@ -50,11 +53,14 @@ from trading_agent.store.store import Store, database_path
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
 from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
-from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
+from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["Daemon", "open_daemon"]
+
+_log = structlog.get_logger(__name__)
 
 _STORE_BUFFER = 50_000
 """Events the store's subscription holds while a batch is written."""
@@ -73,6 +79,7 @@ class Daemon:
         store_subscription: What the store writes (run ``store.persist_events`` on it).
         log_subscription: What is logged (run ``log_events`` on it).
         serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``).
+        venues: Each desk's exchange, feed and risk policy, by desk name.
     """
 
     store: Store
@@ -81,6 +88,7 @@ class Daemon:
     store_subscription: Subscription
     log_subscription: Subscription
     serve_api: Callable[..., Coroutine[Any, Any, None]] | None
+    venues: Mapping[str, TradingVenue] = field(default_factory=dict)
 
 
 @asynccontextmanager
@@ -96,7 +104,8 @@ async def open_daemon(settings: Settings, *,
         The daemon, ready to run.
 
     Raises:
-        ConfigError: A secret is missing, a tool name is unknown, a file is wrong.
+        ConfigError: A secret is missing, a tool name is unknown, a file is wrong, a
+            desk's context settings do not fit its model's window.
         StoreError: The store cannot be opened.
     """
     state_dir = settings.state_directory(environ)
@@ -114,11 +123,15 @@ async def open_daemon(settings: Settings, *,
             is_live=lambda desk: settings.desks[desk].exchange.mode == "live",
             price_lookup=functools.partial(_last_price, venues))
         backends = _Backends(stack, environ)
+        feeds = await stack.enter_async_context(SharedFeeds())
         runtimes = []
         for name, desk_settings in settings.desks.items():
+            feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
+                                   risk_limits=desk_settings.risk)
             venue = await stack.enter_async_context(open_exchange(
                 desk_settings.exchange, database=database, account=name,
-                symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ))
+                symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
+                feed=feed))
             venues[name] = venue
             backend = await backends.get(desk_settings)
             runtimes.append(await _build_desk(
@@ -127,7 +140,7 @@ async def open_daemon(settings: Settings, *,
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
-            service_backoff=_backoff(settings))
+            service_backoff=_backoff(settings), services=_replays(feeds))
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
@@ -135,7 +148,8 @@ async def open_daemon(settings: Settings, *,
                                      state_dir=state_dir, environ=environ,
                                      task_status=task_status)
 
-        yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api)
+        yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
+                     venues)
 
 
 def _backoff(settings: Settings) -> Backoff:
@@ -151,11 +165,9 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     registry, delegator = await _tools(name, config, venue, backend, stack=stack,
                                        database=database, store=store, approvals=approvals)
     executor = ToolCallExecutor(registry, approval_gate=approvals)
-    context = config.context
-    compressor = ContextCompressor(
-        backend.context_window, flush_threshold=context.flush_threshold,
-        hard_threshold=context.hard_threshold, keep_recent_tokens=context.keep_recent_tokens,
-        summary_max_tokens=context.summary_max_tokens)
+    # Checked when the settings were loaded, against model.context_window; checked again
+    # here against the backend's window, with the same ConfigError.
+    compressor = config.context.compressor(backend.context_window, key=f"desks.{name}.context")
     inbox = SteeringInbox()
     loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
                      steering_inbox=inbox, image_preparer=ImagePreparer(config.image_limits()))
@@ -166,16 +178,13 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
-    services: list[tuple[str, Service]] = []
-    if isinstance(venue.feed, ReplayFeed):
-        services.append(("replay", venue.feed.run))
     ticks = config.triggers.ticks
-    if ticks.move_percent is not None or ticks.on_candle_close:
-        watcher = MarketWatcher(venue.feed, config.symbols, desk.fire,
-                                move_percent=ticks.move_percent,
-                                candle_timeframes=ticks.on_candle_close)
-        desk.on_turn_start.append(watcher.desk_looked)
-        services.append(("market triggers", watcher.run))
+    watcher = MarketWatcher(venue.feed, config.symbols, desk.fire,
+                            move_percent=ticks.move_percent,
+                            candle_timeframes=ticks.on_candle_close,
+                            on_step=functools.partial(_keep_books, name, venue))
+    desk.on_turn_start.append(watcher.desk_looked)
+    services: list[tuple[str, Service]] = [("market", watcher.run)]
     schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
                  for s in config.triggers.schedules]
     if schedules:
@@ -189,6 +198,29 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         return float(valuation.total), len(await venue.exchange.fetch_open_orders())
 
     return DeskRuntime(desk, services, account)
+
+
+def _replays(feeds: SharedFeeds) -> list[tuple[str, Service]]:
+    """One task per shared replay: it moves the clock of every desk trading on it."""
+    replays = [feed for feed in feeds.feeds if isinstance(feed, ReplayFeed)]
+    return [(f"replay {index} ({', '.join(feed.symbols)})", feed.run)
+            for index, feed in enumerate(replays, start=1)]
+
+
+async def _keep_books(desk: str, venue: TradingVenue) -> None:
+    """A new candle on the desk's feed: resting paper orders are matched against it, and the
+    risk policy records the day (its starting value is the day's first candle's, and a loss
+    past the limit halts new orders even if prices recover before the next order)."""
+    try:
+        if isinstance(venue.exchange, PaperExchange):
+            fills = await venue.exchange.sync()
+            if fills:
+                _log.info("paper_orders_filled", desk=desk,
+                          orders=[fill.order_id for fill in fills])
+        if venue.risk is not None:
+            await venue.risk.observe()
+    except TradingAgentError as exc:  # no price yet, the exchange unreachable: next candle
+        _log.warning("desk_books_not_updated", desk=desk, error=f"{type(exc).__name__}: {exc}")
 
 
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
@@ -207,8 +239,8 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     if wanted is not None:
         unknown = sorted(set(wanted) - set(known))
         if unknown:
-            raise ConfigError(f"desks.{name}.tools: unknown tool(s) {', '.join(unknown)} "
-                              f"(allowed: {', '.join(known)})")
+            raise ConfigError(f"desks.{name}.tools: unknown tool(s) {', '.join(unknown)}; "
+                              f"allowed: {', '.join(known)}")
     registry = everything if wanted is None else everything.subset(wanted)
     delegator = None
     if wanted is None or DELEGATE_TOOL_NAME in wanted:
@@ -259,4 +291,5 @@ class _Backends:
             server = await self._stack.enter_async_context(LocalModelServer(server_config))
             self._local[key] = server
         return OpenAIBackendConfig(base_url=server.base_url, model=server.model,
-                                   context_window=server.context_window)
+                                   context_window=server.context_window,
+                                   max_output_tokens=model.max_output_tokens)
