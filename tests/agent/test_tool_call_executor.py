@@ -99,3 +99,19 @@ def test_definitions_are_json_schema_from_the_argument_model() -> None:
     assert schema["name"] == "get_price"
     assert schema["parameters"]["required"] == ["symbol"]
     assert schema["parameters"]["properties"]["depth"]["maximum"] == 50
+
+
+async def test_a_failing_approval_gate_becomes_an_error_result_not_a_crash() -> None:
+    class BrokenGate:
+        async def review(self, tool: object, arguments: BaseModel,
+                         context: ToolContext) -> str | None:
+            raise RuntimeError("price lookup exploded")
+
+    executor = ToolCallExecutor(_registry(), approval_gate=BrokenGate())
+    results = await _run([ToolUseBlock(id="a", name="get_price", arguments='{"symbol": "X"}'),
+                          ToolUseBlock(id="b", name="nap", arguments='{"seconds": 0}')],
+                         executor)
+    texts = [r.result.content[0].text for r in results]  # type: ignore[union-attr]
+    assert all(r.result.is_error for r in results)
+    assert texts[0] == ("Error: the approval gate failed: RuntimeError: price lookup exploded; "
+                        "get_price was not run.")

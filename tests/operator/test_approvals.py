@@ -263,3 +263,66 @@ def test_order_notional_reads_the_common_field_names(
         arguments: dict[str, Any], last: float | None,
         expected: tuple[bool, float | None]) -> None:
     assert order_notional(arguments, last) == expected
+
+
+class _SideArgs(BaseModel):
+    symbol: str = "BTC/USDT"
+    side: str = "buy"
+    amount: float
+    price: float | None = None
+
+
+def _order_tool() -> Tool:
+    return Tool("place_order", "orders", _SideArgs, _handler, dangerous=True)
+
+
+async def test_a_sell_limit_below_the_market_is_valued_at_the_market() -> None:
+    async def last_price(desk: str, symbol: str) -> float | None:
+        return 16_000.0
+
+    book = ApprovalBook(timeout_seconds=0.05, notional_threshold=1_000, price_lookup=last_price)
+    # 10 BTC at a limit of 1 fills at the market: 160,000, not 10.
+    refusal = await book.review(_order_tool(), _SideArgs(side="sell", amount=10, price=1),
+                                _context(EventBus()))
+    assert refusal is not None and refusal.startswith("Timed out")
+    assert order_notional({"side": "sell", "amount": 10, "price": 1}, 16_000.0) == (
+        True, 160_000.0)
+    assert order_notional({"side": "sell", "amount": 1, "price": 20_000}, 16_000.0) == (
+        True, 20_000.0)
+    assert order_notional({"side": "sell", "amount": 1, "price": 20_000}) == (True, None)
+
+
+async def test_the_lookup_gets_the_normalised_symbol_and_its_failure_holds_the_order() -> None:
+    asked: list[str] = []
+
+    async def last_price(desk: str, symbol: str) -> float | None:
+        asked.append(symbol)
+        raise RuntimeError("btc/usdt is not replayed")
+
+    bus = EventBus()
+    book = ApprovalBook(timeout_seconds=0.05, notional_threshold=1_000, price_lookup=last_price)
+    with bus.subscribe("test") as seen:
+        refusal = await book.review(_order_tool(), _SideArgs(symbol=" btc/usdt", amount=0.01),
+                                    _context(bus))
+        requested = seen.get_nowait()
+    assert asked == ["BTC/USDT"]
+    assert isinstance(requested, ApprovalRequested) and requested.notional is None
+    assert "could not be computed" in requested.reason
+    assert refusal is not None and "not placed" in refusal
+
+
+async def test_an_order_split_under_the_threshold_is_held_within_the_hour() -> None:
+    now = [1_000.0]
+    book = ApprovalBook(timeout_seconds=0.05, notional_threshold=1_000, clock=lambda: now[0])
+    bus = EventBus()
+    half = _SideArgs(amount=1, price=600)
+    assert await book.review(_order_tool(), half, _context(bus)) is None
+    with bus.subscribe("test") as seen:
+        refusal = await book.review(_order_tool(), half, _context(bus))
+        requested = seen.get_nowait()
+    assert refusal is not None and refusal.startswith("Timed out")
+    assert isinstance(requested, ApprovalRequested)
+    assert requested.reason == ("notional 600.00 plus 600.00 placed without approval in the "
+                                "last hour is above the approval threshold 1,000.00")
+    now[0] += 3_601  # an hour later the first no longer counts
+    assert await book.review(_order_tool(), half, _context(bus)) is None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trading_agent.errors import (
     ConfigError,
@@ -372,3 +374,43 @@ async def test_sandbox_mode_uses_the_testnet_urls() -> None:
         assert exchange.name == "binance testnet"
     finally:
         await exchange.close()
+
+
+def test_verbose_is_refused_and_forced_off() -> None:
+    # ccxt's verbose mode prints each request's headers, the API key among them, to stdout.
+    with pytest.raises(ValidationError, match="verbose is not allowed"):
+        CcxtExchangeConfig(client_settings={"verbose": True})
+    config = CcxtExchangeConfig.model_construct(
+        **{**CcxtExchangeConfig().model_dump(), "client_settings": {"verbose": True}})
+    assert CcxtExchange(config)._client.verbose is False
+
+
+async def test_the_amount_and_price_reach_the_exchange_as_given(
+        exchange: CcxtExchange, binance: FakeBinance) -> None:
+    order = await exchange.create_order(limit_buy("0.00123", "16000.5"))
+    [placed] = binance.orders.values()
+    assert (order.amount, order.price) == (Decimal("0.00123"), Decimal("16000.5"))
+    assert Decimal(placed["origQty"]) == Decimal("0.00123")
+    assert Decimal(placed["price"]) == Decimal("16000.5")
+
+
+async def test_an_order_never_found_is_lost_after_ten_minutes(
+        ccxt_config: CcxtExchangeConfig, database: Path, binance: FakeBinance,
+        sleep: RecordingSleep) -> None:
+    now = [datetime(2024, 1, 1, tzinfo=UTC)]
+    journal = await OrderJournal.open(database)
+    exchange = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
+                                       environ=ENVIRON, sleep=sleep, clock=lambda: now[0])
+    try:
+        binance.fail("POST", ORDER, "hang")  # the exchange never got it
+        with pytest.raises(ExchangeUnavailableError):
+            await exchange.create_order(limit_buy())
+        await exchange.reconcile()
+        still = len(await exchange.unresolved_orders())
+        now[0] += timedelta(minutes=10)
+        await exchange.reconcile()
+        after = await exchange.unresolved_orders()
+    finally:
+        await exchange.close()
+        await journal.close()
+    assert still == 1 and after == []

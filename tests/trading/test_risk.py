@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,11 +17,13 @@ import pytest
 
 from trading_agent.errors import RiskLimitError
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
-from trading_agent.trading.exchange import Order, OrderRequest
+from trading_agent.trading.exchange import Candle, Order, OrderRequest
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal
+
+from .conftest import replay_feed
 
 D = Decimal
 PAPER = PaperExchangeConfig(starting_balances={"USDT": D("100000")}, taker_fee=D("0.001"),
@@ -187,3 +190,39 @@ async def test_describe_reports_usage(desk: Desk) -> None:
 
     assert "Open orders 1/3; orders in the last hour 1/10" in text
     assert "max order 10,000.00" in text
+
+
+async def test_a_sell_limit_below_the_market_is_valued_at_the_bid(desk: Desk) -> None:
+    # It would fill at the bid (16,595.388), so its limit price of 1 must not value it.
+    check = await desk.policy.check(order("sell", "0.5", "1"))
+    above = await desk.policy.check(order("sell", "0.5", "20000"))
+    assert check.price == D("16595.388") and check.notional == D("8297.694")
+    assert above.price == D("20000")
+    error = await refused(desk.policy, order("sell", "1", "1"))
+    assert error.limit == "max_order_notional"
+
+
+async def test_the_day_does_not_start_while_a_holding_has_no_price(database: Path) -> None:
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    closes = [D(20000), D(20000), D(15000)]
+    candles = tuple(Candle("BTC/USDT", "5m", t0 + i * timedelta(minutes=5), c, c, c, c, D(1))
+                    for i, c in enumerate(closes))
+    feed = replay_feed(start_offset=0, candles=candles)
+    paper = await PaperExchange.open(
+        PaperExchangeConfig(starting_balances={"USDT": D("1000"), "BTC": D("1")}), feed,
+        database)
+    policy = RiskPolicy(LIMITS.model_copy(update={"max_daily_loss": D("1000")}), paper)
+    try:
+        assert await policy.observe() is None  # BTC has no price yet: no start value
+        unpriced = await refused(policy, order("buy", "0.01"))
+        feed.advance(1)
+        started = await policy.observe()
+        feed.advance(2)  # BTC 20,000 -> 15,000: 5,000 lost
+        halted = await refused(policy, order("buy", "0.01"))
+    finally:
+        await paper.close()
+    assert unpriced.limit == "max_daily_loss"
+    assert str(unpriced) == ("Refused: BTC cannot be priced in USDT right now, so the daily "
+                             "loss cannot be checked; try again in a few minutes.")
+    assert started is not None and started.start_equity == D("21000")
+    assert str(halted).startswith("Refused: daily loss 5,000.00 USDT since 00:00 UTC")

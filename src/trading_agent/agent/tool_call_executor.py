@@ -110,7 +110,11 @@ class ToolCallExecutor:
         except ValidationError as exc:
             return _error(f"Error: invalid arguments for {call.name}: {_describe(exc)}")
         if self.approval_gate is not None:
-            refusal = await self.approval_gate.review(tool, arguments, context)
+            try:
+                refusal = await self.approval_gate.review(tool, arguments, context)
+            except Exception as exc:  # the gate failing must not fail the turn; fail closed
+                return _error(f"Error: the approval gate failed: {type(exc).__name__}: {exc}; "
+                              f"{call.name} was not run.")
             if refusal is not None:
                 return _error(refusal)
         return await self._run_with_deadline(tool, arguments, context)

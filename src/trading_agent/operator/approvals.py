@@ -11,9 +11,15 @@ a denied or timed-out one comes back as an error saying so, and the turn goes on
 How the notional is computed, since the order tool's argument names are its own: the first of
 ``amount``, ``quantity``, ``qty``, ``size`` is the base amount; the first of ``price``,
 ``limit_price`` the price; a market order (no price) is valued at the last price from the
-``price_lookup`` callable, given the desk and the ``symbol`` argument. A call whose arguments
-hold none of the amount names is not an order and the threshold does not apply to it. An
-order whose notional cannot be computed (no price, no lookup) is held: when unsure, ask.
+``price_lookup`` callable, given the desk and the ``symbol`` argument, and a sell at the
+higher of its price and the last price (a sell limit below the market fills at the market).
+A call whose arguments hold none of the amount names is not an order and the threshold does
+not apply to it. An order whose notional cannot be computed (no price, no lookup, a lookup
+that fails) is held: when unsure, ask.
+
+The threshold also bounds what a desk places without approval in any rolling hour: an order
+is held when it plus the orders that passed unapproved in the hour before would exceed it,
+so a large order cannot be split into small ones.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -59,6 +65,9 @@ PriceLookup = Callable[[str, str], Awaitable[float | None]]
 
 _RESOLVED_KEPT = 500
 """How many answered approvals are remembered, to tell a late click what happened."""
+
+_WINDOW_SECONDS = 3600.0
+"""The rolling window of the unapproved notional a desk may place, up to the threshold."""
 
 
 class ApprovalError(TradingAgentError):
@@ -153,7 +162,8 @@ def order_notional(arguments: Mapping[str, Any],
 
     Args:
         arguments: The tool call's validated arguments.
-        last_price: The market's last price, used when the order has no price (market order).
+        last_price: The market's last price, used when the order has no price (market order)
+            and for a sell, which is valued at the higher of its price and this.
 
     Returns:
         ``(is_order, notional)``; the notional is None when it cannot be computed.
@@ -162,11 +172,20 @@ def order_notional(arguments: Mapping[str, Any],
     if not has_amount:
         return False, None
     _, price = _first(arguments, PRICE_FIELDS)
+    last = _number(last_price)
     if price is None:
-        price = _number(last_price)
+        price = last
+    elif _is_sell(arguments):
+        # A sell limit below the market fills at the market: never value it lower.
+        price = max(price, last) if last is not None else None
     if amount is None or price is None:
         return True, None
     return True, float(abs(amount * price))
+
+
+def _is_sell(arguments: Mapping[str, Any]) -> bool:
+    side = arguments.get("side")
+    return isinstance(side, str) and side.strip().lower() == "sell"
 
 
 class ApprovalBook:
@@ -203,6 +222,8 @@ class ApprovalBook:
         self._clock = clock
         self._pending: dict[str, PendingApproval] = {}
         self._resolved: OrderedDict[str, PendingApproval] = OrderedDict()
+        # Per desk: (time, notional) of the orders that passed without approval.
+        self._unapproved: dict[str, deque[tuple[float, float]]] = {}
 
     @classmethod
     def from_config(cls, config: OperatorConfig, *, is_live: Callable[[str], bool] | None = None,
@@ -257,10 +278,8 @@ class ApprovalBook:
                         data: dict[str, Any]) -> tuple[str | None, bool, float | None]:
         """Why a dangerous call must wait (None: it need not), whether it is an order, value."""
         is_order, notional = order_notional(data)
-        if is_order and notional is None and self._price_lookup is not None:
-            symbol = data.get("symbol")
-            if isinstance(symbol, str):
-                is_order, notional = order_notional(data, await self._price_lookup(desk, symbol))
+        if is_order and (notional is None or _is_sell(data)):
+            notional = await self._with_last_price(desk, data)
         if self._is_live(desk):
             return "the desk trades live", is_order, notional
         threshold = self.notional_threshold
@@ -272,7 +291,35 @@ class ApprovalBook:
         if notional > threshold:
             return (f"notional {notional:,.2f} is above the approval threshold {threshold:,.2f}",
                     is_order, notional)
+        # No await from here to the append: concurrent calls cannot both slip under.
+        recent = self._recent_unapproved(desk)
+        if recent + notional > threshold:
+            return (f"notional {notional:,.2f} plus {recent:,.2f} placed without approval in "
+                    f"the last hour is above the approval threshold {threshold:,.2f}",
+                    is_order, notional)
+        self._unapproved.setdefault(desk, deque()).append((self._clock(), notional))
         return None, is_order, notional
+
+    async def _with_last_price(self, desk: str, data: dict[str, Any]) -> float | None:
+        """The order's notional with the market's last price; None when that fails."""
+        symbol = data.get("symbol")
+        if self._price_lookup is None or not isinstance(symbol, str):
+            return order_notional(data)[1]
+        try:
+            last = await self._price_lookup(desk, symbol.strip().upper())
+        except Exception:  # no price means no notional: the order is held, not crashed
+            return None
+        return order_notional(data, last)[1]
+
+    def _recent_unapproved(self, desk: str) -> float:
+        """The notional the desk placed without approval in the last hour."""
+        window = self._unapproved.get(desk)
+        if not window:
+            return 0.0
+        since = self._clock() - _WINDOW_SECONDS
+        while window and window[0][0] <= since:
+            window.popleft()
+        return sum(notional for _, notional in window)
 
     def _hold(self, tool: Tool, data: dict[str, Any], reason: str, notional: float | None,
               context: ToolContext) -> PendingApproval:

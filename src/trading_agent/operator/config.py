@@ -61,7 +61,10 @@ class OperatorConfig(BaseModel):
         approval_timeout_seconds: How long a dangerous tool call waits for an operator's
             decision; no answer in time means deny.
         approval_notional_threshold: Any order above this notional (quote currency) waits for
-            approval, paper desks included; None: only live orders wait.
+            approval, paper desks included; None: only live orders wait. It also bounds a
+            desk's unapproved orders per rolling hour: an order waits when it plus those that
+            passed without approval in the hour before would exceed it (no splitting). Sells
+            are valued at the higher of their limit price and the last price.
         max_message_chars: The longest message an operator may send to a desk.
         event_buffer_size: How many recent events (text deltas included) the API keeps in
             memory for streams that reconnect; older ones come from the store.

@@ -4,6 +4,10 @@
 Every order goes through the desk's :class:`~trading_agent.trading.risk.RiskPolicy`, which
 checks the limits and places it under one lock. A refusal (a risk limit, the exchange)
 comes back as a :class:`~trading_agent.errors.ToolError` whose message the model reads.
+
+An order's client order id comes from the desk, turn and tool call, so the same call run
+twice places one order; ``place_order``'s timeout exceeds the longest the risk policy can
+take, so an order is never abandoned while the exchange may be taking it.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.tools.market import SymbolArguments
 from trading_agent.tools.text import describe_order, readable_errors, resolve_symbol
-from trading_agent.trading.exchange import Exchange, Order, OrderRequest
+from trading_agent.trading.exchange import Exchange, Order, OrderRequest, client_order_id_for
 from trading_agent.trading.formatting import format_amount, format_price
 from trading_agent.trading.risk import RiskPolicy
 
-__all__ = ["OrderArguments", "OrderIdArguments", "register_order_tools"]
+__all__ = ["PLACE_ORDER_MARGIN_SECONDS", "OrderArguments", "OrderIdArguments",
+           "register_order_tools"]
+
+PLACE_ORDER_MARGIN_SECONDS = 15.0
+"""How much longer ``place_order``'s timeout is than the risk policy's longest order."""
 
 
 class OrderArguments(BaseModel):
@@ -85,10 +93,13 @@ def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,
 
     @registry.tool(description="Place a market or limit order. It is checked against the "
                                "desk's risk limits first; a refusal explains which limit.",
-                   dangerous=True)
+                   dangerous=True,
+                   timeout_seconds=risk_policy.max_place_seconds + PLACE_ORDER_MARGIN_SECONDS)
     async def place_order(arguments: OrderArguments, context: ToolContext) -> str:
         request = OrderRequest(arguments.symbol.strip().upper(), arguments.side,
-                               arguments.type, arguments.amount, arguments.price)
+                               arguments.type, arguments.amount, arguments.price,
+                               client_order_id_for(context.desk, context.turn,
+                                                   context.call_id))
         with readable_errors(f"place the order ({request.side} {request.amount} "
                              f"{request.symbol})"):
             order = await risk_policy.place_order(request)

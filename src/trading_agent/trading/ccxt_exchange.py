@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, TypeVar, cast
 
@@ -62,6 +62,8 @@ _STATUSES: dict[str, OrderStatus] = {
     "expired": "expired", "rejected": "rejected",
 }
 _SPOT_QUOTES = ("USDT", "USDC", "USD", "FDUSD", "EUR", "BTC")
+_LOST_AFTER = timedelta(minutes=10)
+"""An order the exchange still does not know this long after it was sent was never placed."""
 
 
 class _RedactingLogger(logging.LoggerAdapter[logging.Logger]):
@@ -165,6 +167,8 @@ class CcxtExchange:
         client = client_class({
             **config.client_settings,
             **credentials,
+            # verbose prints every request, API key header included, to stdout.
+            "verbose": False,
             "enableRateLimit": config.enable_rate_limit,
             "timeout": int(config.timeout_seconds * 1000),
             # Without a symbol, open orders cost more rate-limit weight; the risk policy
@@ -467,9 +471,10 @@ class CcxtExchange:
             return await self._resolve_known(request, known.state, known.exchange_order_id)
         await self._journal.record(request, self._name, self._clock())
         try:
+            # Strings, not floats: ccxt's precision helpers take them as they are.
             raw = await self._client.create_order(
-                request.symbol, request.type, request.side, float(request.amount),
-                None if request.price is None else float(request.price),
+                request.symbol, request.type, request.side, str(request.amount),
+                None if request.price is None else str(request.price),
                 {"clientOrderId": request.client_order_id})
         except ccxt.OperationFailed as exc:
             # The answer is lost (timeout, dropped connection, exchange unsure): the order may
@@ -529,8 +534,15 @@ class CcxtExchange:
         raise OrderRejectedError(f"client order id {request.client_order_id} was used before "
                                  f"({state}); an order is never sent twice. Use a new one.")
 
+    async def unresolved_orders(self) -> list[OrderRequest]:
+        """Orders sent whose fate is not known (journal ``sending`` or ``unknown``)."""
+        if self._journal is None:
+            return []
+        return [intent.request for intent in await self._journal.unresolved(self._name)]
+
     async def reconcile(self) -> list[Order]:
-        """Looks up orders whose answer was lost (before a restart) by client order id.
+        """Looks up orders whose answer was lost (in flight or before a restart) by client
+        order id. One still not found ten minutes after it was sent is marked ``lost``.
 
         Returns:
             The orders found (now marked placed in the journal).
@@ -543,8 +555,11 @@ class CcxtExchange:
                 order = await self.fetch_order_by_client_id(intent.request.client_order_id,
                                                             intent.request.symbol)
             except OrderRejectedError:
-                await self._journal.mark(intent.request.client_order_id, "unknown",
-                                         self._clock(), error="not found at the exchange")
+                now = self._clock()
+                lost = now - intent.created_at >= _LOST_AFTER
+                await self._journal.mark(intent.request.client_order_id,
+                                         "lost" if lost else "unknown", now,
+                                         error="not found at the exchange")
                 continue
             await self._journal.mark(intent.request.client_order_id, "placed", self._clock(),
                                      exchange_order_id=order.id)

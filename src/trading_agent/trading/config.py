@@ -113,7 +113,8 @@ class CcxtExchangeConfig(BaseModel):
         api_urls: Replacements for entries of the client's ``urls['api']`` (a proxy, a
             regional endpoint, a local test server).
         client_settings: Other ccxt constructor settings (``hostname``, ``proxies``,
-            ``timeout_on_exit``...); never credentials, which come from the environment.
+            ``timeout_on_exit``...); never credentials, which come from the environment, and
+            never ``verbose``, which prints each request's API key header to stdout.
         timeout_seconds: How long one HTTP request may take.
         enable_rate_limit: Let ccxt space requests by the exchange's published rate limit.
         read_attempts: How many times a read is tried before it is reported as unavailable.
@@ -148,6 +149,9 @@ class CcxtExchangeConfig(BaseModel):
         if forbidden:
             raise ValueError(f"credentials ({', '.join(forbidden)}) come only from environment "
                              "variables: use api_key_env, secret_env and password_env")
+        if "verbose" in value:
+            raise ValueError("verbose is not allowed: ccxt would print every request's "
+                             "headers, the API key among them, to stdout")
         return value
 
 

@@ -9,6 +9,7 @@ exchange's clock (replayed time for a replay). Errors are the project's own
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,7 @@ __all__ = [
     "OrderType",
     "Position",
     "Ticker",
+    "client_order_id_for",
     "new_client_order_id",
     "timeframe_delta",
 ]
@@ -58,6 +60,17 @@ def timeframe_delta(timeframe: str) -> timedelta:
 def new_client_order_id() -> str:
     """A fresh client order id: 32 characters every major exchange accepts."""
     return "ta" + uuid.uuid4().hex[:30]
+
+
+def client_order_id_for(*parts: str) -> str:
+    """A client order id derived from ``parts`` (a desk, turn and tool call): the same call
+    run again gets the same id, which the exchange recognises instead of trading twice.
+
+    Returns:
+        32 characters, like :func:`new_client_order_id`.
+    """
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+    return "ta" + digest[:30]
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from trading_agent.trading.risk import RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal
 from trading_agent.trading.timing import Sleep
 
-__all__ = ["SharedFeeds", "TradingVenue", "open_exchange", "open_feed"]
+__all__ = ["SharedFeeds", "TradingVenue", "open_exchange", "open_feed", "order_seconds"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,8 @@ async def open_exchange(
         if risk_limits is not None:
             risk_journal = await RiskJournal.open(database, account, exchange.now())
             stack.push_async_callback(risk_journal.close)
-            risk = RiskPolicy(risk_limits, exchange, journal=risk_journal)
+            risk = RiskPolicy(risk_limits, exchange, journal=risk_journal,
+                              order_seconds=order_seconds(config))
         yield TradingVenue(config.mode, exchange, feed, risk)
 
 
@@ -224,3 +225,19 @@ class SharedFeeds:
 def _wanted_symbols(symbols: Sequence[str] | None, risk_limits: RiskLimits | None) -> list[str]:
     """The symbols a desk's ccxt feed carries: its own, else those its limits allow."""
     return list(symbols or (risk_limits.allowed_symbols if risk_limits else ["BTC/USDT"]))
+
+
+def order_seconds(config: ExchangeConfig) -> float:
+    """How long placing one order may take on ``config``'s exchange, lost answers included.
+
+    A live order is one request, then up to ``lookup_attempts`` lookups by client order id,
+    each after a backoff; ten seconds more cover the journal's writes and ccxt's throttling.
+    A paper order only writes SQLite.
+    """
+    if config.mode != "live" or config.ccxt is None:
+        return 30.0
+    ccxt = config.ccxt
+    backoff: float = sum(min(ccxt.max_backoff_seconds, ccxt.backoff_seconds * 2 ** attempt)
+                  for attempt in range(ccxt.lookup_attempts))
+    request: float = ccxt.timeout_seconds
+    return request * (1 + ccxt.lookup_attempts) + backoff + 10.0

@@ -6,7 +6,8 @@ a crash), the order is looked up at the exchange by that id instead of being sen
 
 States: ``sending`` (committed, request in flight or its answer lost), ``placed`` (the
 exchange has it), ``rejected`` (the exchange refused it), ``unknown`` (no answer, and a lookup
-did not find it yet).
+did not find it yet), ``lost`` (still not found at the exchange long after it was sent:
+taken as never placed, so it no longer holds up new orders).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trading_agent.trading.sqlite import SqliteDatabase
 
 __all__ = ["IntentState", "OrderIntent", "OrderJournal"]
 
-IntentState = Literal["sending", "placed", "rejected", "unknown"]
+IntentState = Literal["sending", "placed", "rejected", "unknown", "lost"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS order_intents (

@@ -6,37 +6,61 @@ The limits (:class:`~trading_agent.trading.config.RiskLimits`), in the order the
 2. ``max_daily_loss``: once the account's value has fallen this far below what it was when
    the UTC day (of the exchange clock) was first seen, every new order is refused until the
    next UTC day, even if prices recover.
-3. ``max_order_notional``: amount × price (the limit price, or the ask for a market buy and
-   the bid for a market sell).
+3. ``max_order_notional``: amount × price: a buy at its limit price (or the ask for a market
+   buy), a sell at the higher of its limit price and the bid (a sell limit below the market
+   fills at the market, so its own price would undervalue it).
 4. ``max_position_notional``: the position the order could leave, counting every open order
-   on the same side, valued at the order's price. An order that shrinks the position is
+   on the same side, valued at that same price. An order that shrinks the position is
    always allowed.
 5. ``max_open_orders``: a limit order could rest, so it needs a free slot.
 6. ``max_orders_per_hour``: orders placed in the rolling hour before now.
 
+Fail safe: no order while the account cannot be valued in full (a holding without a price
+would hide a loss), and none on a symbol while an earlier order of the exchange's order
+journal is unresolved (sent, answer lost): it is looked up first, and if it is still unknown
+the model is told to check it rather than place another.
+
 A refusal raises :class:`~trading_agent.errors.RiskLimitError` naming the limit and the
 numbers, which the model reads. :meth:`RiskPolicy.place_order` runs the check and the order
-under one lock, so two concurrent tool calls cannot both squeeze under a limit.
+under one lock, so two concurrent tool calls cannot both squeeze under a limit. Once sent,
+an order is shielded from cancellation (a tool timeout, a cancelled turn) for at most
+``order_seconds``, so its answer and its journal entries are never abandoned half way.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Protocol, runtime_checkable
 
 import anyio
 
-from trading_agent.errors import ExchangeUnavailableError, RiskLimitError
+from trading_agent.errors import ExchangeUnavailableError, OrderRejectedError, RiskLimitError
 from trading_agent.trading.config import RiskLimits
 from trading_agent.trading.exchange import Exchange, Order, OrderRequest
 from trading_agent.trading.formatting import format_amount
 from trading_agent.trading.risk_journal import DayState, RiskJournal
-from trading_agent.trading.valuation import convert, value_account
+from trading_agent.trading.valuation import Valuation, convert, value_account
 
 __all__ = ["RiskCheck", "RiskPolicy"]
 
 _ZERO = Decimal(0)
+
+
+@runtime_checkable
+class _Journaled(Protocol):
+    """An exchange with an order journal (the ccxt exchange): orders can be lost in flight."""
+
+    async def unresolved_orders(self) -> Sequence[OrderRequest]:
+        """Orders sent whose fate is not known yet."""
+        ...
+
+    async def reconcile(self) -> Sequence[Order]:
+        """Looks the unresolved orders up at the exchange."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -70,14 +94,27 @@ class RiskPolicy:
         exchange: The exchange the desk trades on.
         journal: Where recent orders, day starts and halts are remembered (in memory by
             default; pass a file-backed one so a restart keeps them).
+        check_seconds: How long waiting for the desk's order lock and the checks may take
+            before the order is refused unsent.
+        order_seconds: How long sending one order (and looking it up when its answer is
+            lost) may take; it cannot be cancelled meanwhile. Longer than the exchange's
+            own worst case (its request timeout plus its lookups).
     """
 
     def __init__(self, limits: RiskLimits, exchange: Exchange, *,
-                 journal: RiskJournal | None = None) -> None:
+                 journal: RiskJournal | None = None, check_seconds: float = 60.0,
+                 order_seconds: float = 60.0) -> None:
         self.limits = limits
         self.exchange = exchange
         self.journal = journal or RiskJournal.in_memory()
+        self.check_seconds = check_seconds
+        self.order_seconds = order_seconds
         self._lock = anyio.Lock()
+
+    @property
+    def max_place_seconds(self) -> float:
+        """The longest :meth:`place_order` can take: a tool's timeout must exceed it."""
+        return self.check_seconds + self.order_seconds
 
     async def place_order(self, request: OrderRequest) -> Order:
         """Checks ``request`` and, if every limit allows it, places it; atomically per desk.
@@ -91,26 +128,61 @@ class RiskPolicy:
             ExchangeUnavailableError: The exchange could not be reached; the order may or may
                 not exist (it is counted against the hourly limit either way).
         """
-        async with self._lock:
-            await self.check(request)
+        checked = False
+        with anyio.move_on_after(self.check_seconds):
+            await self._lock.acquire()
             try:
-                order = await self.exchange.create_order(request)
-            except ExchangeUnavailableError:
-                await self.journal.record_order(request.client_order_id, self.exchange.now())
-                raise
-            await self.journal.record_order(request.client_order_id, self.exchange.now())
-            return order
+                await self.check(request)
+                checked = True
+            finally:
+                if not checked:
+                    self._lock.release()
+        if not checked:
+            raise ExchangeUnavailableError(
+                f"the risk checks did not finish within {self.check_seconds:g} s; the order "
+                "was NOT sent")
+        try:
+            return await self._send(request)
+        finally:
+            self._lock.release()
 
-    async def observe(self) -> DayState:
+    async def _send(self, request: OrderRequest) -> Order:
+        """Sends the checked order, shielded from cancellation for at most ``order_seconds``."""
+        at = self.exchange.now()
+        sent = True
+        try:
+            # A cancellation mid-request would abandon an order the exchange may have taken
+            # (and leave its journal entry "sending"); the model would then place it again.
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.order_seconds):
+                order = await self.exchange.create_order(request)
+        except TimeoutError:
+            raise ExchangeUnavailableError(
+                f"no answer to the order (client id {request.client_order_id}) within "
+                f"{self.order_seconds:g} s; it may or may not exist. Check it with "
+                "list_open_orders or get_order before placing anything else.") from None
+        except OrderRejectedError:
+            sent = False  # the exchange refused it: nothing to count
+            raise
+        finally:
+            if sent:
+                # Counted whether it was placed or may have been.
+                with anyio.CancelScope(shield=True):
+                    await self.journal.record_order(request.client_order_id, at)
+        return order
+
+    async def observe(self) -> DayState | None:
         """Records the start of the current UTC day if it is new, and halts on a loss.
+
+        Returns None while the day cannot start (a holding has no price yet).
 
         The daemon calls this on every tick so the day's starting value is taken at the start
         of the day, not at the first order. It takes the order lock, so the day's start is
         never recorded twice at once (by the candle watcher and by an order).
         """
         async with self._lock:
-            state, loss = await self._day()
-            if state.halted is None and loss >= self.limits.max_daily_loss:
+            state, loss, valuation = await self._day()
+            if state is not None and not valuation.unpriced and state.halted is None \
+                    and loss >= self.limits.max_daily_loss:
                 state = await self.journal.halt(state.day, self._loss_text(loss))
             return state
 
@@ -129,7 +201,13 @@ class RiskPolicy:
             allowed = ", ".join(limits.allowed_symbols) or "nothing (none configured)"
             raise RiskLimitError("allowed_symbols", f"Refused: {request.symbol} is not in "
                                  f"allowed_symbols; this desk may trade {allowed}.")
-        state, loss = await self._day()
+        await self._refuse_unresolved(request)
+        state, loss, valuation = await self._day()
+        if valuation.unpriced or state is None:
+            what = ", ".join(valuation.unpriced)
+            raise RiskLimitError("max_daily_loss", f"Refused: {what} cannot be priced in "
+                                 f"{quote} right now, so the daily loss cannot be checked; "
+                                 "try again in a few minutes.")
         if state.halted is None and loss >= limits.max_daily_loss:
             state = await self.journal.halt(state.day, self._loss_text(loss))
         if state.halted is not None:
@@ -138,12 +216,13 @@ class RiskPolicy:
                                  f"halted until 00:00 UTC on {resume.isoformat()}.")
 
         ticker = await self.exchange.fetch_ticker(request.symbol)
-        if request.price is not None:
-            price = request.price
-        elif request.side == "buy":
-            price = ticker.ask or ticker.last
+        if request.side == "buy":
+            # A buy limit above the market fills at the market: its own price is the worst.
+            price = request.price or ticker.ask or ticker.last
         else:
-            price = ticker.bid or ticker.last
+            # A sell limit below the market fills at the market, so never value it lower.
+            market = ticker.bid or ticker.last
+            price = market if request.price is None else max(request.price, market)
         market_quote = request.symbol.partition("/")[2].split(":")[0]
         notional = await self._in_quote(request.amount * price, market_quote)
         if notional > limits.max_order_notional:
@@ -188,7 +267,7 @@ class RiskPolicy:
     async def describe(self) -> str:
         """The limits and how much of each is used, in a few lines the model reads."""
         limits, quote = self.limits, self.limits.quote_currency
-        state, loss = await self._day()
+        state, loss, valuation = await self._day()
         now = self.exchange.now()
         open_orders = len(await self.exchange.fetch_open_orders())
         recent = len(self.journal.orders_in_hour_before(now))
@@ -200,17 +279,58 @@ class RiskPolicy:
             f"{recent}/{limits.max_orders_per_hour}; loss today "
             f"{format_amount(max(loss, _ZERO))}/{format_amount(limits.max_daily_loss)}.",
         ]
-        if state.halted:
+        if valuation.unpriced:
+            lines.append(f"No new orders until {', '.join(valuation.unpriced)} can be priced "
+                         "(the daily loss cannot be checked).")
+        if state is not None and state.halted:
             lines.append(f"HALTED for the rest of {state.day.isoformat()} UTC: {state.halted}.")
         return "\n".join(lines)
 
-    async def _day(self) -> tuple[DayState, Decimal]:
-        """Today's state (started now if new) and the loss since its start."""
+    async def _day(self) -> tuple[DayState | None, Decimal, Valuation]:
+        """Today's state (started now if new), the loss since its start, and the valuation.
+
+        The day does not start while a holding cannot be priced: a start value that leaves
+        it out would be too low, and every loss after it would go unnoticed. The loss is
+        zero while the day has not started, and meaningless while anything is unpriced.
+        """
         now: datetime = self.exchange.now()
         valuation = await value_account(self.exchange, self.limits.quote_currency)
-        state = self.journal.day(now.date()) or await self.journal.start_day(
-            now.date(), valuation.total)
-        return state, state.start_equity - valuation.total
+        state = self.journal.day(now.date())
+        if state is None and not valuation.unpriced:
+            state = await self.journal.start_day(now.date(), valuation.total)
+        if state is None or valuation.unpriced:
+            return state, _ZERO, valuation
+        return state, state.start_equity - valuation.total, valuation
+
+    async def _refuse_unresolved(self, request: OrderRequest) -> None:
+        """Refuses an order on a symbol where an earlier order's fate is unknown.
+
+        Such an order (sent, answer lost) is invisible to the limits until it is found, and
+        the model may be about to place it again: look it up first; refuse if still unknown.
+        """
+        exchange = self.exchange
+        if not isinstance(exchange, _Journaled) or not await exchange.unresolved_orders():
+            return
+        found: Sequence[Order] = ()
+        with contextlib.suppress(ExchangeUnavailableError):
+            found = await exchange.reconcile()
+        found = [o for o in found if o.symbol == request.symbol]
+        if found:
+            # The model was told the earlier order's fate was unknown; it may be retrying it.
+            placed = "; ".join(f"order {o.id} ({o.side} {o.type} {o.amount} {o.symbol}, "
+                               f"{o.status}, filled {o.filled})" for o in found)
+            raise RiskLimitError(
+                "unresolved_orders",
+                f"Refused: an earlier order whose answer was lost turned out to be placed: "
+                f"{placed}. If you still want this new order as well, place it again.")
+        lost = [r for r in await exchange.unresolved_orders() if r.symbol == request.symbol]
+        if lost:
+            ids = ", ".join(r.client_order_id for r in lost)
+            raise RiskLimitError(
+                "unresolved_orders",
+                f"Refused: an earlier {request.symbol} order (client id {ids}) was sent but "
+                "its outcome is still unknown. Check it with list_open_orders or get_order "
+                "(and get_balance) before placing another; it was not sent twice.")
 
     def _loss_text(self, loss: Decimal) -> str:
         quote = self.limits.quote_currency
