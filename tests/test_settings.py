@@ -286,11 +286,11 @@ def test_the_shutdown_timeout_leaves_the_daemon_time_to_exit_within_10_s(
     path = _write(tmp_path, VALID.replace('log_level = "debug"',
                                           'log_level = "debug"\nshutdown_timeout_seconds = 30'))
     assert _one_error(path).startswith(
-        f"{path}: daemon.shutdown_timeout_seconds: at most 9 seconds: on SIGTERM the daemon "
+        f"{path}: daemon.shutdown_timeout_seconds: at most 8 seconds: on SIGTERM the daemon "
         "must exit within 10 s")
     path = _write(tmp_path, VALID.replace('log_level = "debug"',
-                                          'log_level = "debug"\nshutdown_timeout_seconds = 9'))
-    assert load_settings(path).daemon.shutdown_timeout_seconds == 9
+                                          'log_level = "debug"\nshutdown_timeout_seconds = 8'))
+    assert load_settings(path).daemon.shutdown_timeout_seconds == 8
 
 
 def test_the_queue_has_no_size_to_set(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ DESK_TOOL_NAMES: tuple[str, ...] = (*TRADING_TOOL_NAMES, "remember", "recall",
 """Every tool a desk can be given, what ``desks.<name>.tools`` may list (the daemon's wiring
 registers exactly these: the trading tools, the memory tools and ``delegate``)."""
 
-MAX_SHUTDOWN_TIMEOUT_SECONDS = 9.0
+MAX_SHUTDOWN_TIMEOUT_SECONDS = 8.0
 """The longest ``daemon.shutdown_timeout_seconds``: on SIGTERM the daemon must exit within
 10 s, and cancelling what still runs, then storing it, takes the last second."""
 
@@ -147,7 +147,7 @@ class DaemonSettings(_Strict):
             unless stdout is a terminal.
         watchdog: Ping systemd's watchdog from the main loop when the unit asks for it.
         shutdown_timeout_seconds: How long a SIGTERM waits for desks to reach a safe point
-            before cancelling them; at most 9, so the daemon exits within 10 s.
+            before cancelling them; at most 8, so the daemon exits within 10 s.
         restart_backoff_seconds: The first wait before a crashed desk is restarted; it
             doubles on each crash in a row.
         restart_backoff_max_seconds: The longest wait between restarts of a crashing desk.

@@ -195,7 +195,7 @@ async def test_a_second_signal_exits_at_once_and_the_store_stays_sound(
         scripted_server: ScriptedServer, folder: Path) -> None:
     script = DeskScript()
     scripted_server.responder = script
-    config = write_config(folder, scripted_server.base_url, shutdown_timeout=9)
+    config = write_config(folder, scripted_server.base_url, shutdown_timeout=8)
 
     daemon = DaemonProcess(config)
     try:

@@ -6,6 +6,7 @@ import json
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -28,6 +29,7 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.desk import Backoff
+from trading_agent.store.store import Store
 
 
 async def test_a_trigger_runs_one_turn_stored_as_it_goes(
@@ -320,3 +322,82 @@ async def test_compact_waits_for_the_running_turn(
         await wait_for(lambda: compacted == [False])  # no compressor: nothing to compact
         assert desk.turns == 1
         await stop_desk(desk, group)
+
+
+async def test_a_trigger_compacted_away_mid_turn_is_not_run_again_after_a_failure(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    gate = ToolGate()
+    scripted_server.add(Reply(tool_calls=[ToolCall("wait_for_release")]),
+                        server_error(503), server_error(503), Reply("Carried on."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, tools=gate_tools(gate))
+        group.start_soon(desk.run)
+        await desk.ready.wait()
+        desk.fire(Trigger(kind="schedule", text="Check the book.", source="s"))
+        await gate.entered.wait()
+        # A compaction during the turn summarises the trigger: the window now starts after it.
+        conversation = desk.conversation
+        assert conversation is not None
+        assert conversation.messages[0].kind == "trigger"
+        await conversation.compact(
+            Message(role="user", kind="summary", content=(TextBlock("Asked to check."),)), 1)
+        gate.release.set()
+        await wait_for(lambda: desk.turns == 1)
+        await stop_desk(desk, group)
+
+    later = [last_user_text(request) for request in scripted_server.requests[1:]]
+    assert not any(text.endswith("Check the book.") for text in later)
+    assert later[-1].startswith("[resume: daemon]\nThe model was unavailable")
+    assert gate.calls == 1
+    scripted_server.assert_complete()
+
+
+class _SlowAddStore:
+    """A store whose ``add_operator_message`` commits, then waits for the test to go on."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.committed = anyio.Event()
+        self.go_on = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
+        await self._store.add_operator_message(desk, message)
+        self.committed.set()
+        await self.go_on.wait()
+
+
+async def test_a_message_sent_while_the_desk_restores_is_delivered_once(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    hold = threading.Event()
+    scripted_server.add(Reply("Hello Ann.", hold_until=hold))
+    bus = EventBus()
+    async with open_store(tmp_path) as real_store, anyio.create_task_group() as group:
+        store = _SlowAddStore(real_store)
+        desk = build_desk("alpha", real_store, scripted_server.base_url, bus)
+        desk.store = store
+        sent: list[str] = []
+
+        async def send() -> None:
+            sent.append(await desk.send_message("Are you there?", source="ann"))
+
+        group.start_soon(send)
+        await store.committed.wait()
+        # The desk restores now: it finds the stored message and starts a turn for it.
+        group.start_soon(desk.run)
+        await scripted_server.wait_for_requests(1)
+        assert desk.state == "working"
+        store.go_on.set()
+        await wait_for(lambda: sent != [])
+        hold.set()
+        await wait_for(lambda: desk.turns == 1)
+        await anyio.sleep(0.05)
+        transcript = await real_store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    assert [row["kind"] for row in transcript] == ["operator", "assistant"]
+    assert len(scripted_server.requests) == 1
+    scripted_server.assert_complete()

@@ -123,3 +123,35 @@ async def test_slots_missed_while_down_fire_once_at_start() -> None:
         ("hourly", "15:00"), ("hourly", "16:00"), ("new", "16:00")]
     assert "not running" in fired[0].text
     assert "not running" not in fired[1].text
+
+
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def _slots(schedule: Schedule, start: datetime, count: int) -> list[str]:
+    slots, now = [], start
+    for _ in range(count):
+        now = next_slot(schedule, now, now)
+        slots.append(now.astimezone(NEW_YORK).strftime("%m-%d %H:%M %Z"))
+    return slots
+
+
+def test_a_daily_cron_runs_once_when_its_hour_comes_twice_in_autumn() -> None:
+    daily = Schedule("night", "Night review.", cron="30 1 * * *", timezone=NEW_YORK)
+    # 2024-11-03: 01:00-02:00 comes twice in New York (EDT, then EST).
+    assert _slots(daily, datetime(2024, 11, 2, 12, tzinfo=UTC), 3) == [
+        "11-03 01:30 EDT", "11-04 01:30 EST", "11-05 01:30 EST"]
+    # A restart in the repeated hour does not fire it again as a missed slot.
+    fired = datetime(2024, 11, 3, 1, 30, tzinfo=NEW_YORK)  # fold 0: the EDT one
+    assert catch_up_slot(daily, fired, datetime(2024, 11, 3, 6, 45, tzinfo=UTC)) is None
+    # A job every hour still runs in both of them.
+    hourly = Schedule("hourly", "Look.", cron="30 * * * *", timezone=NEW_YORK)
+    assert _slots(hourly, datetime(2024, 11, 3, 5, 0, tzinfo=UTC), 3) == [
+        "11-03 01:30 EDT", "11-03 01:30 EST", "11-03 02:30 EST"]
+
+
+def test_a_daily_cron_in_the_skipped_spring_hour_runs_once_at_the_shifted_time() -> None:
+    daily = Schedule("night", "Night review.", cron="30 2 * * *", timezone=NEW_YORK)
+    # 2024-03-10: 02:00-03:00 does not exist in New York.
+    assert _slots(daily, datetime(2024, 3, 9, 12, tzinfo=UTC), 3) == [
+        "03-10 03:00 EDT", "03-11 02:30 EDT", "03-12 02:30 EDT"]

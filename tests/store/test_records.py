@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import anyio
+import pytest
 
 from tests.store.conftest import FakeClock
 from trading_agent.agent.conversation import Conversation, ImageBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import (
     ErrorEvent,
+    Event,
     TextDelta,
     ToolHeartbeat,
     TurnStarted,
@@ -19,7 +24,9 @@ from trading_agent.agent.events import (
 )
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
+from trading_agent.errors import StoreError
 from trading_agent.store import Store
+from trading_agent.store.store import DEFAULT_SKIPPED_EVENTS
 
 DAY_ONE = datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 DAY_TWO = datetime(2025, 6, 2, 0, 30, tzinfo=UTC).timestamp()
@@ -151,3 +158,51 @@ async def test_schedule_state_keeps_the_last_slot_per_schedule(store: Store) -> 
     assert await store.schedule_last_fired("alpha") == {"every 30m": later, "morning": slot}
     assert (await store.schedule_last_fired("alpha"))["morning"].tzinfo is not None
     assert await store.schedule_last_fired("nobody") == {}
+
+
+class _FailingStore(Store):
+    """A store whose first ``failures`` event writes fail as SQLite would."""
+
+    failures = 0
+
+    async def append_events(self, events: Iterable[Event], *,
+                            skip: Collection[str] = DEFAULT_SKIPPED_EVENTS) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("database or disk is full")
+        return await super().append_events(events, skip=skip)
+
+
+@pytest.mark.parametrize(("failures", "stored", "dropped"), [(1, ["0", "1"], 0),
+                                                             (2, ["1"], 1)])
+async def test_a_batch_the_store_refuses_is_retried_once_then_dropped_and_counted(
+        db_path: Path, failures: int, stored: list[str], dropped: int) -> None:
+    store = await _FailingStore.open(db_path)
+    store.failures = failures
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    bus = EventBus()
+    subscription = bus.subscribe("store")
+    bus.publish(ErrorEvent(desk="alpha", message="0", error_type="E"))
+    async with anyio.create_task_group() as group:
+        group.start_soon(functools.partial(store.persist_events, subscription,
+                                           retry_after=0.25, sleep=sleep))
+        await wait_until(lambda: store.failures == 0)
+        await anyio.sleep(0.05)  # the first batch is written or dropped
+        bus.publish(ErrorEvent(desk="alpha", message="1", error_type="E"))
+        subscription.close()
+    try:
+        assert [e["message"] for e in await store.events_since(0)] == stored
+        assert store.events_not_stored == dropped
+        assert waits == [0.25]  # one wait before the one retry
+    finally:
+        await store.close()
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.001)

@@ -117,7 +117,9 @@ class LocalModelConfig(BaseModel):
             or a built-in one such as ``chatml-function-calling`` or ``gemma``.
         port: The loopback port; 0 picks a free one.
         startup_timeout: Seconds to wait for the model to load and the server to answer.
-        shutdown_grace: Seconds between asking the server to stop and killing it.
+        shutdown_grace: Seconds between asking the server to stop and killing it (at most
+            1: it holds no state, and it stops after the desks within the daemon's 10 s
+            SIGTERM budget).
         llama_verbose: Let llama.cpp log its load and per-request timings (to the log file).
     """
 
@@ -132,7 +134,7 @@ class LocalModelConfig(BaseModel):
     chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
     port: int = Field(default=0, ge=0, le=65535)
     startup_timeout: float = Field(default=120.0, gt=0)
-    shutdown_grace: float = Field(default=5.0, ge=0)
+    shutdown_grace: float = Field(default=1.0, ge=0, le=1.0)
     llama_verbose: bool = False
 
     @property

@@ -81,6 +81,11 @@ class DeskStore(Protocol):
         """Records the slot a schedule last fired for."""
         ...
 
+    async def has_message(self, desk: str, message_id: str) -> bool:
+        """Whether the desk's conversation ever held a message of this id (compacted or
+        not)."""
+        ...
+
 
 @dataclass(frozen=True)
 class DeskProfile:
@@ -133,6 +138,9 @@ class _Outcome:
     reason: str = ""
     notice: str = RESUME_TEXT
     unfinished: Trigger | None = None
+    unfinished_appended: bool = False
+    """Whether the unfinished trigger reached the conversation (a compaction may since have
+    taken it out of the window)."""
 
 
 class Desk:
@@ -181,6 +189,9 @@ class Desk:
         self._stopping = False
         self._paused = False
         self._nap: anyio.CancelScope | None = None
+        self._operator_ids: set[str] = set()
+        """Operator messages queued or put in the inbox since the last restore: a message
+        sent while the desk restores is seen by both, and must be given to it once."""
         self._log = _log.bind(desk=self.name)
 
     # ------------------------------------------------------------------ what others call
@@ -203,6 +214,9 @@ class Desk:
         """
         message = SteeringMessage(text=text, source=source, images=tuple(images))
         await self.store.add_operator_message(self.name, message)
+        if message.id in self._operator_ids:
+            return message.id  # a restore during the await already queued it
+        self._operator_ids.add(message.id)
         if self._in_turn and not self._stopping:
             self.inbox.put(message)
         else:
@@ -290,6 +304,7 @@ class Desk:
                 await self.queue.wait()
                 continue
             self._outcome.unfinished = trigger
+            self._outcome.unfinished_appended = False
             result = await self._run_turn(trigger)
             self._outcome.unfinished = None
             if result is not None:
@@ -358,6 +373,7 @@ class Desk:
         notice), then queues what is owed: the unfinished trigger if it never reached the
         conversation, else a resume turn after an interruption, and undelivered messages."""
         self._steering_to_queue()
+        self._operator_ids.clear()
         conversation = await self.store.restore_conversation(self.name, self.system_prompt)
         conversation.observer = _ScheduleObserver(conversation.observer, self)
         self.conversation = conversation
@@ -365,21 +381,31 @@ class Desk:
         interrupted = last is not None and last.kind == "notice"
         delivered = {message.id for message in conversation.messages}
         unfinished, self._outcome.unfinished = self._outcome.unfinished, None
-        if unfinished is not None and unfinished.id not in delivered:
+        if unfinished is not None and not await self._reached(unfinished, delivered):
             self.queue.put_first(unfinished)  # it never reached the conversation: run it again
         elif interrupted:
             self.queue.put_first(Trigger(kind="resume", text=self._outcome.notice,
                                          source="daemon"))
         for message in await self.store.undelivered_operator_messages(self.name):
-            if message.id not in delivered:
+            if message.id not in delivered and message.id not in self._operator_ids:
+                self._operator_ids.add(message.id)
                 self.queue.put(message.to_trigger())
         if self._outcome.at is None and last is not None and last.role == "assistant":
             self._outcome.at, self._outcome.text = last.created_at, last.text
 
 
+    async def _reached(self, trigger: Trigger, window: set[str]) -> bool:
+        """Whether the trigger got into the conversation. The window is not enough: a
+        compaction during the turn may have summarised the trigger away."""
+        if self._outcome.unfinished_appended or trigger.id in window:
+            return True
+        return await self.store.has_message(self.name, trigger.id)
+
+
 class _ScheduleObserver:
-    """Passes every change to the store; when a schedule's trigger reaches the conversation,
-    records its slot as fired (so a trigger lost to a crash before that fires again)."""
+    """Passes every change to the store; notes when the running turn's trigger reached the
+    conversation (so a restore does not run it again), and for a schedule's trigger records
+    its slot as fired (so a trigger lost to a crash before that fires again)."""
 
     def __init__(self, inner: ConversationObserver | None, desk: Desk) -> None:
         self._inner = inner
@@ -388,8 +414,12 @@ class _ScheduleObserver:
     async def message_appended(self, conversation: Conversation, message: Message) -> None:
         if self._inner is not None:
             await self._inner.message_appended(conversation, message)
-        trigger = self._desk._outcome.unfinished
-        if trigger is not None and trigger.kind == "schedule" and message.id == trigger.id:
+        outcome = self._desk._outcome
+        trigger = outcome.unfinished
+        if trigger is None or message.id != trigger.id:
+            return
+        outcome.unfinished_appended = True  # stored: the inner observer returned
+        if trigger.kind == "schedule":
             await self._desk.store.record_schedule_fired(
                 self._desk.name, trigger.source, datetime.fromtimestamp(trigger.at, UTC))
 

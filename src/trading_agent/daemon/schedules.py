@@ -2,7 +2,9 @@
 
 A schedule's *slots* are the moments it is due: ``anchor + k * every`` for an interval,
 the cron expression's matches (read on the desk's wall clock, so ``0 9 * * mon-fri`` is
-9:00 local time through daylight-saving changes) for a cron schedule.
+9:00 local time through daylight-saving changes) for a cron schedule. As in cron, a job at a
+fixed hour runs once when the clocks go back and its wall time comes twice (the first time),
+and at the shifted time when they go forward over it; a job every hour runs every hour.
 
 Slots missed while the daemon was down fire **once** at start, not once per missed slot:
 the store keeps the slot each schedule last fired for, and :func:`catch_up_slot` compares it
@@ -87,7 +89,10 @@ def next_slot(schedule: Schedule, anchor: datetime, now: datetime) -> datetime:
     if schedule.every is not None:
         steps = (now - anchor) // schedule.every + 1
         return (anchor + max(steps, 1) * schedule.every).astimezone(UTC)
-    found: datetime = _cron(schedule, now).get_next(datetime)
+    slots = _cron(schedule, now)
+    found: datetime = slots.get_next(datetime)
+    if _repeats_wall_time(schedule, found):
+        found = slots.get_next(datetime)
     return found.astimezone(UTC)
 
 
@@ -97,8 +102,22 @@ def _latest_slot(schedule: Schedule, anchor: datetime, now: datetime) -> datetim
         return (anchor + ((now - anchor) // schedule.every) * schedule.every).astimezone(UTC)
     # get_prev is strictly before, so a moment exactly on a slot is that slot: look from
     # just after it.
-    found: datetime = _cron(schedule, now + timedelta(microseconds=1)).get_prev(datetime)
+    slots = _cron(schedule, now + timedelta(microseconds=1))
+    found: datetime = slots.get_prev(datetime)
+    if _repeats_wall_time(schedule, found):
+        found = slots.get_prev(datetime)
     return found.astimezone(UTC)
+
+
+def _repeats_wall_time(schedule: Schedule, slot: datetime) -> bool:
+    """Whether ``slot`` is the second time a fixed-hour cron job's wall time comes round, in
+    the hour the clocks go back (croniter gives both; cron runs such a job once)."""
+    assert schedule.cron is not None
+    if croniter(schedule.cron).expanded[1] == ["*"]:
+        return False  # a job every hour keeps running every hour
+    previous: datetime = _cron(schedule, slot).get_prev(datetime)
+    wall = slot.astimezone(schedule.timezone).replace(tzinfo=None)
+    return previous.astimezone(schedule.timezone).replace(tzinfo=None) == wall
 
 
 def _cron(schedule: Schedule, start: datetime) -> croniter:

@@ -15,7 +15,8 @@ signals:
 - the first SIGTERM or SIGINT stops new turns; running turns stop at their next safe point
   (after the tool round in flight); after ``shutdown_timeout_seconds`` whatever still runs
   is cancelled (a cancelled tool round still gets its results stored). The events still
-  buffered are written, the store is closed, and the process exits 0;
+  buffered are written (for at most half a second; what is left is counted in the log), the
+  local model server gets at most 1 s, the store is closed, and the process exits 0;
 - a second signal cancels everything at once. Every write to SQLite is one transaction, so
   the store stays consistent either way.
 """
@@ -38,7 +39,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
@@ -65,6 +66,11 @@ _STATUS_SECONDS = 30.0
 
 _STATUS_PROBE_SECONDS = 2.0
 """How long a status request waits for the exchange before leaving its figures out."""
+
+_DRAIN_SECONDS = 0.5
+"""How long a shutdown waits for the event log to be written once the desks stopped. The
+SIGTERM budget of 10 s: the desks' ``shutdown_timeout_seconds`` (8 by default), this, then
+the local model server's grace (at most 1 s)."""
 
 
 class _History(Protocol):
@@ -348,6 +354,21 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
             finally:
                 daemon.store_subscription.close()
                 daemon.log_subscription.close()
+                # Writing what is buffered must not break the 10 s SIGTERM promise.
+                recorders.cancel_scope.deadline = anyio.current_time() + _DRAIN_SECONDS
+        if recorders.cancel_scope.cancel_called:
+            left = _count_left(daemon.store_subscription)
+            _log.warning("events_not_stored", count=left,
+                         reason=f"the store did not write them within {_DRAIN_SECONDS:g} s "
+                                "of the shutdown")
+
+
+def _count_left(subscription: Subscription) -> int:
+    """Empties a closed subscription, counting what it still held."""
+    left = 0
+    while (event := subscription.get_nowait()) is not None:
+        left += int(getattr(event, "count", 1)) if event.id <= 0 else 1
+    return left
 
 
 def _print_banner(desks: Sequence[str], endpoints: Any,

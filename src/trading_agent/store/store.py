@@ -23,13 +23,14 @@ import sqlite3
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+import anyio
 import structlog
 
 from trading_agent.agent.conversation import (
@@ -43,6 +44,7 @@ from trading_agent.agent.conversation import (
 from trading_agent.agent.event_bus import Subscription
 from trading_agent.agent.events import Event, UsageReported
 from trading_agent.agent.steering_inbox import SteeringMessage
+from trading_agent.errors import StoreError
 from trading_agent.store.codec import (
     ImageData,
     decode_content,
@@ -197,6 +199,8 @@ class Store:
     def __init__(self, database: Database, *, clock: Callable[[], float] = time.time) -> None:
         self._db = database
         self._clock = clock
+        self.events_not_stored = 0
+        """Events :meth:`persist_events` dropped because SQLite refused them twice."""
 
     @classmethod
     async def open(cls, path: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
@@ -324,6 +328,27 @@ class Store:
             _log.warning("message_id_reused", desk=desk, message_id=message.id,
                          stored_id=stored)
         return stored
+
+    async def has_message(self, desk: str, message_id: str) -> bool:
+        """Whether a message of this id is stored for the desk (compacted away or not).
+
+        Args:
+            desk: The desk.
+            message_id: The message's id.
+
+        Returns:
+            True when it is stored.
+
+        Raises:
+            StoreError: SQLite failed.
+        """
+
+        def read(connection: sqlite3.Connection) -> bool:
+            return connection.execute(
+                "SELECT 1 FROM messages WHERE desk = ? AND message_id = ? LIMIT 1",
+                (desk, message_id)).fetchone() is not None
+
+        return await self._db.read(read)
 
     async def record_compaction(self, desk: str, summary: Message, first_kept_id: str | None,
                                 *, subagent_id: str | None = None) -> None:
@@ -544,16 +569,24 @@ class Store:
 
     async def persist_events(self, subscription: Subscription, *,
                              skip: Collection[str] = DEFAULT_SKIPPED_EVENTS,
-                             batch_size: int = 500) -> None:
+                             batch_size: int = 500, retry_after: float = 0.5,
+                             sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
         """Drains a bus subscription into the store, in batches, until it is closed.
 
         Close the subscription to end it: what is buffered is written first. Cancelling it
         loses what is still buffered. Usage events also add to the desks' daily usage.
 
+        A batch SQLite refuses (a full disk, a lock held too long) is tried once more after
+        ``retry_after`` seconds, then dropped and counted in :attr:`events_not_stored`: the
+        event log is a record, and losing some of it must not stop the desks (an exception
+        here would end the task group the daemon runs in).
+
         Args:
             subscription: A subscription to the daemon's bus (give it a large buffer).
             skip: Event types not stored.
             batch_size: The most events written in one transaction.
+            retry_after: Seconds to wait before the one retry of a failed batch.
+            sleep: The sleep used for that wait (tests pass a fast one).
         """
         async for first in subscription:
             batch = [first]
@@ -562,7 +595,23 @@ class Store:
                 if event is None:
                     break
                 batch.append(event)
-            await self.append_events(batch, skip=skip)
+            await self._append_batch(batch, skip, retry_after, sleep)
+
+    async def _append_batch(self, batch: list[Event], skip: Collection[str],
+                            retry_after: float,
+                            sleep: Callable[[float], Awaitable[None]]) -> None:
+        for attempt in (1, 2):
+            try:
+                await self.append_events(batch, skip=skip)
+                return
+            except StoreError as exc:
+                _log.error("events_store_failed", error=str(exc), events=len(batch),
+                           attempt=attempt)
+                if attempt == 1:
+                    await sleep(retry_after)
+        self.events_not_stored += len(batch)
+        _log.error("events_not_stored", count=len(batch), total=self.events_not_stored,
+                   reason="the store refused them twice")
 
     async def append_events(self, events: Iterable[Event], *,
                             skip: Collection[str] = DEFAULT_SKIPPED_EVENTS) -> int:
