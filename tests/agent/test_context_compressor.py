@@ -216,6 +216,17 @@ async def running_desk(server: ScriptedServer, *, window: int, keep_recent: int 
             yield Desk(loop, conversation, events, store, notes, candle_calls)
 
 
+def assert_kept_tail(desk: Desk) -> None:
+    """In memory, the conversation holds only the stored transcript's tail since the last
+    compaction; the store (here its recording) holds every message."""
+    kept = [m.id for m in desk.conversation.messages]
+    stored = [m.id for m in desk.store.appended]
+    assert stored[len(stored) - len(kept):] == kept
+    if desk.store.compactions:
+        _, first_kept_id = desk.store.compactions[-1]
+        assert kept[:1] == ([first_kept_id] if first_kept_id is not None else [])
+
+
 def text_of(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):
@@ -267,12 +278,15 @@ async def test_past_70_percent_a_turn_starts_with_a_silent_flush_then_a_summary(
         assert text_of(after[1]).startswith(SUMMARY_HEADER)
         assert "long 0.1 BTC at 64000" in text_of(after[1])
         assert not any(text_of(m).endswith("\ntick 1") for m in after)
-        # The transcript is whole, flush turn excluded; only what is sent changed.
-        transcript = desk.conversation.messages
-        assert [m.id for m in desk.store.appended] == [m.id for m in transcript]
+        # The stored transcript is whole, flush turn excluded; in memory, only the messages
+        # still sent verbatim are kept.
+        transcript = desk.store.appended
         assert transcript[0].text.endswith("tick 1")
         assert not any("[Memory flush]" in m.text for m in transcript)
-        assert len(desk.store.compactions) == 1
+        [(_, first_kept_id)] = desk.store.compactions
+        assert_kept_tail(desk)
+        assert desk.conversation.messages[0].id == first_kept_id
+        assert len(desk.conversation.messages) < len(transcript)
     scripted_server.assert_complete()
 
 
@@ -315,6 +329,28 @@ async def test_no_request_exceeds_the_window_over_a_long_day(
     assert model.kinds.count("summary") >= 5
     assert model.kinds.count("flush") == 2 * model.kinds.count("summary")
     assert not desk.of(ErrorEvent) and not desk.of(OverflowRecovery)
+
+
+async def test_many_compactions_keep_the_messages_in_memory_bounded(
+        scripted_server: ScriptedServer) -> None:
+    window = 3000
+    model = DeskModel(window, candles_then_answer(30))
+    scripted_server.responder = model
+    async with running_desk(scripted_server, window=window, keep_recent=600,
+                            summary_max=200) as desk:
+        longest = 0
+        for number in range(60):
+            await desk.turn(f"tick {number}")
+            longest = max(longest, len(desk.conversation.messages))
+            assert_kept_tail(desk)
+        compactions = len(desk.store.compactions)
+        assert compactions >= 8
+        # Every message of the 60 turns is stored; memory holds a few turns' worth.
+        assert len(desk.store.appended) == 60 * 4
+        assert longest <= 24
+        assert desk.conversation.window_start == 0
+        assert desk.conversation.window()[0] is desk.conversation.summary
+    assert model.problems == []
 
 
 # --------------------------------------------------------------------------- overflow

@@ -578,8 +578,14 @@ def scenario_problems(events: list[Event], rig: DeskRig, conversation: Conversat
                         f"{delivered}, waiting {waiting}")
     if any(m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in conversation.messages):
         problems.append("the flush turn reached the transcript")
-    if [m.id for m in store.appended] != [m.id for m in conversation.messages]:
+    # The store has every message; memory, only those since the last compaction.
+    stored = [m.id for m in store.appended]
+    kept = [m.id for m in conversation.messages]
+    if stored[len(stored) - len(kept):] != kept:
         problems.append("the transcript was rewritten")
+    first_kept_id = store.compactions[-1][1] if store.compactions else None
+    if first_kept_id is not None and kept[:1] != [first_kept_id]:
+        problems.append("memory keeps messages the last compaction summarized")
     return problems
 
 

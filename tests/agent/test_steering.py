@@ -14,12 +14,21 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import pytest
 from pydantic import BaseModel
 
 from tests.agent.test_randomized_conversations import drain
-from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from tests.scripted_server import (
+    RecordedRequest,
+    Reply,
+    ScriptedServer,
+    Step,
+    ToolCall,
+    server_error,
+)
 from trading_agent.agent.agent_loop import AgentLoop
-from trading_agent.agent.conversation import Conversation
+from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.conversation import Conversation, Message
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import (
     Event,
@@ -37,6 +46,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.errors import BackendUnavailableError
 
 MARK = "[Message from ana, a human operator, sent while you were working]\n"
 
@@ -106,6 +116,10 @@ async def running_desk(server: ScriptedServer, *, inbox: bool = True,
         with bus.subscribe("test", max_buffer=100_000) as events:
             desk = Desk(loop, bus, events, steering)
             yield desk
+
+
+async def _no_sleep(delay: float) -> None:
+    await anyio.lowlevel.checkpoint()
 
 
 def tick() -> Trigger:
@@ -319,3 +333,44 @@ async def test_a_cancelled_turn_keeps_waiting_messages_for_the_next(
     assert second[-1]["content"] == MARK + "Still there?"
     tool = next(m for m in second if m["role"] == "tool")
     assert "interrupted" in tool["content"]
+
+
+async def test_a_late_message_survives_a_failed_compaction_before_its_turn(
+        scripted_server: ScriptedServer) -> None:
+    """The message that would open the next turn is back at the front of the inbox when the
+    compaction before that turn fails: neither lost nor delivered twice."""
+    bus, inbox = EventBus(), SteeringInbox()
+    late = SteeringMessage("Sell half.", "ana")
+    second = SteeringMessage("Then close the rest.", "ana")
+
+    def model(request: RecordedRequest) -> Step:
+        if len(scripted_server.requests) == 1:
+            inbox.put(late)  # written while the model writes its final answer
+            inbox.put(second)
+            return Reply("Holding.", usage=(7_500, 10))  # the window is now past 70%
+        return server_error(503)  # the summary request, and its retries
+
+    scripted_server.responder = model
+    config = OpenAIBackendConfig(base_url=scripted_server.base_url, model="scripted-model",
+                                 context_window=8_000, request_timeout=10)
+    history = [Message.user_text("tick " + "x" * 400), Message.user_text("answer " + "y" * 400)]
+    conversation = Conversation("You are alpha.", history)
+    async with OpenAICompatibleBackend(config) as backend:
+        loop = AgentLoop("alpha", backend, ToolCallExecutor(ToolRegistry()), bus, 6,
+                         compressor=ContextCompressor(8_000, keep_recent_tokens=30),
+                         steering_inbox=inbox)
+        loop.retry_policy.sleep = _no_sleep
+        with pytest.raises(BackendUnavailableError):
+            await loop.run_turn(conversation, tick())
+
+    assert [m.id for m in inbox.take_all()] == [late.id, second.id]  # in order
+    assert all(m.kind != "steering" and late.id != m.id for m in conversation.messages)
+
+
+def test_put_back_puts_a_message_at_the_front() -> None:
+    inbox = SteeringInbox()
+    older, newer = SteeringMessage("older"), SteeringMessage("newer")
+    inbox.put(newer)
+    inbox.put_back(older)
+    assert inbox.pending == 2
+    assert [m.id for m in inbox.take_all()] == [older.id, newer.id]

@@ -98,8 +98,7 @@ async def test_a_prompt_over_the_servers_window_is_compacted_and_replayed(
     assert result.rounds == 1
     assert isinstance(result.text, str)
     assert result.usage.input_tokens > 0
-    # What is sent shrank to the summary; what is kept did not.
+    # What is sent shrank to the summary (the store, not memory, keeps the full transcript).
     assert conversation.summary is not None
-    assert conversation.window_start >= len(history) - 1
-    assert conversation.messages[:len(history)] == history
+    assert len(conversation.messages) < len(history)
     assert conversation.messages[-1].role == "assistant"

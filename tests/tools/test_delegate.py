@@ -17,6 +17,7 @@ import anyio
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from tests.agent.test_randomized_conversations import wire_problems
 from tests.scripted_server import (
     RecordedRequest,
     Reply,
@@ -146,13 +147,14 @@ class RecordingObserver:
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.compactions: list[tuple[Message, str | None]] = []
 
     async def message_appended(self, conversation: Conversation, message: Message) -> None:
         self.messages.append(message)
 
     async def compacted(self, conversation: Conversation, summary: Message,
                         first_kept_id: str | None) -> None:
-        raise AssertionError("a subagent's conversation is never compacted")
+        self.compactions.append((summary, first_kept_id))
 
 
 class RecordingTranscripts:
@@ -437,6 +439,56 @@ async def test_a_failing_model_comes_back_as_a_result(
     assert text.startswith("Error: the subagent failed: the server refused the request: The "
                            "subagent key is revoked. (HTTP 401)")
     assert result.text == "Desk summary."
+
+
+# --------------------------------------------------------------------------- the window
+
+
+class CandleArguments(BaseModel):
+    count: int
+
+
+async def test_huge_tool_results_never_push_a_subagent_request_past_the_window(
+        server: ScriptedServer) -> None:
+    window, candle = 4000, "2024-05-01T00:00 o 64000 h 64100 l 63900 c 64050\n"
+    calls: list[int] = []
+
+    def model(request: RecordedRequest) -> Step:
+        system = str(request.messages[0]["content"])
+        if system.startswith("You maintain the running summary"):
+            return Reply("## Goal\n- read the candles")
+        if not system.startswith("SUBAGENT"):
+            return _desk_delegating("Read a lot of candles")(_round(request))
+        if len(calls) < 6:
+            return Reply(tool_calls=[ToolCall("get_candles", {"count": 800})])
+        return Reply("BTC trends up over 4800 candles.")
+
+    server.responder = model
+    registry = ToolRegistry()
+
+    @registry.tool(description="Recent candles of BTC/USDT, one a line.")
+    async def get_candles(arguments: CandleArguments, context: ToolContext) -> str:
+        calls.append(arguments.count)
+        return candle * arguments.count  # about 10,000 tokens: more than the whole window
+
+    config = OpenAIBackendConfig(base_url=server.base_url, model="scripted-model",
+                                 context_window=window, max_output_tokens=200)
+    async with OpenAICompatibleBackend(config) as small:
+        register_delegate_tool(registry, SubagentConfig(system_prompt=SUB_PROMPT),
+                               backend=small, transcripts=RecordingTranscripts())
+        loop = AgentLoop(DESK, small, ToolCallExecutor(registry.subset([DELEGATE_TOOL_NAME])),
+                         EventBus(), maximum_rounds=2)
+        result = await loop.run_turn(Conversation(DESK_PROMPT),
+                                     Trigger(kind="operator", text="Research.", source="ana"))
+
+    assert result.text == "Desk summary."
+    assert _results(server.requests[-1])["d1"] == "BTC trends up over 4800 candles."
+    assert len(calls) == 6
+    summaries = [r for r in server.requests
+                 if str(r.messages[0]["content"]).startswith("You maintain the running")]
+    assert len(summaries) >= 1  # the subagent compacted between rounds
+    for request in server.requests:
+        assert wire_problems(request.json, window) == []  # paired and within the window
 
 
 # --------------------------------------------------------------------------- isolation

@@ -138,7 +138,14 @@ class AgentLoop:
         self._stop_requested = False
         opening: SteeringMessage | None = None
         while True:
-            await self._compact_if_full(conversation)
+            try:
+                await self._compact_if_full(conversation)
+            except BaseException:
+                # The message that was to open this turn is not in the conversation yet:
+                # back to the inbox, or it would be lost.
+                if opening is not None and self._steering_inbox is not None:
+                    self._steering_inbox.put_back(opening)
+                raise
             result = await self._run_rounds(conversation, TurnState(trigger), opening)
             opening = self._late_message(result)
             if opening is None:

@@ -27,7 +27,8 @@ with the newly summarized messages instead of summarizing a summary blind. The n
 messages (``keep_recent_tokens``) stay verbatim, and the cut never separates a tool call from
 its results. The summarizer reads the messages as plain text, in chunks small enough that
 each summary request (instructions, previous summary, chunk and answer) fits the window.
-The full transcript stays in the conversation and the store.
+The summarized messages leave the conversation's memory; the full transcript stays in the
+store.
 
 **Very long tool results** are cut (head and tail kept) to ``tool_result_max_tokens`` in what
 is sent, never in the store, so one huge result cannot keep the window full forever: after a
@@ -325,7 +326,7 @@ class ContextCompressor:
     async def compress(self, conversation: Conversation, *, ask: AskModel,
                        measure: Callable[[], int], events: EventBus, desk: str, reason: str,
                        keep_recent_tokens: int | None = None) -> bool:
-        """Replaces older messages, in what is sent, by an updated summary.
+        """Replaces older messages by an updated summary (they leave memory, not the store).
 
         Args:
             conversation: The conversation to compress.

@@ -1,9 +1,11 @@
 """A desk's conversation: messages made of content blocks.
 
 The internal shape is the richest one (text, image, tool_use, tool_result blocks, as in
-Anthropic's API); each backend translates it to its own wire format. The full transcript is
-kept (and stored); compaction only moves the window of what is *sent*: a summary message
-followed by the newest messages.
+Anthropic's API); each backend translates it to its own wire format. What is sent is a
+summary message followed by the newest messages. The full transcript is kept by the store
+(the observer), not in memory: a compaction drops the summarized messages (with their images
+and cached encodings) from :attr:`Conversation.messages`, so a desk that runs for months
+holds only what it still sends.
 """
 
 from __future__ import annotations
@@ -311,6 +313,12 @@ class Conversation:
         messages: Messages to start from (a restored transcript window).
         summary: The latest compaction summary, standing for messages before ``messages``.
         observer: Told of every append and compaction (the store).
+
+    Attributes:
+        messages: The messages after the latest compaction, oldest first: what is sent after
+            the summary. Older ones are only in the store.
+        window_start: Index in ``messages`` of the oldest message sent; 0, since a
+            compaction drops the summarized messages instead of moving past them.
     """
 
     def __init__(
@@ -352,17 +360,23 @@ class Conversation:
             await self.observer.message_appended(self, message)
 
     async def compact(self, summary: Message, first_kept: int) -> None:
-        """Replaces, in what is sent, the messages before ``first_kept`` with ``summary``.
+        """Replaces the messages before ``first_kept`` with ``summary``.
+
+        The replaced messages are dropped from memory (the store, told by the observer,
+        keeps the full transcript); ``messages`` then starts at the oldest kept one.
 
         Args:
             summary: The summary message.
             first_kept: Index into ``messages`` of the oldest message still sent verbatim.
         """
+        first_kept_id = self.messages[first_kept].id if first_kept < len(self.messages) else None
         self.summary = summary
-        self.window_start = first_kept
+        del self.messages[:first_kept]
+        self.window_start = 0
+        # It indexes ``messages``: shift it with them (unused until the next report, anyway).
+        self.reported_message_count = max(0, self.reported_message_count - first_kept)
         self.reported_input_tokens = None
         self.memory_flushed = False
-        first_kept_id = self.messages[first_kept].id if first_kept < len(self.messages) else None
         if self.observer is not None:
             await self.observer.compacted(self, summary, first_kept_id)
 

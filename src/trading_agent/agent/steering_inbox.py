@@ -12,7 +12,9 @@ is not empty, it ends that turn (``TurnEnded``) and, inside the same call, start
 one (``TurnStarted``, trigger kind ``operator``) with the oldest waiting message as its
 trigger (``SteeringDelivered`` with ``started_turn=True``); any others are delivered before
 that turn's first model call. ``run_turn`` returns the last turn's result. It does not
-follow up after a stop request (shutdown) or when it raises.
+follow up after a stop request (shutdown) or when it raises; a message it took but could
+not add to the conversation before raising (the compaction before the next turn failed) is
+put back at the front of the inbox.
 
 So for the daemon: while ``run_turn`` runs, put the operator's messages in the inbox; once it
 returns or raises, the desk is idle again, and any message still in the inbox (put after the
@@ -77,6 +79,13 @@ class SteeringInbox:
     def put(self, message: SteeringMessage) -> None:
         """Queues a message."""
         self._pending.append(message)
+        if self._arrived is not None:
+            self._arrived.set()
+
+    def put_back(self, message: SteeringMessage) -> None:
+        """Returns a taken message to the front of the queue (its delivery failed), so it is
+        the next one taken."""
+        self._pending.appendleft(message)
         if self._arrived is not None:
             self._arrived.set()
 

@@ -3,8 +3,10 @@
 A subagent is an :class:`~trading_agent.agent.AgentLoop` of its own: a fresh
 :class:`~trading_agent.agent.Conversation` (it sees none of the desk's), a subset of the
 desk's tools, no steering inbox (operator messages to the desk never reach it), its own
-round limit and a wall-clock timeout. Its final text is the tool result; however it ends
-(a failure, the timeout, the round limit) the desk reads a result, never an exception.
+round limit and a wall-clock timeout, and a compressor sized to the backend's window (long
+tool results cut, compaction when full, overflow recovery; no memory flush). Its final text
+is the tool result; however it ends (a failure, the timeout, the round limit) the desk reads
+a result, never an exception.
 
 - **Depth 1.** A subagent is never given ``delegate``, so it cannot delegate further; nor
   ``place_order`` (or any other tool marked dangerous) unless the config allows it, and then
@@ -45,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec, Usage
+from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.conversation import Conversation, ConversationObserver
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecutor
@@ -83,6 +86,9 @@ _SLOT_GRACE_SECONDS = 5.0
 
 _PARTIAL_LIMIT = 4000
 """The most characters of a stopped subagent's partial text given back to the desk."""
+
+_SUBAGENT_SUMMARY_MAX_TOKENS = 1200
+"""The longest summary a subagent's compaction asks for (less in windows under 9,600)."""
 
 
 class SubagentConfig(BaseModel):
@@ -338,7 +344,8 @@ class Delegator:
         events = context.events.child(subagent=link.subagent_id, parent_call=context.call_id)
         executor = ToolCallExecutor(registry, approval_gate=self._approval_gate,
                                     heartbeat_seconds=self._heartbeat_seconds)
-        loop = AgentLoop(context.desk, metered, executor, events, self.config.maximum_rounds)
+        loop = AgentLoop(context.desk, metered, executor, events, self.config.maximum_rounds,
+                         compressor=_subagent_compressor(metered.context_window))
         trigger = Trigger(kind="subagent", text=task, source=context.desk)
         result: TurnResult | None = None
         failure: str | None = None
@@ -373,6 +380,21 @@ class Delegator:
                     "daemon is shutting down")
         return (f"the subagent used all {self.config.maximum_rounds} of its model calls "
                 "(maximum_rounds) without a final answer")
+
+
+def _subagent_compressor(context_window: int) -> ContextCompressor | None:
+    """A subagent's compressor: long tool results cut, compaction past the hard mark, and
+    overflow recovery, without the memory flush (a subagent has no memory to save to).
+
+    The summary cap scales down with the window so the settings are valid for small ones;
+    a window too small for any summary (under ~800 tokens) gets none.
+    """
+    try:
+        return ContextCompressor(
+            context_window, memory_tool="",
+            summary_max_tokens=max(1, min(_SUBAGENT_SUMMARY_MAX_TOKENS, context_window // 8)))
+    except ValueError:
+        return None
 
 
 def _partial(conversation: Conversation, backend: _MeteredBackend) -> str:
