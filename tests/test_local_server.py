@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from trading_agent.backends import local_server
+from trading_agent.backends import llama_chat_handler, local_server
 from trading_agent.backends.local_server import (
     TOOL_CHAT_FORMAT,
     LocalModelConfig,
@@ -199,7 +199,7 @@ def test_the_prompt_keeps_tool_results_and_strips_turn_markers() -> None:
                                      {"type": "image_url", "image_url": {"url": "data:,"}}]},
     ]
 
-    prompt = local_server._render_prompt(messages, [_TICKER_TOOL])
+    prompt = llama_chat_handler._render_prompt(messages, [_TICKER_TOOL])
 
     assert "functions.get_ticker: Get the last price of a market symbol." in prompt
     assert 'functions.get_ticker:\n{"symbol": "BTC/USDT"}<|im_end|>' in prompt
@@ -217,7 +217,7 @@ def test_only_the_call_just_answered_counts_as_a_repeat() -> None:
     same = {"name": "get_order", "arguments": '{"symbol": "BTC/USDT", "order_id": "o-7"}'}
 
     def repeats(messages: list[dict[str, Any]], function: dict[str, str]) -> bool:
-        return local_server._repeats_last_call(messages, function)
+        return llama_chat_handler._repeats_last_call(messages, function)
 
     assert repeats([asked, called, answered], same)  # the same JSON, written differently
     assert not repeats([asked, called, answered], {**same, "arguments": '{"order_id": "o-8"}'})
