@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -218,3 +219,30 @@ async def test_symbols_come_from_their_own_files(tmp_path: Path) -> None:
         ("ETH/USDT", "16:55")]
     assert (await feed.ticker("ETH/USDT")).last == Decimal("1213.0")
     assert isinstance(feed, PriceFeed)
+
+
+async def test_as_fast_as_possible_a_reader_sees_its_candle_s_own_time_while_working() -> None:
+    btc = packaged_candles()[:12]
+    eth = [replace(c, symbol="ETH/USDT") for c in btc]  # two candles per step
+    feed = ReplayFeed({"BTC/USDT": list(btc), "ETH/USDT": eth}, speed=0)
+    seen: list[tuple[datetime, datetime]] = []
+    other: list[Candle] = []
+
+    async def other_reader() -> None:
+        with feed.subscribe() as subscription:
+            async for candle in subscription:
+                other.append(candle)
+
+    async with anyio.create_task_group() as group:
+        with feed.subscribe() as subscription:
+            group.start_soon(other_reader)
+            await anyio.lowlevel.checkpoint()
+            await group.start(feed.run)
+            async for candle in subscription:
+                for _ in range(5):  # per-candle work (a paper sync, a risk check) that yields
+                    await anyio.lowlevel.checkpoint()
+                    seen.append((candle.closes_at, feed.now()))
+
+    assert len(seen) == 5 * 24
+    assert all(now == closes for closes, now in seen)
+    assert len(other) == 24 and feed.finished

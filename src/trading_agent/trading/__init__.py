@@ -11,7 +11,8 @@ The modules, one idea each:
   it a price feed). Not imported here: ccxt takes a second to import.
 - ``risk``: :class:`RiskPolicy`, the limits checked on every order (``risk_journal``
   remembers them across restarts; ``valuation`` values an account).
-- ``factory``: :func:`open_exchange`, which builds all of it from the config.
+- ``factory``: :func:`open_exchange`, which builds all of it from the config (on a feed
+  of its own, or on one shared through :class:`SharedFeeds`; :func:`open_feed` opens one).
 - ``config``: the pydantic models the settings embed.
 
 The trading layer imports nothing of the project but its errors.
@@ -38,7 +39,7 @@ from trading_agent.trading.exchange import (
     Position,
     Ticker,
 )
-from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange, open_feed
 from trading_agent.trading.feed import PriceFeed
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
@@ -65,7 +66,9 @@ __all__ = [
     "RiskJournal",
     "RiskLimits",
     "RiskPolicy",
+    "SharedFeeds",
     "Ticker",
     "TradingVenue",
     "open_exchange",
+    "open_feed",
 ]

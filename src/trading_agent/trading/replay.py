@@ -4,8 +4,8 @@ The replay moves in steps, one candle time after another. After a step, :meth:`R
 is the close time of the candles just published, every reader sees those candles and none
 after them, and every subscription yields them. :meth:`ReplayFeed.run` takes the steps at
 ``speed`` times real time (``speed=60``: a 5-minute candle every 5 seconds); with speed 0 it
-goes as fast as the slowest subscriber reads. :meth:`ReplayFeed.advance` takes steps by hand
-(tests, benchmarks, a backtest driving its own loop).
+goes as fast as the slowest subscriber gets through each step. :meth:`ReplayFeed.advance`
+takes steps by hand (tests, benchmarks, a backtest driving its own loop).
 
 Each symbol has its own CSV file, ``timestamp_ms,open,high,low,close,volume``, times being
 candle opens in milliseconds since the epoch.
@@ -95,6 +95,8 @@ class ReplaySubscription:
         self._feed = feed
         self.position = feed.cursor
         """The last step whose candles this reader has been given."""
+        self.done = feed.cursor
+        """The last step this reader has finished with (it asked for more after it)."""
         self._pending: list[Candle] = []
         self.closed = False
 
@@ -102,13 +104,17 @@ class ReplaySubscription:
         return self
 
     async def __anext__(self) -> Candle:
+        if not self._pending and self.done < self.position:
+            # Asking past the last candle given means the reader is through with its step:
+            # only now may a replay at speed 0 move the clock on.
+            self.done = self.position
+            self._feed.notify_progress()
         while not self._pending:
             if self.closed:
                 raise StopAsyncIteration
             if self.position < self._feed.cursor:
                 self.position += 1
                 self._pending = self._feed.step_candles(self.position)
-                self._feed.notify_progress()
                 continue
             if self._feed.finished:
                 raise StopAsyncIteration
@@ -255,7 +261,9 @@ class ReplayFeed:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Plays the remaining steps, then returns (the subscriptions then end).
 
-        At speed 0 a step is published once every subscriber has read the previous one.
+        At speed 0 a step is published once every subscriber has finished with the previous
+        one: it has asked for the candle after that step's last, so the work it does on a
+        candle (a paper sync, a risk check) sees the candle's own time as :meth:`now`.
 
         Args:
             task_status: Told when the replay has started (for ``TaskGroup.start``).
@@ -271,7 +279,7 @@ class ReplayFeed:
         self._stepped.set()
 
     async def _wait_for_readers(self) -> None:
-        while any(s.position < self.cursor for s in self._subscribers):
+        while any(s.done < self.cursor for s in self._subscribers):
             await self._progress.wait()
         await anyio.lowlevel.checkpoint()
 
