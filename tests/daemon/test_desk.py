@@ -29,6 +29,7 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.desk import Backoff
+from trading_agent.store import INTERRUPTED_NOTICE
 from trading_agent.store.store import Store
 
 
@@ -162,8 +163,8 @@ async def test_an_unavailable_model_pauses_the_desk_without_spinning(
         assert is_valid_transcript(conversation.messages)
         await stop_desk(desk, group)
 
-    resumed = last_user_text(scripted_server.requests[2])
-    assert resumed.startswith("[resume: daemon]\nThe model was unavailable")
+    # The model never answered the trigger: it is asked again with the one stored notice.
+    assert last_user_text(scripted_server.requests[2]) == INTERRUPTED_NOTICE
     scripted_server.assert_complete()
 
 
@@ -182,8 +183,8 @@ async def test_a_turn_that_raises_is_logged_evented_and_the_desk_restarts(
 
     errors = events.of_type("error")
     assert [e.error_type for e in errors] == ["BackendError"]  # type: ignore[attr-defined]
-    assert [row["kind"] for row in transcript] == ["trigger", "notice", "notice", "assistant"]
-    assert "failed with an error in the daemon" in transcript[2]["text"]
+    assert [row["kind"] for row in transcript] == ["trigger", "notice", "assistant"]
+    assert transcript[1]["text"] == INTERRUPTED_NOTICE
     scripted_server.assert_complete()
 
 
@@ -400,4 +401,76 @@ async def test_a_message_sent_while_the_desk_restores_is_delivered_once(
 
     assert [row["kind"] for row in transcript] == ["operator", "assistant"]
     assert len(scripted_server.requests) == 1
+    scripted_server.assert_complete()
+
+
+@pytest.mark.parametrize("kind", ["tick", "operator"])
+async def test_an_outage_over_many_pauses_adds_no_message_per_retry(
+        kind: str, scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    cycles = 4  # each: one try and one retry (max_retries=1), both refused
+    scripted_server.add(*[server_error(503)] * (2 * cycles), Reply("Handled it."))
+    delays: list[float] = []
+
+    async def fast_sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await anyio.lowlevel.checkpoint()
+
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, sleep=fast_sleep,
+                          backoff=Backoff(pause_first=15, pause_max=600))
+        group.start_soon(desk.run)
+        await desk.ready.wait()
+        if kind == "tick":
+            opening = "BTC +5%"
+            desk.fire(Trigger(kind="tick", text=opening, source="BTC/USDT"))
+        else:
+            opening = "Sell half."
+            await desk.send_message(opening, source="ann")
+        await wait_for(lambda: desk.turns == 1)
+        transcript = await store.transcript("alpha")
+        conversation = desk.conversation
+        assert conversation is not None
+        assert is_valid_transcript(conversation.messages)
+        assert [m.id for m in conversation.messages] == [row["id"] for row in transcript]
+        assert await store.undelivered_operator_messages("alpha") == []
+        await stop_desk(desk, group)
+
+    assert delays == [15, 30, 60, 120]
+    kinds = [row["kind"] for row in transcript]
+    assert kinds == ["trigger" if kind == "tick" else "operator", "notice", "assistant"]
+    assert transcript[-1]["text"] == "Handled it."
+    # What the model saw once it was back: the opening once, one notice, nothing else new.
+    sent = scripted_server.requests[-1].messages
+    assert [m["role"] for m in sent] == ["system", "user", "user"]
+    assert sum(opening in json.dumps(m["content"]) for m in sent) == 1
+    scripted_server.assert_complete()
+
+
+async def test_an_outage_after_a_tool_round_adds_one_resume_notice_however_long(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    gate = ToolGate()
+    gate.release.set()
+    cycles = 3
+    scripted_server.add(Reply(tool_calls=[ToolCall("wait_for_release")]),
+                        *[server_error(503)] * (2 * cycles), Reply("Checked the book."))
+
+    async def fast_sleep(seconds: float) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, tools=gate_tools(gate),
+                          sleep=fast_sleep)
+        group.start_soon(desk.run)
+        desk.fire(Trigger(kind="schedule", text="Check the book.", source="s"))
+        await wait_for(lambda: desk.turns == 1)
+        transcript = await store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    assert [row["kind"] for row in transcript] == [
+        "trigger", "assistant", "tool_results", "notice", "notice", "assistant"]
+    assert transcript[4]["text"].startswith("[resume: daemon]\nThe model was unavailable")
+    assert last_user_text(scripted_server.requests[-1]) == transcript[4]["text"]
+    assert gate.calls == 1
     scripted_server.assert_complete()

@@ -14,6 +14,11 @@ in a resume notice that its last turn was interrupted, and queues again every op
 message the store holds that the conversation does not. So a crash, a failure and a
 ``kill -9`` all recover the same way, and an operator message is neither lost nor repeated.
 
+A retry adds nothing to the conversation while the model has not answered: when it ends
+with a notice nobody answered (the model failed before replying to its trigger, or to the
+resume notice), the next turn *replays* that notice, the message already stored, instead of
+appending another. A day of outage leaves the trigger, one notice, then the answer.
+
 Operator messages are stored before they are acknowledged; during a turn they go to the
 :class:`SteeringInbox` (delivered before the next model call; one that comes while the model
 writes its final answer opens a follow-up turn inside the same ``run_turn``), else they
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -141,6 +146,19 @@ class _Outcome:
     unfinished_appended: bool = False
     """Whether the unfinished trigger reached the conversation (a compaction may since have
     taken it out of the window)."""
+
+
+@dataclass(frozen=True)
+class _Replay(Trigger):
+    """A turn that opens with a message the conversation already ends with (stored, never
+    answered): the turn re-appends that very message, which the store, idempotent on ids,
+    does not store again."""
+
+    message: Message = field(default_factory=lambda: Message(role="user", content=()))
+
+    def to_message(self) -> Message:
+        """The stored message itself."""
+        return self.message
 
 
 class Desk:
@@ -318,6 +336,10 @@ class Desk:
             if self._stopping or conversation is None:
                 self.queue.put_first(trigger)
                 return None
+            if isinstance(trigger, _Replay):
+                if not conversation.messages or conversation.messages[-1].id != trigger.id:
+                    return None  # something came after the notice: that is answered instead
+                conversation.messages.pop()  # the turn appends it again, as its opening
             # No await between this check and run_turn's start, so a stop() from here on
             # reaches the running turn.
             self._in_turn = True
@@ -371,7 +393,8 @@ class Desk:
     async def _restore(self) -> None:
         """Reads the conversation back (the store repairs an interrupted turn and adds a
         notice), then queues what is owed: the unfinished trigger if it never reached the
-        conversation, else a resume turn after an interruption, and undelivered messages."""
+        conversation, else a resume turn after an interruption (see :func:`_resume_for`),
+        and undelivered messages."""
         self._steering_to_queue()
         self._operator_ids.clear()
         conversation = await self.store.restore_conversation(self.name, self.system_prompt)
@@ -384,8 +407,7 @@ class Desk:
         if unfinished is not None and not await self._reached(unfinished, delivered):
             self.queue.put_first(unfinished)  # it never reached the conversation: run it again
         elif interrupted:
-            self.queue.put_first(Trigger(kind="resume", text=self._outcome.notice,
-                                         source="daemon"))
+            self.queue.put_first(_resume_for(conversation.messages, self._outcome.notice))
         for message in await self.store.undelivered_operator_messages(self.name):
             if message.id not in delivered and message.id not in self._operator_ids:
                 self._operator_ids.add(message.id)
@@ -393,13 +415,32 @@ class Desk:
         if self._outcome.at is None and last is not None and last.role == "assistant":
             self._outcome.at, self._outcome.text = last.created_at, last.text
 
-
     async def _reached(self, trigger: Trigger, window: set[str]) -> bool:
         """Whether the trigger got into the conversation. The window is not enough: a
         compaction during the turn may have summarised the trigger away."""
         if self._outcome.unfinished_appended or trigger.id in window:
             return True
         return await self.store.has_message(self.name, trigger.id)
+
+
+def _resume_for(messages: Sequence[Message], notice: str) -> Trigger:
+    """The turn after an interruption, the conversation ending with a notice.
+
+    A new resume notice (with why the turn stopped) only after a turn in which the model
+    answered something (its tool calls are to be checked); else the model never saw the last
+    notice, so it is replayed: a trigger the model never answered gets one notice, the
+    store's; a resume notice is not repeated however often the retry fails.
+    """
+    last = len(messages) - 1
+    before = last - 1
+    while before >= 0 and messages[before].kind == "notice":
+        before -= 1
+    unanswered = before >= 0 and messages[before].kind in ("trigger", "operator", "steering")
+    if unanswered or last - before > 1:
+        message = messages[last]
+        return _Replay(kind="resume", text=message.text, source="daemon", id=message.id,
+                       at=message.created_at, message=message)
+    return Trigger(kind="resume", text=notice, source="daemon")
 
 
 class _ScheduleObserver:
