@@ -28,7 +28,7 @@ from trading_agent.agent.conversation import Message, TextBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
-from trading_agent.daemon.desk import Backoff
+from trading_agent.daemon.desk import RESUME_TEXT, Backoff
 from trading_agent.store import INTERRUPTED_NOTICE
 from trading_agent.store.store import Store
 
@@ -164,7 +164,10 @@ async def test_an_unavailable_model_pauses_the_desk_without_spinning(
         await stop_desk(desk, group)
 
     # The model never answered the trigger: it is asked again with the one stored notice.
-    assert last_user_text(scripted_server.requests[2]) == INTERRUPTED_NOTICE
+    assert last_user_text(scripted_server.requests[2]) == (
+        f"{INTERRUPTED_NOTICE}\nWhy it stopped: the model was unavailable: the model is "
+        "unavailable after 2 attempts: the server refused the request: The server had an "
+        "error (HTTP 503) [model scripted-model]")
     scripted_server.assert_complete()
 
 
@@ -184,7 +187,9 @@ async def test_a_turn_that_raises_is_logged_evented_and_the_desk_restarts(
     errors = events.of_type("error")
     assert [e.error_type for e in errors] == ["BackendError"]  # type: ignore[attr-defined]
     assert [row["kind"] for row in transcript] == ["trigger", "notice", "assistant"]
-    assert transcript[1]["text"] == INTERRUPTED_NOTICE
+    assert transcript[1]["text"] == (
+        f"{INTERRUPTED_NOTICE}\nWhy it stopped: the turn failed: BackendError: the server "
+        "refused the request: Incorrect API key provided. (HTTP 401) [model scripted-model]")
     scripted_server.assert_complete()
 
 
@@ -269,8 +274,9 @@ async def test_a_restart_repairs_the_interrupted_turn_resumes_and_delivers_each_
         "trigger", "assistant", "tool_results", "notice", "notice", "assistant", "operator",
         "assistant"]
     assert "interrupted" in json.dumps(transcript[2]["content"])
+    assert transcript[3]["text"] == INTERRUPTED_NOTICE  # a restart: nobody knows why
     assert [row["text"].count("Are you there?") for row in transcript].count(1) == 1
-    assert last_user_text(scripted_server.requests[0]).startswith("[resume: daemon]")
+    assert last_user_text(scripted_server.requests[0]) == f"[resume: daemon]\n{RESUME_TEXT}"
     scripted_server.assert_complete()
 
 
@@ -349,7 +355,9 @@ async def test_a_trigger_compacted_away_mid_turn_is_not_run_again_after_a_failur
 
     later = [last_user_text(request) for request in scripted_server.requests[1:]]
     assert not any(text.endswith("Check the book.") for text in later)
-    assert later[-1].startswith("[resume: daemon]\nThe model was unavailable")
+    assert later[-1] == f"[resume: daemon]\n{RESUME_TEXT}"
+    sent = json.dumps(scripted_server.requests[-1].messages)
+    assert sent.count("Why it stopped: the model was unavailable") == 1
     assert gate.calls == 1
     scripted_server.assert_complete()
 
@@ -470,7 +478,49 @@ async def test_an_outage_after_a_tool_round_adds_one_resume_notice_however_long(
 
     assert [row["kind"] for row in transcript] == [
         "trigger", "assistant", "tool_results", "notice", "notice", "assistant"]
-    assert transcript[4]["text"].startswith("[resume: daemon]\nThe model was unavailable")
+    assert transcript[3]["text"].startswith(
+        f"{INTERRUPTED_NOTICE}\nWhy it stopped: the model was unavailable")
+    assert transcript[4]["text"] == f"[resume: daemon]\n{RESUME_TEXT}"
     assert last_user_text(scripted_server.requests[-1]) == transcript[4]["text"]
+    # The reason is in the request once: in the store's notice, not again in the resume.
+    sent = json.dumps(scripted_server.requests[-1].messages)
+    assert sent.count("the model was unavailable") == 1
     assert gate.calls == 1
+    scripted_server.assert_complete()
+
+
+async def test_after_an_outage_the_model_reads_why_once_in_the_first_notice(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    # Two pauses, each one try and one retry; the second outage fails differently.
+    scripted_server.add(server_error(503, "Overloaded, try later"),
+                        server_error(503, "Overloaded, try later"),
+                        server_error(502, "Bad gateway"), server_error(502, "Bad gateway"),
+                        Reply("Back, and I checked the book."))
+
+    async def fast_sleep(seconds: float) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus, sleep=fast_sleep)
+        group.start_soon(desk.run)
+        await desk.ready.wait()
+        desk.fire(Trigger(kind="tick", text="BTC +5%", source="BTC/USDT"))
+        await wait_for(lambda: desk.turns == 1)
+        transcript = await store.transcript("alpha")
+        await stop_desk(desk, group)
+
+    first_reason = ("the model was unavailable: the model is unavailable after 2 attempts: the "
+                    "server refused the request: Overloaded, try later (HTTP 503) "
+                    "[model scripted-model]")
+    notice = f"{INTERRUPTED_NOTICE}\nWhy it stopped: {first_reason}"
+    assert [row["kind"] for row in transcript] == ["trigger", "notice", "assistant"]
+    assert transcript[1]["text"] == notice
+    # The request after the outage: the trigger, then that notice once; the later
+    # failure's reason did not make a second notice nor change the first.
+    sent = scripted_server.requests[-1].messages
+    assert [m["role"] for m in sent] == ["system", "user", "user"]
+    assert last_user_text(scripted_server.requests[-1]) == notice
+    assert json.dumps(sent).count("Why it stopped") == 1
+    assert "Bad gateway" not in json.dumps(sent)
     scripted_server.assert_complete()

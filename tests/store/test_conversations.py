@@ -189,6 +189,27 @@ async def test_an_unanswered_operator_message_is_a_cut_off_turn(store: Store) ->
     assert [m.kind for m in restored.messages] == ["operator", "notice"]
 
 
+async def test_the_notice_says_why_when_told_and_a_later_reason_adds_nothing(
+        store: Store) -> None:
+    conversation = Conversation("p", observer=store.observer("alpha"))
+    for message in (Message.user_text("go"), _call(), _results()):
+        await conversation.append(message)
+
+    restored = await store.restore_conversation(
+        "alpha", "p", reason="the model was unavailable: overloaded (HTTP 503)")
+    notice = restored.messages[-1]
+    assert notice.kind == "notice"
+    assert notice.text == (f"{INTERRUPTED_NOTICE}\n"
+                           "Why it stopped: the model was unavailable: overloaded (HTTP 503)")
+
+    # Another failure before the model answered: the stored notice stays the only one.
+    again = await store.restore_conversation(
+        "alpha", "p", reason="the model was unavailable: bad gateway (HTTP 502)")
+    assert [m.id for m in again.messages] == [m.id for m in restored.messages]
+    transcript = await store.transcript("alpha")
+    assert [row["text"] for row in transcript if row["kind"] == "notice"] == [notice.text]
+
+
 async def test_a_finished_turn_gets_no_notice(store: Store) -> None:
     conversation = Conversation("p", observer=store.observer("alpha"))
     for message in (Message.user_text("go"), _call(), _results(), _answer()):

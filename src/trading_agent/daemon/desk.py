@@ -10,14 +10,17 @@ The desk takes the next trigger from its :class:`TriggerQueue` and runs a turn f
 
 Either way, and at start, the desk *restores*: it reads its conversation back from the
 store (the source of truth), answers any tool call left without a result, tells the desk
-in a resume notice that its last turn was interrupted, and queues again every operator
-message the store holds that the conversation does not. So a crash, a failure and a
+in a notice that its last turn was interrupted (and why, when the desk caught the failure:
+the model unavailable, or the turn's error), and queues again every operator message the
+store holds that the conversation does not. So a crash, a failure and a
 ``kill -9`` all recover the same way, and an operator message is neither lost nor repeated.
 
 A retry adds nothing to the conversation while the model has not answered: when it ends
 with a notice nobody answered (the model failed before replying to its trigger, or to the
 resume notice), the next turn *replays* that notice, the message already stored, instead of
-appending another. A day of outage leaves the trigger, one notice, then the answer.
+appending another; the store adds no notice after a notice, so the first one's text, with
+the first failure's reason, is kept. A day of outage leaves the trigger, one notice, then
+the answer.
 
 Operator messages are stored before they are acknowledged; during a turn they go to the
 :class:`SteeringInbox` (delivered before the next model call; one that comes while the model
@@ -68,9 +71,11 @@ RESUME_TEXT = ("Carry on from where your previous turn stopped (see the notice a
 class DeskStore(Protocol):
     """What a desk needs of the store (:class:`trading_agent.store.store.Store` has it)."""
 
-    async def restore_conversation(self, desk: str, system_prompt: str) -> Conversation:
+    async def restore_conversation(self, desk: str, system_prompt: str,
+                                   reason: str | None = None) -> Conversation:
         """The desk's conversation as stored, an interrupted turn repaired and followed by a
-        notice (a message of kind ``notice``), with the store as its observer."""
+        notice (a message of kind ``notice``; with ``reason`` when given, none added after
+        a notice), with the store as its observer."""
         ...
 
     async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
@@ -141,7 +146,8 @@ class _Outcome:
     turns: int = 0
     failures: int = 0
     reason: str = ""
-    notice: str = RESUME_TEXT
+    cause: str | None = None
+    """Why the last turn failed, for the next restore's notice (None when not known)."""
     unfinished: Trigger | None = None
     unfinished_appended: bool = False
     """Whether the unfinished trigger reached the conversation (a compaction may since have
@@ -354,7 +360,7 @@ class Desk:
         outcome.at, outcome.text = self._clock(), result.text
         outcome.turns += 1
         outcome.failures, outcome.reason, self._paused = 0, "", False
-        outcome.notice = RESUME_TEXT
+        outcome.cause = None
 
     def _steering_to_queue(self) -> None:
         """Messages that arrived too late for the turn start the next one."""
@@ -370,13 +376,12 @@ class Desk:
         described = f"{type(error).__name__}: {error}"
         if paused:
             outcome.reason = f"the model is unavailable ({error}); trying again in {delay:g} s"
-            outcome.notice = (f"The model was unavailable ({error}), so your previous turn "
-                              f"could not finish. {RESUME_TEXT}")
+            # str(error): the backend has already redacted its API key from the message.
+            outcome.cause = f"the model was unavailable: {error}"
             self._log.warning("desk_paused", error=described, retry_in=delay)
         else:
             outcome.reason = f"the desk failed ({described}); restarting in {delay:g} s"
-            outcome.notice = (f"Your previous turn failed with an error in the daemon "
-                              f"({described}) and was ended. {RESUME_TEXT}")
+            outcome.cause = f"the turn failed: {described}"
             self._log.error("desk_failed", error=described, restart_in=delay, exc_info=error)
             if not isinstance(error, BackendError):  # the loop published those already
                 self.event_bus.publish(ErrorEvent(desk=self.name, message=described,
@@ -392,12 +397,15 @@ class Desk:
 
     async def _restore(self) -> None:
         """Reads the conversation back (the store repairs an interrupted turn and adds a
-        notice), then queues what is owed: the unfinished trigger if it never reached the
-        conversation, else a resume turn after an interruption (see :func:`_resume_for`),
-        and undelivered messages."""
+        notice, saying why when the desk caught the failure), then queues what is owed: the
+        unfinished trigger if it never reached the conversation, else a resume turn after an
+        interruption (see :func:`_resume_for`), and undelivered messages."""
         self._steering_to_queue()
         self._operator_ids.clear()
-        conversation = await self.store.restore_conversation(self.name, self.system_prompt)
+        # Used once: a later restore (after a restart or a success) has no reason to give.
+        cause, self._outcome.cause = self._outcome.cause, None
+        conversation = await self.store.restore_conversation(self.name, self.system_prompt,
+                                                             reason=cause)
         conversation.observer = _ScheduleObserver(conversation.observer, self)
         self.conversation = conversation
         last = conversation.messages[-1] if conversation.messages else None
@@ -407,7 +415,7 @@ class Desk:
         if unfinished is not None and not await self._reached(unfinished, delivered):
             self.queue.put_first(unfinished)  # it never reached the conversation: run it again
         elif interrupted:
-            self.queue.put_first(_resume_for(conversation.messages, self._outcome.notice))
+            self.queue.put_first(_resume_for(conversation.messages))
         for message in await self.store.undelivered_operator_messages(self.name):
             if message.id not in delivered and message.id not in self._operator_ids:
                 self._operator_ids.add(message.id)
@@ -423,13 +431,14 @@ class Desk:
         return await self.store.has_message(self.name, trigger.id)
 
 
-def _resume_for(messages: Sequence[Message], notice: str) -> Trigger:
+def _resume_for(messages: Sequence[Message]) -> Trigger:
     """The turn after an interruption, the conversation ending with a notice.
 
-    A new resume notice (with why the turn stopped) only after a turn in which the model
-    answered something (its tool calls are to be checked); else the model never saw the last
-    notice, so it is replayed: a trigger the model never answered gets one notice, the
-    store's; a resume notice is not repeated however often the retry fails.
+    A new resume notice (:data:`RESUME_TEXT`; why the turn stopped is in the store's notice
+    above it) only after a turn in which the model answered something (its tool calls are to
+    be checked); else the model never saw the last notice, so it is replayed: a trigger the
+    model never answered gets one notice, the store's; a resume notice is not repeated
+    however often the retry fails.
     """
     last = len(messages) - 1
     before = last - 1
@@ -440,7 +449,7 @@ def _resume_for(messages: Sequence[Message], notice: str) -> Trigger:
         message = messages[last]
         return _Replay(kind="resume", text=message.text, source="daemon", id=message.id,
                        at=message.created_at, message=message)
-    return Trigger(kind="resume", text=notice, source="daemon")
+    return Trigger(kind="resume", text=RESUME_TEXT, source="daemon")
 
 
 class _ScheduleObserver:

@@ -45,6 +45,7 @@ from trading_agent.agent.event_bus import Subscription
 from trading_agent.agent.events import Event, UsageReported
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.errors import StoreError
+from trading_agent.jsontext import json_text
 from trading_agent.store.codec import (
     ImageData,
     decode_content,
@@ -79,7 +80,8 @@ INTERRUPTED_NOTICE = (
 )
 """What a desk is told when its conversation is restored after a turn was cut off: by a
 stop or crash of the daemon, or by a turn that failed in a running one (the model
-unavailable, an error); the desk's resume trigger then says which."""
+unavailable, an error). When the caller of :meth:`Store.restore_conversation` knows which, the
+notice goes on with ``"\nWhy it stopped: "`` and its reason."""
 
 _IN_CHUNK = 500
 """The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
@@ -395,18 +397,24 @@ class Store:
 
         await self._db.write(write)
 
-    async def restore_conversation(self, desk: str, system_prompt: str) -> Conversation:
+    async def restore_conversation(self, desk: str, system_prompt: str,
+                                   reason: str | None = None) -> Conversation:
         """A desk's conversation as it was: the latest summary and the messages after it.
 
         A turn that was cut off (its last message a tool call, a tool result, or a trigger
         nobody answered; a turn that ended at its round limit does not count) is repaired so
         the next request is valid (each unanswered call gets an "interrupted" result), and the
-        desk is told, with :data:`INTERRUPTED_NOTICE`. Both are stored. The conversation
-        stores itself from then on.
+        desk is told, with :data:`INTERRUPTED_NOTICE` followed by ``reason`` when one is
+        given. Both are appended and stored; nothing stored is rewritten. A conversation
+        that already ends with a notice is not cut off, so restoring it again adds no second
+        notice (whatever the reason). The conversation stores itself from then on.
 
         Args:
             desk: The desk.
             system_prompt: The desk's system prompt (from the config, which may have changed).
+            reason: Why the turn stopped, when the caller knows (``"the model was
+                unavailable: ..."``); it must hold no secret. None after a restart of the
+                daemon, when nobody knows.
 
         Returns:
             The conversation, with the store as its observer.
@@ -456,9 +464,10 @@ class Store:
                                               kind=message.kind, created_at=self._clock()))
         if added or _cut_off(messages, round_limit_end):
             await conversation.append(Message(role="user", kind="notice",
-                                              content=(TextBlock(INTERRUPTED_NOTICE),),
+                                              content=(TextBlock(_notice(reason)),),
                                               created_at=self._clock()))
-            _log.warning("turn_interrupted", desk=desk, repaired_messages=len(added))
+            _log.warning("turn_interrupted", desk=desk, repaired_messages=len(added),
+                         reason=reason)
         return conversation
 
     async def transcript(self, desk: str, before_seq: int | None = None, limit: int = 50, *,
@@ -579,7 +588,8 @@ class Store:
         A batch SQLite refuses (a full disk, a lock held too long) is tried once more after
         ``retry_after`` seconds, then dropped and counted in :attr:`events_not_stored`: the
         event log is a record, and losing some of it must not stop the desks (an exception
-        here would end the task group the daemon runs in).
+        here would end the task group the daemon runs in). Any other error in writing a
+        batch (a bug) is logged and handled the same way.
 
         Args:
             subscription: A subscription to the daemon's bus (give it a large buffer).
@@ -607,8 +617,13 @@ class Store:
             except StoreError as exc:
                 _log.error("events_store_failed", error=str(exc), events=len(batch),
                            attempt=attempt)
-                if attempt == 1:
-                    await sleep(retry_after)
+            except Exception as exc:
+                # A bug, not SQLite refusing: treated the same, since the event log must
+                # never end the task group the daemon runs in.
+                _log.exception("events_store_failed", error=repr(exc), events=len(batch),
+                               attempt=attempt)
+            if attempt == 1:
+                await sleep(retry_after)
         self.events_not_stored += len(batch)
         _log.error("events_not_stored", count=len(batch), total=self.events_not_stored,
                    reason="the store refused them twice")
@@ -644,7 +659,7 @@ class Store:
             if event.type in skip:
                 continue
             rows.append((event.id, event.desk, event.turn, event.type, event.at,
-                         json.dumps(event.to_dict(), ensure_ascii=False, default=str)))
+                         json_text(event.to_dict(), default=str)))
         if dropped:
             _log.warning("events_not_stored", count=dropped,
                          reason="the store's subscription fell behind")
@@ -781,6 +796,12 @@ def _add_usage(connection: sqlite3.Connection, desk: str, day: str, requests: in
         "cost = CASE WHEN excluded.cost IS NULL THEN cost "
         "ELSE COALESCE(cost, 0) + excluded.cost END",
         (desk, day, requests, input_tokens, output_tokens, cost))
+
+
+def _notice(reason: str | None) -> str:
+    """The interrupted notice, with why the turn stopped when that is known."""
+    reason = (reason or "").strip()
+    return f"{INTERRUPTED_NOTICE}\nWhy it stopped: {reason}" if reason else INTERRUPTED_NOTICE
 
 
 def _cut_off(messages: Sequence[Message], round_limit_end: float | None) -> bool:
