@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.scripted_server import ScriptedServer
-from trading_agent.daemon.wiring import open_daemon
+from trading_agent.agent.events import ErrorEvent
+from trading_agent.daemon.wiring import _STORE_BUFFER, open_daemon
 from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
 
@@ -75,3 +76,20 @@ async def test_an_unknown_tool_name_is_a_config_error(
     with pytest.raises(ConfigError, match=r"desks\.beta\.tools: unknown tool\(s\) teleport"):
         async with open_daemon(settings):
             pass
+
+
+async def test_event_ids_after_a_kill_never_repeat_ids_a_stream_may_have_sent(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, scripted_server.base_url))
+    async with open_daemon(settings) as daemon:
+        # The API streams every event as it is published; the store writes in batches and
+        # is behind. Killed now: the store holds 10 of the 60 events an operator has seen.
+        sent = [daemon.event_bus.publish(
+            ErrorEvent(desk="alpha", message=str(n), error_type="E")) for n in range(60)]
+        await daemon.store.append_events(sent[:10])
+    async with open_daemon(settings) as daemon:
+        assert await daemon.store.last_event_id() == sent[9].id
+        first = daemon.event_bus.publish(ErrorEvent(desk="alpha", message="new", error_type="E"))
+    assert first.id > sent[-1].id
+    # Past whatever the store's subscription could hold and a batch being written.
+    assert first.id > sent[9].id + _STORE_BUFFER + 500

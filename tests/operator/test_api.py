@@ -217,6 +217,16 @@ BAD_REQUESTS = [
     ("GET", "/api/desks/alpha/transcript?before=abc", None, 400, "invalid_parameter"),
     ("GET", "/api/events?after=-1", None, 400, "invalid_parameter"),
     ("GET", "/api/events?follow=maybe", None, 400, "invalid_parameter"),
+    ("POST", "/api/desks/alpha/messages", b"[" * 5000, 400, "malformed_json"),
+    ("POST", "/api/desks/alpha/messages", b'{"text": "hi \\ud800"}', 400, "invalid_text"),
+    ("POST", "/api/desks/alpha/messages", b'{"text": "\\udc00 \\ud83d"}', 400,
+     "invalid_text"),
+    ("GET", "/api/desks/alpha/transcript?before=99999999999999999999999", None, 400,
+     "invalid_parameter"),
+    ("GET", f"/api/desks/alpha/transcript?before={2**63}", None, 400, "invalid_parameter"),
+    ("GET", "/api/events?after=99999999999999999999999&follow=0", None, 400,
+     "invalid_parameter"),
+    ("GET", "/api/events?tail=99999999999999999999999", None, 400, "invalid_parameter"),
     ("POST", "/api/approvals/feedbeef/approve", {}, 404, "unknown_approval"),
     ("POST", "/api/approvals/feedbeef/deny", {}, 404, "unknown_approval"),
     ("GET", "/api/nothing-here", None, 404, "not_found"),
@@ -249,6 +259,43 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert all(d["state"] == "idle" and d["last_turn_at"] is None for d in desks)
     assert all(not d.conversation.messages for d in control.desks.values())
     assert scripted_server.requests == []
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", str(2**63), "-1", "1e3"])
+async def test_an_out_of_range_last_event_id_is_refused_before_the_stream(
+        scripted_server: ScriptedServer, state_dir: Path, value: str) -> None:
+    control, _ = build_control(scripted_server.base_url)
+    async with running_api(control, ApprovalBook(), _config(), state_dir) as (endpoints, _), \
+            uds_client(endpoints.socket_path) as client:
+        response = await client.get("/api/events", params={"follow": "0"},
+                                    headers={"Last-Event-ID": value})
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/json"
+        assert response.json()["error"]["code"] == "invalid_parameter"
+        # The largest id there can be is fine.
+        response = await client.get("/api/events", params={"follow": "0"},
+                                    headers={"Last-Event-ID": str(2**63 - 1)})
+        assert response.status_code == 200
+
+
+async def test_an_unexpected_error_is_a_json_500(scripted_server: ScriptedServer,
+                                                 state_dir: Path) -> None:
+    control, _ = build_control(scripted_server.base_url)
+
+    async def broken(desk: str, *, before: int | None = None,
+                     limit: int = 50) -> list[dict[str, object]]:
+        raise RuntimeError("a bug")
+
+    control.transcript = broken  # type: ignore[method-assign]
+    async with running_api(control, ApprovalBook(), _config(), state_dir) as (endpoints, _), \
+            uds_client(endpoints.socket_path) as client:
+        response = await client.get("/api/desks/alpha/transcript")
+        assert response.status_code == 500
+        assert response.headers["content-type"] == "application/json"
+        error = response.json()["error"]
+        assert error["status"] == 500 and error["code"] == "internal_error"
+        assert "a bug" not in error["message"]  # no internals to the client
+        assert (await client.get("/api/health")).status_code == 200
 
 
 async def test_a_message_at_the_length_limit_is_accepted(scripted_server: ScriptedServer,

@@ -92,7 +92,7 @@ async def test_events_follow_streams_until_interrupted(scripted_server: Scripted
             with anyio.fail_after(10):
                 async for chunk in process.stdout:
                     seen += chunk
-                    if b'"type": "turn_end"' in seen:
+                    if b'"type":"turn_end"' in seen:
                         break
         finally:
             process.terminate()

@@ -54,6 +54,7 @@ from trading_agent.errors import (
     ContextOverflowError,
     TransientBackendError,
 )
+from trading_agent.jsontext import json_bytes as _dumps
 
 __all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatibleBackend", "encode_message"]
 
@@ -86,14 +87,6 @@ _CUT_ERRORS: tuple[type[Exception], ...] = (openai.APIConnectionError, *_NETWORK
 
 
 # --------------------------------------------------------------------------- encoding
-
-
-def _dumps(value: Any) -> bytes:
-    """Compact JSON, UTF-8; escapes only when the text holds lone surrogates."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 def _arguments(raw: str) -> str:

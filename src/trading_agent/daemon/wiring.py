@@ -67,6 +67,17 @@ _STORE_BUFFER = 50_000
 
 _LOG_BUFFER = 10_000
 
+_EVENT_ID_MARGIN = 1_000_000
+"""How far past the store's highest event id a restarted daemon's bus starts.
+
+The operator API streams each event as it is published, but the store writes them in
+batches, so after a kill -9 an operator may hold ids the store never saw; reusing them would
+make a reconnecting stream (``Last-Event-ID``) skip the new events under them. The store is
+behind by at most its subscription's buffer (:data:`_STORE_BUFFER`), a batch being written
+(500), and what its subscription dropped meanwhile (logged as ``events_not_stored``): a
+million covers that twenty times over. Ids are 63-bit, so a million per restart never runs
+out (and stays far below JavaScript's 2**53 for a browser's EventSource)."""
+
 
 @dataclass
 class Daemon:
@@ -114,7 +125,8 @@ async def open_daemon(settings: Settings, *,
         database = database_path(state_dir)
         store = await Store.open(database)
         stack.push_async_callback(store.close)
-        bus = EventBus(first_id=await store.last_event_id() + 1)
+        # Past any id a stream may have sent before a kill (see _EVENT_ID_MARGIN).
+        bus = EventBus(first_id=await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         venues: dict[str, TradingVenue] = {}

@@ -22,10 +22,12 @@ GET         /api/events                           server-sent events; ``?desk=``
 GET         /  and  /static/*                     the web page
 ==========  ====================================  ============================================
 
-Statuses: 400 for a malformed or non-object JSON body, an unknown field, an empty message or
-one longer than ``max_message_chars``, a bad query parameter; 401 for a missing or wrong token
-(TCP only); 404 for an unknown desk, approval or route; 409 for an approval already answered;
-503 when the model is unavailable for ``/compact``. A refused request never reaches a desk.
+Statuses: 400 for a malformed, too deeply nested or non-object JSON body, an unknown field,
+an empty message or one longer than ``max_message_chars``, text with an unpaired surrogate
+escape, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 401 for a missing or
+wrong token (TCP only); 404 for an unknown desk, approval or route; 409 for an approval
+already answered; 503 when the model is unavailable for ``/compact``; 500, still JSON, for a
+failure of the daemon. A refused request never reaches a desk.
 
 Authentication: the Unix socket is guarded by its file mode (0600). On TCP every ``/api``
 request needs the bearer token, as ``Authorization: Bearer <token>`` or, because a browser's
@@ -59,6 +61,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.errors import BackendError, TradingAgentError
+from trading_agent.jsontext import json_bytes
 from trading_agent.operator.approvals import (
     ApprovalAlreadyResolvedError,
     ApprovalBook,
@@ -77,6 +80,9 @@ WEB_DIR = Path(__file__).parent / "web"
 _LINGER_SECONDS = 0.02
 """How long a stream gathers events before a write: invisible to a person, and it turns a
 busy daemon's many small writes into few large ones (see bench/event_fanout.py)."""
+
+_MAX_ID = 2**63 - 1
+"""The largest id or sequence number a query may name (SQLite's INTEGER)."""
 
 _M = TypeVar("_M", bound=BaseModel)
 _Handler = Callable[[Request], Awaitable[Response]]
@@ -109,8 +115,9 @@ class ApiError(Exception):
 
 def json_response(data: Any, status: int = 200,
                   headers: dict[str, str] | None = None) -> Response:
-    """A JSON response (non-finite numbers become null rather than invalid JSON)."""
-    body = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"), default=str)
+    """A JSON response (non-finite numbers become null rather than invalid JSON; a lone
+    surrogate in stored model text is escaped rather than failing to encode)."""
+    body = json_bytes(_finite(data), default=str)
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
@@ -200,6 +207,9 @@ async def _json_body(request: Request, model: type[_M], limit: int) -> _M:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "malformed_json", "the body's JSON is nested too deeply") \
+                from None
     else:
         data = {}
     if not isinstance(data, dict):
@@ -213,20 +223,37 @@ async def _json_body(request: Request, model: type[_M], limit: int) -> _M:
         raise ApiError(400, "invalid_body", problems) from None
 
 
+def _utf8_text(name: str, text: str) -> str:
+    """Refuses text that cannot be stored: JSON may escape a lone surrogate (``\\ud800``),
+    which no UTF-8 file, socket or SQLite column takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid_text",
+                       f"the {name} holds an unpaired surrogate escape (\\ud800-\\udfff), "
+                       "which is not text") from None
+    return text
+
+
+def _bounded_int(name: str, text: str, minimum: int, maximum: int) -> int:
+    # Digits only: int() would also take "1_000" and " 12 ", and long digit strings cost
+    # quadratic time, so the length is checked first (2**63 has 19 digits).
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        raise ApiError(400, "invalid_parameter",
+                       f"{name} must be an integer in {minimum}..{maximum}, not {text[:40]!r}")
+    value = int(text)
+    if value < minimum or value > maximum:
+        raise ApiError(400, "invalid_parameter",
+                       f"{name} must be in {minimum}..{maximum}, not {value}")
+    return value
+
+
 def _int_param(request: Request, name: str, *, default: int | None = None, minimum: int = 0,
-               maximum: int | None = None) -> int | None:
+               maximum: int = _MAX_ID) -> int | None:
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, "invalid_parameter", f"{name} must be an integer, not {text!r}") \
-            from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ApiError(400, "invalid_parameter", f"{name} must be in {bounds}, not {value}")
-    return value
+    return _bounded_int(name, text, minimum, maximum)
 
 
 def _endpoint(handler: _Handler) -> _Handler:
@@ -249,6 +276,11 @@ def _endpoint(handler: _Handler) -> _Handler:
         except TradingAgentError as exc:
             _log.warning("operator_request_failed", path=request.url.path, error=repr(exc))
             return _error(500, "daemon_error", str(exc))
+        except Exception as exc:
+            # A bug: the client gets JSON like every other error, the log gets the details.
+            _log.exception("operator_request_crashed", path=request.url.path, error=repr(exc))
+            return _error(500, "internal_error",
+                          "the daemon failed to answer this request; see its log")
 
     return wrapper
 
@@ -291,6 +323,7 @@ async def _post_message(request: Request) -> Response:
     # Room for the longest message however a client escapes it (an emoji sent as two
     # \uXXXX escapes is 12 bytes): the character limit below is the one that counts.
     body = await _json_body(request, _MessageBody, limit * 12 + 4096)
+    _utf8_text("message", body.text)
     if not body.text.strip():
         raise ApiError(400, "empty_message", "the message is empty")
     if len(body.text) > limit:
@@ -343,6 +376,7 @@ async def _approve(request: Request) -> Response:
     approval_id = request.path_params["approval_id"]
     service.approvals.get(approval_id)  # 404 before reading the body
     body = await _json_body(request, _DecisionBody, 16_384)
+    _utf8_text("reason", body.reason)
     approval = service.approvals.approve(approval_id, body.operator, body.reason)
     return json_response({"approval": approval.to_dict()})
 
@@ -353,6 +387,7 @@ async def _deny(request: Request) -> Response:
     approval_id = request.path_params["approval_id"]
     service.approvals.get(approval_id)
     body = await _json_body(request, _DecisionBody, 16_384)
+    _utf8_text("reason", body.reason)
     approval = service.approvals.deny(approval_id, body.operator, body.reason)
     return json_response({"approval": approval.to_dict()})
 
@@ -369,13 +404,8 @@ async def _events(request: Request) -> Response:
     cursor: int | None
     last_event_id = request.headers.get("last-event-id")
     if last_event_id:
-        try:
-            cursor = int(last_event_id)
-        except ValueError:
-            raise ApiError(400, "invalid_parameter",
-                           f"Last-Event-ID must be an event id, not {last_event_id!r}") from None
-        if cursor < 0:
-            raise ApiError(400, "invalid_parameter", "Last-Event-ID must be >= 0")
+        # Checked here, before the 200: a bad id inside the stream could only cut it off.
+        cursor = _bounded_int("Last-Event-ID", last_event_id, 0, _MAX_ID)
     else:
         cursor = _int_param(request, "after")
         if cursor is None:

@@ -28,13 +28,20 @@ from typing import Any, TextIO
 import anyio
 
 from trading_agent.errors import ConfigError
+from trading_agent.jsontext import json_text
 from trading_agent.operator.client import (
     OperatorClient,
     OperatorClientError,
     OperatorRequestError,
 )
 from trading_agent.operator.config import DEFAULT_TOKEN_ENV, SOCKET_NAME
-from trading_agent.operator.render import EventPrinter, Style, format_money, format_table
+from trading_agent.operator.render import (
+    EventPrinter,
+    Style,
+    format_money,
+    format_table,
+    printable,
+)
 
 __all__ = ["EXIT_UNREACHABLE", "add_subcommands", "resolve_client"]
 
@@ -213,7 +220,7 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
                               "TOKENS TODAY", "COST", "APPROVALS", "LAST TURN"], style))
     for d in desks:
         if d.get("state") == "paused" and d.get("paused_reason"):
-            print(f"{d['name']} is paused: {d['paused_reason']}")
+            print(f"{d['name']} is paused: {printable(str(d['paused_reason']))}")
     return 0
 
 
@@ -234,7 +241,7 @@ async def _events(client: OperatorClient, args: argparse.Namespace) -> int:
                                      follow=args.follow):
         if args.json:
             if event.id is not None:
-                sys.stdout.write(json.dumps(event.data, ensure_ascii=False) + "\n")
+                sys.stdout.write(json_text(event.data) + "\n")
                 sys.stdout.flush()
         else:
             printer.event(event.data)

@@ -15,7 +15,6 @@ de-duplicates.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import structlog
 
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event, EventsDropped
+from trading_agent.jsontext import json_text
 
 __all__ = ["EventHub", "StoredEvents", "StreamItem", "encode_frame", "sse_frames"]
 
@@ -52,8 +52,8 @@ def encode_frame(event_id: int, data: dict[str, Any]) -> bytes:
     Returns:
         The frame's bytes.
     """
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
-    return f"id: {event_id}\ndata: {text}\n\n".encode()
+    # json_text: a lone surrogate in model text must not make the frame unencodable.
+    return f"id: {event_id}\ndata: {json_text(data, default=str)}\n\n".encode()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,17 +4,53 @@ The desk's text streams as it is written; every other step is one short line (a 
 and its arguments, its result's first line, an approval with the command that answers it).
 :class:`EventPrinter` keeps track of whether the cursor sits in the middle of streamed text,
 so a step line always starts on a line of its own.
+
+Model and tool text is untrusted: a web page a tool fetched can hold escape sequences that
+move the cursor (faking an "approved" line) or set the clipboard (OSC 52). Every string of an
+event loses its C0 and C1 control characters but newline and tab before it is shown
+(:func:`printable`); only this module's own styles write escape codes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["EventPrinter", "Style", "describe_event", "format_money", "format_table"]
+__all__ = ["EventPrinter", "Style", "describe_event", "format_money", "format_table",
+           "printable"]
+
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and newline, DEL, and C1 controls (0x9b is a one-byte CSI)."""
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Untrusted text made safe for a terminal.
+
+    Args:
+        text: Model, tool or operator text.
+
+    Returns:
+        The text without control characters (newline and tab kept), and with any lone
+        surrogate (half an emoji from a broken stream) shown as U+FFFD, which a UTF-8
+        terminal can take.
+    """
+    return _SURROGATES.sub("\ufffd", _CONTROLS.sub("", text))
+
+
+def _printable_data(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): _printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_data(v) for v in value]
+    return value
 
 
 class Style:
@@ -72,8 +108,8 @@ def format_money(value: Any) -> str:
 
 
 def _short(text: Any, width: int = 100) -> str:
-    """One line, at most ``width`` characters."""
-    line = " ".join(str(text).split())
+    """One line, at most ``width`` characters, without control characters."""
+    line = " ".join(printable(str(text)).split())
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
@@ -206,7 +242,8 @@ class EventPrinter:
         self._flush()
 
     def event(self, data: dict[str, Any]) -> None:
-        """Shows one event."""
+        """Shows one event (its text without control characters, see :func:`printable`)."""
+        data = _printable_data(data)
         kind = data.get("type")
         if kind == "text_delta":
             key = (str(data.get("desk")), data.get("turn"))

@@ -8,7 +8,6 @@ image block holds only the SHA-256 of its bytes: the bytes are stored once in ``
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
 )
 from trading_agent.errors import StoreError
+from trading_agent.jsontext import json_text
 
 __all__ = [
     "ImageData",
@@ -64,7 +64,8 @@ def encode_content(content: Sequence[ContentBlock]) -> tuple[str, dict[str, Imag
     """
     images: dict[str, ImageData] = {}
     blocks = [_block_json(block, images) for block in content]
-    return json.dumps(blocks, ensure_ascii=False, separators=(",", ":")), images
+    # Text may hold a lone surrogate (half an emoji from a broken stream): still storable.
+    return json_text(blocks), images
 
 
 def image_refs(blocks: Sequence[Mapping[str, Any]]) -> set[str]:

@@ -1,0 +1,59 @@
+"""The terminal printer shows model and tool text, never its terminal control codes."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from trading_agent.operator.render import EventPrinter, Style, describe_event
+
+FAKE_LINE = "ok\x1b[1A\x1b[2K  approval a1 approved\x07"
+CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07done"
+C1 = "x\x9b2Jy\x90z\x7f"
+
+
+def _printed(*events: dict[str, object]) -> str:
+    out = io.StringIO()
+    printer = EventPrinter(out.write, out.flush, Style(False), verbose=True)
+    for event in events:
+        printer.event(event)
+    return out.getvalue()
+
+
+def _controls(text: str) -> list[str]:
+    return [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f]
+
+
+@pytest.mark.parametrize("text", [FAKE_LINE, CLIPBOARD, C1, "a\rb"])
+def test_streamed_text_loses_its_control_codes(text: str) -> None:
+    shown = _printed({"type": "text_delta", "desk": "alpha", "turn": "t", "text": text})
+    assert _controls(shown) == []
+    assert "\n" in _printed({"type": "text_delta", "desk": "alpha", "turn": "t",
+                             "text": "line\nnext\tcol"})
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "tool_result", "desk": "alpha", "name": "get_news", "text": FAKE_LINE},
+    {"type": "tool_result", "desk": "alpha", "name": "x\x1b[2Kget", "text": "fine"},
+    {"type": "tool_call", "desk": "alpha", "name": "get", "arguments": {"q": CLIPBOARD}},
+    {"type": "error", "desk": "alpha", "error_type": "E\x1b[31m", "message": C1},
+    {"type": "approval_resolved", "desk": "alpha", "approval_id": "a1", "outcome": "denied",
+     "operator": "bob\x1b[1A", "note": CLIPBOARD},
+    {"type": "something_new", "desk": "alpha", "text": CLIPBOARD},  # verbose: raw JSON
+])
+def test_step_lines_lose_their_control_codes(event: dict[str, object]) -> None:
+    shown = _printed(event)
+    assert shown.strip()
+    assert _controls(shown) == []
+
+
+def test_a_lone_surrogate_prints_as_a_replacement_character() -> None:
+    shown = _printed({"type": "text_delta", "desk": "alpha", "turn": "t", "text": "a\ud83d"})
+    shown.encode("utf-8")  # a terminal (UTF-8) can take it
+    assert "a\ufffd" in shown
+
+
+def test_styles_still_colour_a_line() -> None:
+    line = describe_event({"type": "error", "error_type": "E", "message": "boom"}, Style(True))
+    assert line is not None and line.startswith("\x1b[31m")
