@@ -181,6 +181,59 @@ async def test_the_client_reconnects_across_a_restart_of_the_api(
     assert stored_ids <= set(ids)
 
 
+async def test_a_stream_from_now_that_drops_before_its_first_event_misses_nothing(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    """A client that asked for events "from now" resumes where "now" was (X-Stream-Cursor)."""
+    scripted_server.add(Reply("earlier"), Reply("while away"), Reply("later"))
+    control, _ = build_control(scripted_server.base_url)
+    seen: list[StreamEvent] = []
+
+    async def follow(client: OperatorClient) -> None:
+        async for event in client.events():
+            seen.append(event)
+            if event.data.get("final_text") == "later":
+                return
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(control.run)
+        api = anyio.CancelScope()
+
+        async def serve(task_status: anyio.abc.TaskStatus[None]) -> None:
+            from trading_agent.operator.server import serve_operator_api
+            with api:
+                await serve_operator_api(control, ApprovalBook(), OperatorConfig(),
+                                         state_dir=state_dir, task_status=task_status)
+
+        await group.start(serve)
+        client = OperatorClient(socket_path=state_dir / "operator.sock", timeout=5)
+        await client.send_message("alpha", "one")  # events exist before anyone watches
+        with anyio.fail_after(5):
+            await control.wait_turns("alpha", 1)
+        group.start_soon(follow, client)
+        await anyio.sleep(0.5)  # connected, and nothing new has happened since
+        assert not [e for e in seen if e.id is not None]
+        api.cancel()
+        with anyio.fail_after(5):
+            while not any(e.type == "stream_reconnecting" for e in seen):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        await control.send_message("alpha", "two")  # while the watcher is away
+        with anyio.fail_after(5):
+            await control.wait_turns("alpha", 2)
+        api = anyio.CancelScope()
+        await group.start(serve)
+        await client.send_message("alpha", "three")
+        with anyio.fail_after(10):
+            await control.wait_turns("alpha", 3)
+            while not any(e.data.get("final_text") == "later" for e in seen):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        await client.aclose()
+        group.cancel_scope.cancel()
+    for desk in control.desks.values():
+        await desk.loop.backend.aclose()  # type: ignore[attr-defined]
+    finals = [e.data["final_text"] for e in seen if e.type == "turn_end"]
+    assert finals == ["while away", "later"]  # not the earlier turn, not missing the middle
+
+
 # --------------------------------------------------------------------------- the ring itself
 
 

@@ -69,7 +69,7 @@ from trading_agent.operator.approvals import (
 )
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.operator.equity import EquityHistory
-from trading_agent.operator.event_stream import EventHub, sse_frames
+from trading_agent.operator.event_stream import STREAM_CURSOR_HEADER, EventHub, sse_frames
 
 __all__ = ["WEB_DIR", "ApiError", "OperatorService", "create_app", "json_response"]
 
@@ -411,11 +411,17 @@ async def _events(request: Request) -> Response:
         if cursor is None:
             tail = _int_param(request, "tail", default=0, maximum=100_000)
             cursor = service.hub.tail_cursor(tail or 0, desk) if tail else None
+    if cursor is None:
+        # "From now" becomes an explicit position when there is one, and the client is told
+        # it: a stream that drops before its first event then resumes here, missing nothing.
+        cursor = service.hub.last_id
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if cursor is not None:
+        headers[STREAM_CURSOR_HEADER] = str(cursor)
     frames = sse_frames(service.hub, service.control.events_since, cursor=cursor, desk=desk,
                         follow=follow, keepalive_seconds=service.keepalive_seconds,
                         linger_seconds=service.linger_seconds)
-    return StreamingResponse(frames, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
 
 async def _index(request: Request) -> Response:

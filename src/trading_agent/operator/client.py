@@ -20,6 +20,7 @@ import anyio
 import httpx
 
 from trading_agent.errors import TradingAgentError
+from trading_agent.operator.event_stream import STREAM_CURSOR_HEADER
 
 __all__ = [
     "DaemonNotRunningError",
@@ -275,6 +276,9 @@ class OperatorClient:
                         await response.aread()
                         _json_or_raise(response)
                     delay = 0.5
+                    if last_id is None and STREAM_CURSOR_HEADER in response.headers:
+                        # Asked "from now": resume from where that was, should we drop.
+                        last_id = int(response.headers[STREAM_CURSOR_HEADER])
                     async for event_id, data in parse_sse(response.aiter_lines()):
                         event = StreamEvent(int(event_id) if event_id else None, json.loads(data))
                         if event.id is not None:

@@ -28,7 +28,18 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event, EventsDropped
 from trading_agent.jsontext import json_text
 
-__all__ = ["EventHub", "StoredEvents", "StreamItem", "encode_frame", "sse_frames"]
+__all__ = [
+    "STREAM_CURSOR_HEADER",
+    "EventHub",
+    "StoredEvents",
+    "StreamItem",
+    "encode_frame",
+    "sse_frames",
+]
+
+STREAM_CURSOR_HEADER = "X-Stream-Cursor"
+"""The response header naming the event id a stream started after, so that a client that
+asked for events "from now" and lost the connection before the first one resumes there."""
 
 _log = structlog.get_logger(__name__)
 
