@@ -122,53 +122,68 @@ async def test_tail_and_no_follow(scripted_server: ScriptedServer, state_dir: Pa
     assert nothing == []
 
 
+class _RestartableApi:
+    """The operator API over ``control``, which a test stops and starts again (a restart,
+    as a connected client sees it), while the desks go on."""
+
+    def __init__(self, control: Any, state_dir: Path, group: anyio.abc.TaskGroup) -> None:
+        self._control, self._state_dir, self._group = control, state_dir, group
+        self._scope = anyio.CancelScope()
+
+    async def start(self) -> None:
+        self._scope = anyio.CancelScope()
+        await self._group.start(self._serve)
+
+    def stop(self) -> None:
+        self._scope.cancel()
+
+    async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        from trading_agent.operator.server import serve_operator_api
+        with self._scope:
+            await serve_operator_api(self._control, ApprovalBook(), OperatorConfig(),
+                                     state_dir=self._state_dir, task_status=task_status)
+
+
+async def _follow_until(client: OperatorClient, seen: list[StreamEvent], final_text: str) -> None:
+    async for event in client.events():
+        seen.append(event)
+        if event.data.get("final_text") == final_text:
+            return
+
+
+async def _until(seen: list[StreamEvent], found: Any, seconds: float = 5) -> None:
+    with anyio.fail_after(seconds):
+        while not any(found(e) for e in seen):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 async def test_the_client_reconnects_across_a_restart_of_the_api(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.add(Reply("before", text_chunks=2), Reply("during", text_chunks=2),
                         Reply("after", text_chunks=2))
     control, _ = build_control(scripted_server.base_url)
     seen: list[StreamEvent] = []
-    restarted = anyio.Event()
-
-    async def follow(client: OperatorClient) -> None:
-        async for event in client.events():
-            seen.append(event)
-            if event.data.get("final_text") == "after":
-                return
 
     async with anyio.create_task_group() as group:
         group.start_soon(control.run)
-        api = anyio.CancelScope()
-
-        async def serve(task_status: anyio.abc.TaskStatus[None]) -> None:
-            from trading_agent.operator.server import serve_operator_api
-            with api:
-                await serve_operator_api(control, ApprovalBook(), OperatorConfig(),
-                                         state_dir=state_dir, task_status=task_status)
-
-        await group.start(serve)
+        api = _RestartableApi(control, state_dir, group)
+        await api.start()
         client = OperatorClient(socket_path=state_dir / "operator.sock", timeout=5)
-        group.start_soon(follow, client)
+        group.start_soon(_follow_until, client, seen, "after")
         await client.send_message("alpha", "one")
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 1)
-            while not any(e.data.get("final_text") == "before" for e in seen):  # noqa: ASYNC110
-                await anyio.sleep(0.01)
-        api.cancel()  # the API goes away (a daemon restart, as the client sees it)
-        with anyio.fail_after(5):
-            while not any(e.type == "stream_reconnecting" for e in seen):  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        await _until(seen, lambda e: e.data.get("final_text") == "before")
+        api.stop()  # the API goes away (a daemon restart, as the client sees it)
+        await _until(seen, lambda e: e.type == "stream_reconnecting")
         await control.send_message("alpha", "two")  # happens while nobody watches
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 2)
-        api = anyio.CancelScope()
-        await group.start(serve)
-        restarted.set()
+        await api.start()
         await client.send_message("alpha", "three")
         with anyio.fail_after(10):
             await control.wait_turns("alpha", 3)
-            while not any(e.data.get("final_text") == "after" for e in seen):  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        await _until(seen, lambda e: e.data.get("final_text") == "after", 10)
         await client.aclose()
         group.cancel_scope.cancel()
     for desk in control.desks.values():
@@ -188,44 +203,27 @@ async def test_a_stream_from_now_that_drops_before_its_first_event_misses_nothin
     control, _ = build_control(scripted_server.base_url)
     seen: list[StreamEvent] = []
 
-    async def follow(client: OperatorClient) -> None:
-        async for event in client.events():
-            seen.append(event)
-            if event.data.get("final_text") == "later":
-                return
-
     async with anyio.create_task_group() as group:
         group.start_soon(control.run)
-        api = anyio.CancelScope()
-
-        async def serve(task_status: anyio.abc.TaskStatus[None]) -> None:
-            from trading_agent.operator.server import serve_operator_api
-            with api:
-                await serve_operator_api(control, ApprovalBook(), OperatorConfig(),
-                                         state_dir=state_dir, task_status=task_status)
-
-        await group.start(serve)
+        api = _RestartableApi(control, state_dir, group)
+        await api.start()
         client = OperatorClient(socket_path=state_dir / "operator.sock", timeout=5)
         await client.send_message("alpha", "one")  # events exist before anyone watches
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 1)
-        group.start_soon(follow, client)
+        group.start_soon(_follow_until, client, seen, "later")
         await anyio.sleep(0.5)  # connected, and nothing new has happened since
         assert not [e for e in seen if e.id is not None]
-        api.cancel()
-        with anyio.fail_after(5):
-            while not any(e.type == "stream_reconnecting" for e in seen):  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        api.stop()
+        await _until(seen, lambda e: e.type == "stream_reconnecting")
         await control.send_message("alpha", "two")  # while the watcher is away
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 2)
-        api = anyio.CancelScope()
-        await group.start(serve)
+        await api.start()
         await client.send_message("alpha", "three")
         with anyio.fail_after(10):
             await control.wait_turns("alpha", 3)
-            while not any(e.data.get("final_text") == "later" for e in seen):  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+        await _until(seen, lambda e: e.data.get("final_text") == "later", 10)
         await client.aclose()
         group.cancel_scope.cancel()
     for desk in control.desks.values():
