@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,11 +17,11 @@ import pytest
 
 from trading_agent.errors import OrderRejectedError
 from trading_agent.trading.config import PaperExchangeConfig
-from trading_agent.trading.exchange import OrderRequest
+from trading_agent.trading.exchange import Candle, OrderRequest
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 
-from .conftest import packaged_candles
+from .conftest import packaged_candles, replay_feed
 
 D = Decimal
 CONFIG = PaperExchangeConfig(starting_balances={"USDT": D("10000")}, taker_fee=D("0.001"),
@@ -262,3 +263,61 @@ async def test_a_simulated_order_book_surrounds_the_fill_prices(paper: PaperExch
     assert book.bids[0][0] == ticker.bid == D("16595.388")
     assert len(book.bids) == len(book.asks) == 5
     assert all(a[0] < b[0] for a, b in zip(book.asks, book.asks[1:], strict=False))
+
+
+NEXT_OPEN = CONFIG.model_copy(update={"market_fill": "next_open"})
+
+
+async def test_with_next_open_a_market_order_waits_for_the_next_candles_open(
+        feed: ReplayFeed, database: Path) -> None:
+    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="backtest")
+    try:
+        order = await paper.create_order(buy("0.1"))
+        # Decided at the 17:40 candle's close (16,612.0): nothing is known of 17:45 yet.
+        assert order.status == "open" and order.filled == 0
+        held = await balances(paper)
+        # Held back at the last price, slipped, with the taker fee: 0.1 × 16,628.612 × 1.001.
+        assert held["USDT"] == (D("10000") - D("1664.5240612"), D("1664.5240612"))
+        assert await paper.fills() == []
+
+        feed.advance()  # the 17:45 candle: open 16,611.9
+        filled = await paper.fetch_order(order.id, "BTC/USDT")
+    finally:
+        await paper.close()
+
+    # 16,611.9 × (1 + 10 bps) = 16,628.5119; fee 0.1% of 1,662.85119.
+    assert packaged_candles()[300].open == D("16611.9")
+    assert (filled.status, filled.average, filled.fee) == ("closed", D("16628.5119"),
+                                                          D("1.66285119"))
+    reopened = await PaperExchange.open(NEXT_OPEN, feed, database, account="backtest")
+    try:
+        fills = await reopened.fills()
+        assert [(f.liquidity, f.at.isoformat()) for f in fills] == [
+            ("taker", "2023-01-03T17:45:00+00:00")]
+        assert await balances(reopened) == {
+            "BTC": (D("0.1"), D(0)),
+            "USDT": (D("10000") - D("1662.85119") - D("1.66285119"), D(0))}
+    finally:
+        await reopened.close()
+
+
+async def test_with_next_open_a_buy_the_open_makes_unaffordable_is_rejected_and_freed(
+        database: Path) -> None:
+    # Real 5-minute candles open where the last closed; a gap (a halt, a weekend on another
+    # market) is made up here: the close is 100, the next open 110.
+    start = packaged_candles()[0].opened_at
+    gap = (Candle("BTC/USDT", "5m", start, D(99), D(101), D(98), D(100), D(5)),
+           Candle("BTC/USDT", "5m", start + timedelta(minutes=5), D(110), D(111), D(109),
+                  D(110), D(5)))
+    feed = replay_feed(start_offset=1, candles=gap)
+    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="all-in")
+    try:
+        order = await paper.create_order(buy("99"))  # 99 × 100.1 × 1.001 = 9,919.9101
+        assert order.status == "open"
+        feed.advance()
+        after = await paper.fetch_order(order.id, "BTC/USDT")
+        assert after.status == "rejected"
+        assert await balances(paper) == {"USDT": (D("10000"), D(0))}
+        assert await paper.fills() == []
+    finally:
+        await paper.close()

@@ -50,7 +50,7 @@ from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
 from trading_agent.agent.trigger import Trigger
-from trading_agent.agent.turn_runner import TurnResult, TurnState
+from trading_agent.agent.turn_runner import TurnResult, TurnState, new_turn_id
 from trading_agent.errors import (
     BackendError,
     BackendUnavailableError,
@@ -78,6 +78,9 @@ class AgentLoop:
     Attributes:
         backend: The model the loop asks.
         retry_policy: How transient model failures are retried (tests make it fast).
+        new_turn_id: Gives each turn its id (random by default; a backtest numbers its turns,
+            so that what derives from them, such as client order ids, is the same on a
+            re-run).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class AgentLoop:
         self._steering_inbox = steering_inbox
         self._image_preparer = image_preparer or ImagePreparer()
         self.retry_policy = RetryPolicy()
+        self.new_turn_id: Callable[[], str] = new_turn_id
         self._stop_requested = False
 
     def tool_definitions(self) -> list[dict[str, Any]]:
@@ -146,7 +150,8 @@ class AgentLoop:
                 if opening is not None and self._steering_inbox is not None:
                     self._steering_inbox.put_back(opening)
                 raise
-            result = await self._run_rounds(conversation, TurnState(trigger), opening)
+            turn = TurnState(trigger, id=self.new_turn_id())
+            result = await self._run_rounds(conversation, turn, opening)
             opening = self._late_message(result)
             if opening is None:
                 return result
@@ -348,7 +353,7 @@ class AgentLoop:
         conversation.memory_flushed = True
         scratch = conversation.fork()
         first_new = len(scratch.messages)
-        turn = TurnState(compressor.flush_trigger(), silent=True)
+        turn = TurnState(compressor.flush_trigger(), silent=True, id=self.new_turn_id())
         try:
             await self._run_rounds(scratch, turn)
         except ContextOverflowError:

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from trading_agent.agent.backend import Usage
 from trading_agent.agent.trigger import Trigger
 
-__all__ = ["TurnResult", "TurnState"]
+__all__ = ["TurnResult", "TurnState", "new_turn_id"]
+
+
+def new_turn_id() -> str:
+    """A random turn id, 12 hex digits."""
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,6 @@ class TurnState:
 
     trigger: Trigger
     silent: bool = False
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    id: str = field(default_factory=new_turn_id)
     rounds: int = 0
     usage: Usage = field(default_factory=Usage)

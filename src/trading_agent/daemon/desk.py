@@ -55,7 +55,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.daemon.control import DeskState, DeskStatus
 from trading_agent.daemon.trigger_queue import TriggerQueue
-from trading_agent.errors import BackendError, BackendUnavailableError
+from trading_agent.errors import BackendError, BackendUnavailableError, ContextOverflowError
 
 __all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore"]
 
@@ -320,13 +320,54 @@ class Desk:
         finally:
             self.ready.set()
 
+    async def run_pending(self, *, max_failures: int = 3) -> None:
+        """Runs the queued turns until none is left, in the caller's task: a backtest drives
+        its desk this way between candles, so the simulated clock stands still while the
+        desk thinks.
+
+        Restores first (once). A turn that fails is handled as :meth:`run` handles it (the
+        conversation restored, the desk told), after the desk's backoff ``sleep``.
+
+        Args:
+            max_failures: Failed turns in a row after which the last failure is raised.
+
+        Raises:
+            BackendError: The model failed (unavailable after retries, or refused), except
+                a context overflow, which is handled like any failed turn.
+            Exception: A turn failed ``max_failures`` times in a row.
+        """
+        while True:
+            try:
+                if self.conversation is None:
+                    await self._restore()
+                    self.ready.set()
+                await self._drain()
+                return
+            except BackendError as exc:
+                if not isinstance(exc, ContextOverflowError):
+                    raise
+                failure: Exception = exc
+            except Exception as exc:
+                failure = exc
+            if self._outcome.failures + 1 >= max_failures:
+                raise failure
+            await self._failed(failure, paused=False)
+            self.conversation = None
+
     async def _serve(self) -> None:
+        while not self._stopping:
+            await self._drain()
+            if self._stopping:
+                return
+            self._paused = False  # nothing to try again: the desk just waits
+            await self.queue.wait()
+
+    async def _drain(self) -> None:
+        """Runs turns while triggers are queued."""
         while not self._stopping:
             trigger = self.queue.take()
             if trigger is None:
-                self._paused = False  # nothing to try again: the desk just waits
-                await self.queue.wait()
-                continue
+                return
             self._outcome.unfinished = trigger
             self._outcome.unfinished_appended = False
             result = await self._run_turn(trigger)

@@ -157,16 +157,20 @@ class ScheduleRunner:
             read at each (re)start of :meth:`run`.
         clock: The wall clock (aware).
         sleep: The sleep.
+        tolerance: How long after its slot a trigger still counts as on time (a backtest
+            moves in candle steps: a slot inside the last step is on time).
     """
 
     def __init__(self, schedules: Sequence[Schedule], fire: Callable[[Trigger], None], *,
                  last_fired: Callable[[], Awaitable[Mapping[str, datetime]]] | None = None,
-                 clock: Clock = lambda: datetime.now(UTC), sleep: Sleep = anyio.sleep) -> None:
+                 clock: Clock = lambda: datetime.now(UTC), sleep: Sleep = anyio.sleep,
+                 tolerance: timedelta = timedelta(minutes=1)) -> None:
         self.schedules = list(schedules)
         self._fire = fire
         self._last_fired = last_fired
         self._clock = clock
         self._sleep = sleep
+        self._tolerance = tolerance
         self.due: dict[str, datetime] = {}
         """When each schedule fires next, by name (for status and tests)."""
 
@@ -174,6 +178,15 @@ class ScheduleRunner:
         """Fires schedules until cancelled: first any missed slot, then each slot as due."""
         if not self.schedules:
             return
+        await self.start()
+        while True:
+            self.fire_due()
+            wait = (min(self.due.values()) - self._clock()).total_seconds()
+            await self._sleep(min(max(wait, 0.0), _LONGEST_NAP))
+
+    async def start(self) -> None:
+        """Fires any slot missed while the daemon was down, and sets when each schedule
+        fires next (a backtest calls this, then :meth:`fire_due` at every step)."""
         fired = await self._last_fired() if self._last_fired is not None else {}
         now = self._clock()
         for schedule in self.schedules:
@@ -182,15 +195,16 @@ class ScheduleRunner:
             if missed is not None:
                 self._fire(_trigger(schedule, missed, late=True))
             self.due[schedule.name] = next_slot(schedule, missed or last or now, now)
-        while True:
-            now = self._clock()
-            for schedule in self.schedules:
-                slot = self.due[schedule.name]
-                if slot <= now:
-                    self._fire(_trigger(schedule, slot, late=now - slot > timedelta(minutes=1)))
-                    self.due[schedule.name] = next_slot(schedule, slot, now)
-            wait = (min(self.due.values()) - self._clock()).total_seconds()
-            await self._sleep(min(max(wait, 0.0), _LONGEST_NAP))
+
+    def fire_due(self) -> None:
+        """Fires every schedule whose slot has come by the clock (once, however many slots
+        passed)."""
+        now = self._clock()
+        for schedule in self.schedules:
+            slot = self.due[schedule.name]
+            if slot <= now:
+                self._fire(_trigger(schedule, slot, late=now - slot > self._tolerance))
+                self.due[schedule.name] = next_slot(schedule, slot, now)
 
 
 def _trigger(schedule: Schedule, slot: datetime, *, late: bool) -> Trigger:

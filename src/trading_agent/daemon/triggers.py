@@ -70,11 +70,7 @@ class MarketWatcher:
             task_status: Told once subscribed (for ``TaskGroup.start``).
         """
         with self.feed.subscribe() as candles:
-            ticking = self.symbols if self.move_percent is not None else frozenset()
-            for symbol in sorted(ticking - self.marks.keys()):
-                # No price yet: the first candle seen sets the mark.
-                with contextlib.suppress(TradingAgentError):
-                    self.marks[symbol] = (await self.feed.ticker(symbol)).last
+            await self.prime()
             task_status.started()
             async for candle in candles:
                 if self._on_step is not None and candle.closes_at != self._step_closes:
@@ -82,6 +78,30 @@ class MarketWatcher:
                     await self._on_step()
                 if candle.symbol in self.symbols:
                     await self.observe(candle)
+
+    async def prime(self) -> None:
+        """Takes the current prices as the marks moves are measured from."""
+        ticking = self.symbols if self.move_percent is not None else frozenset()
+        for symbol in sorted(ticking - self.marks.keys()):
+            # No price yet: the first candle seen sets the mark.
+            with contextlib.suppress(TradingAgentError):
+                self.marks[symbol] = (await self.feed.ticker(symbol)).last
+
+    async def take_step(self, candles: Sequence[Candle]) -> None:
+        """One whole feed step at once, as :meth:`run` takes it (a backtest moves its feed
+        itself and calls this after each step): the ``on_step`` hook, then each candle.
+
+        Args:
+            candles: The step's candles, as :meth:`ReplayFeed.advance` returns them.
+        """
+        if not candles:
+            return
+        if self._on_step is not None:
+            self._step_closes = candles[0].closes_at
+            await self._on_step()
+        for candle in candles:
+            if candle.symbol in self.symbols:
+                await self.observe(candle)
 
     async def observe(self, candle: Candle) -> None:
         """Fires what one new candle calls for.
@@ -114,7 +134,7 @@ class MarketWatcher:
         self._fired[candle.symbol] = price
         at = candle.closes_at
         self._fire(Trigger(
-            kind="tick", source=candle.symbol,
+            kind="tick", source=candle.symbol, at=at.timestamp(),
             text=(f"{candle.symbol} moved {move:+.2f}% since you last looked: {mark} -> "
                   f"{price} (at {at:%Y-%m-%d %H:%M} UTC, feed time).")))
 
@@ -130,7 +150,7 @@ class MarketWatcher:
             closed = found[0]
         when = f"{candle.closes_at:%Y-%m-%d %H:%M}"
         self._fire(Trigger(
-            kind="candle", source=f"{candle.symbol} {timeframe}",
+            kind="candle", source=f"{candle.symbol} {timeframe}", at=candle.closes_at.timestamp(),
             text=(f"A {timeframe} candle of {closed.symbol} closed at {when} UTC (feed time): "
                   f"open {closed.open}, high {closed.high}, low {closed.low}, close "
                   f"{closed.close}, volume {closed.volume}.")))

@@ -53,12 +53,14 @@ from trading_agent.store.store import Store, database_path
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
 from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
+from trading_agent.trading.exchange import timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
+from trading_agent.trading.timing import Clock, Sleep
 from trading_agent.trading.valuation import value_account
 
-__all__ = ["Daemon", "open_daemon"]
+__all__ = ["Daemon", "DeskParts", "ModelBackends", "build_desk", "open_daemon"]
 
 _log = structlog.get_logger(__name__)
 
@@ -134,7 +136,7 @@ async def open_daemon(settings: Settings, *,
             settings.operator,
             is_live=lambda desk: settings.desks[desk].exchange.mode == "live",
             price_lookup=functools.partial(_last_price, venues))
-        backends = _Backends(stack, environ)
+        backends = ModelBackends(stack, environ)
         feeds = await stack.enter_async_context(SharedFeeds())
         runtimes = []
         for name, desk_settings in settings.desks.items():
@@ -169,11 +171,52 @@ def _backoff(settings: Settings) -> Backoff:
                    crash_max=settings.daemon.restart_backoff_max_seconds)
 
 
-async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
-                      backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
-                      store: Store, bus: EventBus, approvals: ApprovalBook,
-                      settings: Settings) -> DeskRuntime:
-    """One desk and the services beside it."""
+@dataclass
+class DeskParts:
+    """One desk as built from its settings, and what drives it.
+
+    The daemon runs the watcher and the schedule runner as services beside the desk; a
+    backtest steps them itself, candle by candle, on its simulated clock.
+
+    Attributes:
+        desk: The desk (its loop, tools, risk policy, compressor, image preparer, inbox).
+        watcher: Fires the desk's tick and candle triggers from its feed.
+        schedules: Fires its schedule triggers; None when it has none.
+        account: The desk's equity and open orders, for its status.
+    """
+
+    desk: Desk
+    watcher: MarketWatcher
+    schedules: ScheduleRunner | None
+    account: Callable[[], Coroutine[Any, Any, tuple[float | None, int]]]
+
+
+async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
+                     backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
+                     store: Store, bus: EventBus, approvals: ApprovalBook | None,
+                     settings: Settings, clock: Clock | None = None,
+                     sleep: Sleep = anyio.sleep) -> DeskParts:
+    """Builds one desk the way the daemon runs it.
+
+    Args:
+        name: The desk's name.
+        config: Its settings.
+        venue: Its exchange, feed and risk policy.
+        backend: Its model.
+        stack: Closes what the desk opens (its memory).
+        database: The SQLite file of its memory.
+        store: Its transcripts, operator messages and schedules.
+        bus: Where its loop publishes.
+        approvals: The approval gate of dangerous tools; None lets every call run (a
+            backtest, where nobody is there to approve; the risk limits still apply).
+        settings: The daemon's settings (backoff).
+        clock: The time of schedules and of the desk's status; the wall clock by default,
+            the feed's replayed time in a backtest.
+        sleep: The desk's backoff sleep.
+
+    Raises:
+        ConfigError: An unknown tool name, or context settings that do not fit the window.
+    """
     registry, delegator = await _tools(name, config, venue, backend, stack=stack,
                                        database=database, store=store, approvals=approvals)
     executor = ToolCallExecutor(registry, approval_gate=approvals)
@@ -185,8 +228,10 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                      steering_inbox=inbox, image_preparer=ImagePreparer(config.image_limits()))
     profile = DeskProfile(name, mode=venue.mode, model=backend.model,
                           symbols=tuple(config.symbols))
+    timing: dict[str, Any] = {} if clock is None else {
+        "clock": lambda: clock().timestamp()}
     desk = Desk(profile, loop, config.system_prompt, store, inbox=inbox, event_bus=bus,
-                backoff=_backoff(settings))
+                backoff=_backoff(settings), sleep=sleep, **timing)
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
@@ -196,20 +241,35 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                             candle_timeframes=ticks.on_candle_close,
                             on_step=functools.partial(_keep_books, name, venue))
     desk.on_turn_start.append(watcher.desk_looked)
-    services: list[tuple[str, Service]] = [("market", watcher.run)]
     schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
                  for s in config.triggers.schedules]
+    runner = None
     if schedules:
+        timing = {} if clock is None else {
+            "clock": clock, "tolerance": timeframe_delta(venue.feed.timeframe)}
         runner = ScheduleRunner(schedules, desk.fire,
-                                last_fired=functools.partial(store.schedule_last_fired, name))
-        services.append(("schedules", runner.run))
+                                last_fired=functools.partial(store.schedule_last_fired, name),
+                                **timing)
     quote = config.risk.quote_currency
 
     async def account() -> tuple[float | None, int]:
         valuation = await value_account(venue.exchange, quote)
         return float(valuation.total), len(await venue.exchange.fetch_open_orders())
 
-    return DeskRuntime(desk, services, account)
+    return DeskParts(desk, watcher, runner, account)
+
+
+async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
+                      backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
+                      store: Store, bus: EventBus, approvals: ApprovalBook,
+                      settings: Settings) -> DeskRuntime:
+    """One desk and the services beside it."""
+    parts = await build_desk(name, config, venue, backend, stack=stack, database=database,
+                             store=store, bus=bus, approvals=approvals, settings=settings)
+    services: list[tuple[str, Service]] = [("market", parts.watcher.run)]
+    if parts.schedules is not None:
+        services.append(("schedules", parts.schedules.run))
+    return DeskRuntime(parts.desk, services, parts.account)
 
 
 def _replays(feeds: SharedFeeds) -> list[tuple[str, Service]]:
@@ -237,7 +297,7 @@ async def _keep_books(desk: str, venue: TradingVenue) -> None:
 
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
                  stack: AsyncExitStack, database: Path, store: Store,
-                 approvals: ApprovalBook) -> tuple[ToolRegistry, Delegator | None]:
+                 approvals: ApprovalBook | None) -> tuple[ToolRegistry, Delegator | None]:
     """The desk's tools: trading and memory tools, then ``delegate``, narrowed to the
     desk's ``tools`` list."""
     assert venue.risk is not None  # open_exchange builds one when given the limits
@@ -269,7 +329,7 @@ async def _last_price(venues: Mapping[str, TradingVenue], desk: str, symbol: str
     return float((await venue.feed.ticker(symbol)).last)
 
 
-class _Backends:
+class ModelBackends:
     """The desks' model backends: one per distinct model config, shared by the desks that
     use it (a backend holds an HTTP client whose TLS setup alone costs ~60 ms of CPU, so one
     per desk would stall the start of a daemon with hundreds of desks); the embedded local

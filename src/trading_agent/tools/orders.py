@@ -72,6 +72,10 @@ def _placed(order: Order) -> str:
         fee = f", fee {format_amount(order.fee, order.fee_currency or '')}" if order.fee else ""
         return (f"Order {order.id} filled: {verb} {order.filled} {base} on {order.symbol} at "
                 f"{price} ({order.type}){fee}.")
+    if order.status == "open" and order.type == "market":
+        return (f"Order {order.id} accepted: {order.side} market {order.amount} {base} on "
+                f"{order.symbol}. It fills at the open of the next candle; see it with "
+                f"get_order(order_id={order.id!r}).")
     if order.status == "open":
         return (f"Order {order.id} placed and resting: {order.side} {order.type} "
                 f"{order.amount} {base} on {order.symbol} @ "

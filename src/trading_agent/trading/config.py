@@ -80,6 +80,10 @@ class PaperExchangeConfig(BaseModel):
         maker_fee: The fee rate of resting limit orders when they fill.
         slippage_bps: How far from the price a market order fills, against the trader,
             in basis points.
+        market_fill: Where a market order fills: ``last_price``, at once at the feed's
+            latest price (the daemon's default); or ``next_open``, at the open of the next
+            candle, the first price nobody knew when the order was decided (what a backtest
+            uses: a decision at a candle's close cannot trade at that close).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -89,6 +93,7 @@ class PaperExchangeConfig(BaseModel):
     taker_fee: Decimal = Field(default=Decimal("0.001"), ge=0, lt=1)
     maker_fee: Decimal = Field(default=Decimal("0.0008"), ge=0, lt=1)
     slippage_bps: Decimal = Field(default=Decimal("5"), ge=0, lt=10000)
+    market_fill: Literal["last_price", "next_open"] = "last_price"
 
     @field_validator("starting_balances")
     @classmethod

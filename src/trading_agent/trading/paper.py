@@ -4,6 +4,10 @@ How orders fill:
 
 - A market order fills at once, in full, at the feed's latest price moved against the
   trader by ``slippage_bps`` (a buy pays ``last × (1 + slippage)``), and pays the taker fee.
+  With ``market_fill = "next_open"`` (backtests) it is accepted and waits instead, holding
+  back its funds at the latest price, and fills at the open of the first candle that opens
+  at or after it was placed, slipped the same way, as a taker; if the open moved so far
+  that the funds no longer cover it, it is rejected then and its funds freed.
 - A limit order that is marketable when placed (a buy at or above that slipped price) fills
   at once the same way, as a taker. Otherwise it rests, holding back its funds, and fills in
   full at its own price, paying the maker fee, on the first completed candle that opens at or
@@ -325,15 +329,22 @@ class PaperExchange:
         taker_price = self._taker_price(request.side, last)
         marketable = request.price is None or (
             request.price >= taker_price if request.side == "buy" else request.price <= taker_price)
+        if request.price is None and self._config.market_fill == "next_open":
+            marketable = False  # it waits for the next candle's open
         if marketable:
             return self._fill(draft, order, taker_price, "taker", now, reserved=None)
         base, quote = _split(request.symbol)
-        assert request.price is not None
         if request.side == "buy":
             reserve_currency = quote
-            reserve = request.amount * request.price * (1 + self._config.maker_fee)
-            self._require_funds(draft, quote, reserve, f"this buy needs {format_amount(reserve)} "
-                                f"{quote} held back (order and maker fee)")
+            if request.price is None:
+                reserve = request.amount * taker_price * (1 + self._config.taker_fee)
+                what = (f"this buy costs about {format_amount(reserve)} {quote} at the last "
+                        "price, fee included")
+            else:
+                reserve = request.amount * request.price * (1 + self._config.maker_fee)
+                what = f"this buy needs {format_amount(reserve)} {quote} held back (order and " \
+                       "maker fee)"
+            self._require_funds(draft, quote, reserve, what)
         else:
             reserve_currency, reserve = base, request.amount
             self._require_funds(draft, base, reserve, f"this sell needs {reserve} {base}")
@@ -438,17 +449,38 @@ class PaperExchange:
                 crossed = [p for p in resting if candle.opened_at >= p.order.created_at
                            and _trades_through(p.order, candle)]
                 for paper in crossed:
-                    assert paper.order.price is not None
-                    self._fill(draft, paper.order, paper.order.price, "maker",
-                               candle.closes_at, reserved=paper)
+                    if paper.order.price is None:
+                        self._fill_at_open(draft, paper, candle)
+                    else:
+                        self._fill(draft, paper.order, paper.order.price, "maker",
+                                   candle.closes_at, reserved=paper)
                 resting = [p for p in resting if p not in crossed]
             if candles:
                 horizon[symbol] = candles[-1].opened_at + self._step
-        if draft.fills:
+        if draft.changes.orders:  # fills, and market orders the open made unaffordable
             await self._ledger.commit(draft.changes)
             self._apply(draft)
         self._matched_until.update(horizon)
         return draft.fills
+
+    def _fill_at_open(self, draft: _Draft, paper: PaperOrder, candle: Candle) -> None:
+        """A waiting market order fills at ``candle``'s open, or is rejected when the funds
+        held back at the last price no longer cover it."""
+        order = paper.order
+        price = self._taker_price(order.side, candle.open)
+        base, quote = _split(order.symbol)
+        if order.side == "buy":
+            currency, needed = quote, order.amount * price * (1 + self._config.taker_fee)
+        else:
+            currency, needed = base, order.amount
+        held_back = paper.reserved if paper.reserved_currency == currency else _ZERO
+        if draft.free(currency) + held_back < needed:
+            draft.move(paper.reserved_currency, paper.reserved, -paper.reserved, "release",
+                       order.id)
+            rejected = replace(order, status="rejected")
+            draft.changes.orders.append(PaperOrder(rejected, _ZERO, paper.reserved_currency))
+            return
+        self._fill(draft, order, price, "taker", candle.opened_at, reserved=paper)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -486,5 +518,6 @@ class PaperExchange:
 
 
 def _trades_through(order: Order, candle: Candle) -> bool:
-    assert order.price is not None
+    if order.price is None:
+        return True  # a waiting market order takes the candle's open
     return candle.low < order.price if order.side == "buy" else candle.high > order.price
