@@ -5,6 +5,8 @@
 - ``trading-agent run --config FILE``: starts the daemon; a bad config is refused the same
   way (exit 2), before anything starts.
 - The operator's commands (chat, status, ...) come from :mod:`trading_agent.operator.cli`.
+- ``trading-agent backtest`` and ``trading-agent data fetch`` come from
+  :mod:`trading_agent.backtest.cli` and :mod:`trading_agent.backtest.fetch`.
 
 Each subcommand sets ``handler``: a function of the parsed arguments returning the exit code.
 """
@@ -116,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     from trading_agent.operator.cli import add_subcommands
 
     add_subcommands(subparsers)
+
+    from trading_agent.backtest.cli import add_backtest_subcommand
+    from trading_agent.backtest.fetch import add_data_subcommand
+
+    add_backtest_subcommand(subparsers)
+    add_data_subcommand(subparsers)
     return parser
 
 

@@ -9,6 +9,10 @@ also proves that credentials came through. Faults are scripted per endpoint:
 - ``"hang"``: no answer until the server stops (the client times out).
 - ``"hang_after_processing"``: the request takes effect (an order is created), then no answer.
 - any key of ``fixtures/errors.json``: that Binance error response.
+
+By default ``/api/v3/klines`` answers the fixture's last ``limit`` candles whatever is asked.
+After :meth:`FakeBinance.serve_history` it pages a longer history the way Binance does:
+``startTime``, ``endTime`` and ``limit`` honoured, at most a page of candles per answer.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 FIXTURES = Path(__file__).parent / "fixtures"
+KLINE_INTERVALS = frozenset({"1s", "1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h",
+                             "12h", "1d", "3d", "1w", "1M"})
+"""The intervals Binance's klines endpoint knows."""
 
 
 def fixture(name: str) -> Any:
@@ -60,6 +67,8 @@ class FakeBinance:
         self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
         self._errors = fixture("errors")
         self._release = asyncio.Event()
+        self._history: dict[tuple[str, str], list[list[Any]]] | None = None
+        self._history_page = 1000
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -76,6 +85,26 @@ class FakeBinance:
     def count(self, method: str, path: str) -> int:
         """How many requests ``method path`` received."""
         return sum(1 for r in self.requests if r.method == method and r.path == path)
+
+    def serve_history(self, klines: list[list[Any]], *, symbol: str = "BTCUSDT",
+                      interval: str = "5m", page_limit: int = 1000) -> None:
+        """Serves ``klines`` (Binance kline rows, oldest first) paged as Binance pages them.
+
+        ``startTime`` and ``endTime`` bound the candles' open times, ``limit`` (500 when not
+        given) is capped at ``page_limit``; an unknown symbol or interval gets Binance's error.
+        Other symbols or intervals have no candles. The list is kept, not copied: a test may
+        append to it (a candle closing) or cut a hole in it.
+
+        Args:
+            klines: The rows of ``symbol`` at ``interval``.
+            symbol: The Binance symbol (``BTCUSDT``).
+            interval: The Binance interval (``5m``).
+            page_limit: The most candles one answer holds.
+        """
+        if self._history is None:
+            self._history = {}
+        self._history[(symbol, interval)] = klines
+        self._history_page = page_limit
 
     def api_urls(self) -> dict[str, str]:
         """``urls['api']`` entries that point ccxt's spot endpoints here."""
@@ -168,8 +197,25 @@ class FakeBinance:
         return 200, fixture("ticker_24hr")
 
     def _klines(self, params: dict[str, str]) -> tuple[int, Any]:
+        if self._history is not None:
+            return self._paged_klines(params, self._history)
         limit = int(params.get("limit", len(self.klines)))
         return 200, self.klines[-limit:]
+
+    def _paged_klines(self, params: dict[str, str],
+                      history: dict[tuple[str, str], list[list[Any]]]) -> tuple[int, Any]:
+        symbol, interval = params.get("symbol", ""), params.get("interval", "")
+        if symbol not in {s["symbol"] for s in fixture("exchange_info")["symbols"]}:
+            return 400, self._errors["bad_symbol"]["body"]
+        if interval not in KLINE_INTERVALS:
+            return 400, {"code": -1120, "msg": "Invalid interval."}
+        rows = history.get((symbol, interval), [])
+        limit = min(int(params.get("limit", 500)), self._history_page)
+        start, end = params.get("startTime"), params.get("endTime")
+        chosen = [row for row in rows if (start is None or row[0] >= int(start))
+                  and (end is None or row[0] <= int(end))]
+        # Binance answers the oldest candles from startTime, else the newest up to endTime.
+        return 200, chosen[:limit] if start is not None else chosen[-limit:]
 
     def _depth(self, params: dict[str, str]) -> tuple[int, Any]:
         return 200, fixture("depth")

@@ -1,0 +1,248 @@
+"""``trading-agent backtest``: run desks over history and write their report.
+
+::
+
+    trading-agent backtest CONFIG --desk NAME --from ISO --to ISO --out DIR
+        [--cache record|strict|off] [--cache-dir DIR] [--data SYMBOL=FILE]
+        [--messages FILE] [--force]
+    trading-agent backtest --compare A.toml B.toml ... --from ISO --to ISO --out DIR
+    trading-agent backtest CONFIG --desk A --desk B ... --from ISO --to ISO --out DIR
+
+Everything a run needs is checked before the first model call, and the report is written
+into a temporary folder beside ``--out`` and moved into place only once whole: a bad input
+or a failed run exits non-zero and leaves nothing half-written in ``--out``. Exit codes:
+0 done, 1 the run failed (the model, a strict cache miss), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from trading_agent.errors import ConfigError, TradingAgentError
+
+__all__ = ["add_backtest_subcommand"]
+
+_EXIT_FAILURE = 1
+_EXIT_INPUT = 2
+
+
+@dataclass(frozen=True)
+class _Run:
+    label: str
+    config: Path
+    desk: str
+
+
+def add_backtest_subcommand(subparsers: Any) -> None:
+    """Adds ``backtest`` to the ``trading-agent`` command.
+
+    Args:
+        subparsers: The command's subparsers.
+    """
+    parser = subparsers.add_parser(
+        "backtest", help="run a desk over historical candles and write a report",
+        description="Runs a desk over historical candles exactly as the daemon runs it (the "
+                    "same loop, tools, risk limits and paper exchange, on a simulated "
+                    "clock) and writes report.json, trades.csv and report.html to --out. "
+                    "Model answers are cached: a re-run replays them for free.")
+    parser.add_argument("config", type=Path, nargs="?", metavar="CONFIG",
+                        help="the TOML config file")
+    parser.add_argument("--desk", action="append", default=[], metavar="NAME",
+                        help="the desk to run (may be left out when the config has one; "
+                             "repeat it to compare desks)")
+    parser.add_argument("--compare", type=Path, nargs="+", default=[], metavar="CONFIG",
+                        help="several config files run over the same span, side by side")
+    parser.add_argument("--from", dest="start", required=True, metavar="ISO",
+                        help="the span's start, such as 2023-01-05 or 2023-01-05T12:00 (UTC)")
+    parser.add_argument("--to", dest="end", required=True, metavar="ISO",
+                        help="the span's end")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
+                        help="where the report goes (new or empty, unless --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace what --out holds")
+    parser.add_argument("--cache", choices=["record", "strict", "off"], default="record",
+                        help="record: replay cached answers, ask the model on a miss (the "
+                             "default); strict: fail on the first miss; off: no cache")
+    parser.add_argument("--cache-dir", type=Path, metavar="DIR",
+                        help="where model answers are cached "
+                             "(~/.cache/trading-agent/responses by default)")
+    parser.add_argument("--data", action="append", default=[], metavar="[SYMBOL=]FILE",
+                        help="an OHLCV CSV file to use instead of the desk's candles")
+    parser.add_argument("--data-dir", type=Path, metavar="DIR",
+                        help="where `trading-agent data fetch` keeps candles")
+    parser.add_argument("--messages", type=Path, metavar="FILE",
+                        help="operator messages to send during the run, one per line: "
+                             "ISO-TIME TEXT")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_backtest)
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    try:
+        runs, out, specs = _prepare(args)
+    except ConfigError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_INPUT
+    import anyio  # here: the other commands need none of the engine
+
+    from trading_agent.backtest.engine import run_backtest
+    from trading_agent.backtest.progress import ProgressBar
+    from trading_agent.backtest.record import BacktestRecord
+    from trading_agent.backtest.report import summary_table, write_comparison, write_report
+
+    records: list[BacktestRecord] = []
+    for run, spec in zip(runs, specs, strict=True):
+        bar = ProgressBar(run.label)
+        try:
+            records.append(anyio.run(_one, run_backtest, spec,
+                                     None if args.quiet else bar, backend="asyncio"))
+        except ConfigError as exc:
+            bar.finish()
+            print(f"backtest: {exc}", file=sys.stderr)
+            return _EXIT_INPUT
+        except TradingAgentError as exc:
+            bar.finish()
+            print(f"backtest of {run.label} failed: {type(exc).__name__}: {exc}\n"
+                  f"Nothing was written to {out}. Every answer the model gave is kept in "
+                  "the response cache: a re-run replays them for free.", file=sys.stderr)
+            return _EXIT_FAILURE
+        bar.finish()
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if len(records) == 1:
+            figures = [(runs[0].label, write_report(records[0], staging))]
+        else:
+            labels = [run.label for run in runs]
+            figures = list(zip(labels, write_comparison(records, labels, staging),
+                               strict=True))
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(summary_table(figures))
+    trades = "trades.csv" if len(records) == 1 else "a trades-<run>.csv per run"
+    print(f"\nReport: {out / 'report.html'} (with report.json and {trades})")
+    return 0
+
+
+async def _one(run_backtest: Any, spec: Any, bar: Any) -> Any:
+    return await run_backtest(spec, on_progress=bar)
+
+
+def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
+    """Checks every argument, config and output before anything runs.
+
+    Raises:
+        ConfigError: What is wrong, with the file, key or value.
+    """
+    from trading_agent.backtest.engine import (
+        BacktestSpec,
+        desk_settings,
+        load_history,
+        load_scripted_messages,
+    )
+    from trading_agent.logging_setup import configure_logging
+    from trading_agent.settings import load_settings
+
+    start, end = _time(args.start, "--from"), _time(args.end, "--to")
+    if start >= end:
+        raise ConfigError(f"--from {args.start} is not before --to {args.end}")
+    out = _check_out(args.out, force=args.force)
+    runs = _runs(args)
+    named = [_data_file(text) for text in args.data]
+    data = {symbol: path for symbol, path in named if symbol is not None}
+    unnamed = [path for symbol, path in named if symbol is None]
+    if len(unnamed) > 1:
+        raise ConfigError("--data: several files without a symbol; use --data SYMBOL=FILE")
+    messages = load_scripted_messages(args.messages) if args.messages else []
+    specs = []
+    secrets: set[str] = set()
+    for run in runs:
+        settings = load_settings(run.config, check_environment=True)
+        secrets.update(settings.secret_env_vars())
+        spec = BacktestSpec(settings, run.desk, start, end, cache_mode=args.cache,
+                            cache_dir=args.cache_dir, data=data, data_dir=args.data_dir,
+                            messages=messages, source=str(run.config))
+        config = desk_settings(spec)
+        if unnamed:
+            if len(config.symbols) != 1:
+                raise ConfigError(f"--data {unnamed[0]}: desk {run.desk} trades "
+                                  f"{', '.join(config.symbols)}; name the symbol: "
+                                  "--data SYMBOL=FILE")
+            spec = replace(spec, data={**data, config.symbols[0]: unnamed[0]})
+        load_history(spec, config)  # the data and the span, checked now
+        specs.append(spec)
+    configure_logging("warning", "auto", secret_env_names=secrets, stream=sys.stderr)
+    return runs, out, specs
+
+
+def _time(text: str, flag: str) -> datetime:
+    from trading_agent.backtest.engine import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not an ISO 8601 date or time (use a form like "
+                          "2023-01-05 or 2023-01-05T12:00, UTC unless it has an offset)") from None
+
+
+def _check_out(out: Path, *, force: bool) -> Path:
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"--out {out} exists and is not a folder")
+        if any(out.iterdir()) and not force:
+            raise ConfigError(f"--out {out} exists and is not empty; choose another folder "
+                              "or pass --force to replace what it holds")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: the folder {parent} does not exist")
+    return out
+
+
+def _runs(args: argparse.Namespace) -> list[_Run]:
+    from trading_agent.settings import load_settings
+
+    configs: list[Path] = list(args.compare)
+    if args.config is not None:
+        configs.insert(0, args.config)
+    if not configs:
+        raise ConfigError("name a config file (trading-agent backtest CONFIG ...) or several "
+                          "with --compare")
+    runs: list[_Run] = []
+    for config in configs:
+        desks = list(args.desk)
+        if not desks:
+            known = list(load_settings(config).desks)
+            if len(known) != 1:
+                raise ConfigError(f"{config} has {len(known)} desks ({', '.join(known)}); "
+                                  "choose with --desk NAME")
+            desks = known
+        runs.extend(_Run(desk, config, desk) for desk in desks)
+    labels = [run.desk for run in runs]
+    if len(set(labels)) != len(labels):
+        runs = [replace(run, label=f"{run.config.stem}:{run.desk}") for run in runs]
+    if len({run.label for run in runs}) != len(runs):
+        raise ConfigError("the same desk of the same config is named twice")
+    return runs
+
+
+def _data_file(text: str) -> tuple[str | None, Path]:
+    symbol, sep, path = text.rpartition("=")
+    if not sep:
+        return None, Path(text)
+    if not symbol or not path:
+        raise ConfigError(f"--data {text!r}: use FILE or SYMBOL=FILE")
+    return symbol.strip().upper(), Path(path)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """The finished report replaces ``out`` (checked empty, or --force)."""
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)

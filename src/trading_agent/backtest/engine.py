@@ -1,0 +1,548 @@
+"""A backtest: one desk run over historical candles, exactly as the daemon runs it.
+
+The desk is built by the daemon's own wiring (:func:`~trading_agent.daemon.wiring.build_desk`):
+the same :class:`~trading_agent.agent.agent_loop.AgentLoop`, tools, risk policy, compressor,
+image preparer, market watcher and schedules, on the paper exchange with its fees and
+slippage. What differs is only who moves time:
+
+- **One simulated clock.** The replay feed's time is the only clock of the feed, the exchange,
+  the tools, the charts, the schedules, the desk and its store. The feed is given no candle
+  after the span's end, and shows none after its cursor.
+- **Step by step.** The engine publishes one candle step, lets the paper exchange match
+  waiting orders and the risk policy record the day, fires the desk's triggers (ticks, candle
+  closes, schedules, scripted operator messages), and runs the desk's queued turns to the end
+  before the next step: the clock stands still while the desk thinks, and the run goes as
+  fast as the model answers.
+- **No look-ahead in fills.** The paper exchange runs with ``market_fill = "next_open"``: a
+  market order decided at a close fills at the next candle's open, slipped and charged; a
+  limit order fills only on a later candle that trades through it.
+- **Deterministic.** Turn ids are numbered, so client order ids (and every tool result that
+  names them) are the same on a re-run; with the response cache the whole run is.
+- **Nobody to approve.** Orders that pass the risk limits are not held for an operator.
+
+The run produces a :class:`~trading_agent.backtest.record.BacktestRecord`; the figures and the
+report are computed from it elsewhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from trading_agent.agent.backend import ModelBackend
+from trading_agent.agent.event_bus import EventBus, Subscription
+from trading_agent.agent.events import (
+    Event,
+    ModelRequest,
+    SteeringDelivered,
+    TextDelta,
+    ToolCallStarted,
+    ToolResultReady,
+    TurnEnded,
+    TurnStarted,
+    UsageReported,
+)
+from trading_agent.agent.trigger import Trigger
+from trading_agent.backtest.cache import CacheMode, ResponseCache
+from trading_agent.backtest.candles import (
+    cached_candles_path,
+    candles_in_span,
+    default_data_dir,
+    load_history_csv,
+)
+from trading_agent.backtest.record import (
+    BacktestRecord,
+    Decision,
+    EquityPoint,
+    ModelUsage,
+    TradeRecord,
+    TranscriptEntry,
+)
+from trading_agent.daemon.wiring import DeskParts, ModelBackends, build_desk
+from trading_agent.errors import ConfigError
+from trading_agent.settings import DeskSettings, Settings
+from trading_agent.store.store import Store
+from trading_agent.trading.config import ExchangeConfig
+from trading_agent.trading.exchange import Candle, client_order_id_for, timeframe_delta
+from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.replay import ReplayFeed
+from trading_agent.trading.valuation import value_account
+
+__all__ = ["BacktestSpec", "Progress", "ScriptedMessage", "default_cache_dir",
+           "load_scripted_messages", "run_backtest"]
+
+_log = structlog.get_logger(__name__)
+
+_EVENTS_BUFFER = 1_000_000
+"""The recorder's subscription is drained after every step; this only bounds a runaway."""
+
+_RECORDED = (TurnStarted, TurnEnded, TextDelta, ToolCallStarted, ToolResultReady,
+             SteeringDelivered, ModelRequest, UsageReported)
+
+
+@dataclass(frozen=True)
+class ScriptedMessage:
+    """An operator message a backtest sends at a simulated time.
+
+    Attributes:
+        at: When (the first step closing at or after it delivers it).
+        text: What the operator says.
+    """
+
+    at: datetime
+    text: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a running backtest is, for a progress bar.
+
+    Attributes:
+        now: The simulated time.
+        start: The span's start.
+        end: The span's end.
+        step: Steps taken.
+        steps: Steps in all.
+        decisions: Turns run so far.
+        equity: The account's value now.
+        quote_currency: The currency of ``equity``.
+        tokens: Prompt and completion tokens so far.
+        model_calls: Requests that reached the model.
+        cache_hits: Requests answered from the cache.
+        elapsed: Wall-clock seconds since the run started.
+    """
+
+    now: datetime
+    start: datetime
+    end: datetime
+    step: int
+    steps: int
+    decisions: int
+    equity: Decimal
+    quote_currency: str
+    tokens: int
+    model_calls: int
+    cache_hits: int
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class BacktestSpec:
+    """What to run.
+
+    Attributes:
+        settings: The validated settings of the config file.
+        desk: The desk to run.
+        start: The span's start (aware, UTC).
+        end: The span's end.
+        cache_mode: ``record``, ``strict`` or ``off``.
+        cache_dir: Where the response cache lives.
+        data: CSV files by symbol, instead of the desk's own candles.
+        data_dir: Where ``trading-agent data fetch`` keeps candles (for desks on a ccxt feed).
+        messages: Operator messages to send during the run.
+        environ: Where secrets are read from (the model's API key).
+        source: The config file, named in messages.
+    """
+
+    settings: Settings
+    desk: str
+    start: datetime
+    end: datetime
+    cache_mode: CacheMode = "record"
+    cache_dir: Path | None = None
+    data: Mapping[str, Path] = field(default_factory=dict)
+    data_dir: Path | None = None
+    messages: Sequence[ScriptedMessage] = ()
+    environ: Mapping[str, str] | None = None
+    source: str = "the config"
+
+
+BackendFactory = Callable[[DeskSettings, AsyncExitStack], Awaitable[ModelBackend]]
+"""Builds a desk's model (the daemon's own by default; a benchmark passes one in process)."""
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/trading-agent/responses``, else ``~/.cache/trading-agent/responses``."""
+    return default_data_dir().parent / "responses"
+
+
+def desk_settings(spec: BacktestSpec) -> DeskSettings:
+    """The desk to run, refused when unknown or live.
+
+    Raises:
+        ConfigError: No such desk, or a desk in live mode.
+    """
+    desks = spec.settings.desks
+    config = desks.get(spec.desk)
+    if config is None:
+        raise ConfigError(f"{spec.source}: no desk named {spec.desk!r}; the desks are "
+                          f"{', '.join(desks) or 'none'}")
+    if config.exchange.mode == "live":
+        raise ConfigError(
+            f"{spec.source}: desks.{spec.desk}.exchange.mode is \"live\": a backtest never "
+            "reaches a live exchange; copy the config with mode = \"paper\" to backtest it")
+    return config
+
+
+def load_history(spec: BacktestSpec, config: DeskSettings) -> tuple[dict[str, list[Candle]],
+                                                                     str]:
+    """Each symbol's candles up to the span's end, with the warm-up history before it.
+
+    The warm-up is the desk's replay ``start_offset`` (one day by default), or what the
+    data has before the start when that is less.
+
+    Returns:
+        The candles by symbol, and their timeframe.
+
+    Raises:
+        ConfigError: A file is missing or malformed, the span lies outside the data.
+    """
+    replay = config.exchange.replay
+    timeframe = replay.timeframe
+    try:
+        timeframe_delta(timeframe)
+    except ValueError as exc:
+        raise ConfigError(f"{spec.source}: desks.{spec.desk}.exchange.replay.timeframe: "
+                          f"{exc}") from None
+    series: dict[str, list[Candle]] = {}
+    for symbol in config.symbols:
+        path = _source(spec, config, symbol, timeframe)
+        candles = load_history_csv(path, symbol, timeframe)
+        span, _ = candles_in_span(candles, spec.start, spec.end, source=str(path))
+        begin = bisect.bisect_left([c.opened_at for c in candles], span[0].opened_at)
+        series[symbol] = [*candles[max(0, begin - replay.start_offset):begin], *span]
+    return series, timeframe
+
+
+def _source(spec: BacktestSpec, config: DeskSettings, symbol: str, timeframe: str) -> Path:
+    if symbol in spec.data:
+        return spec.data[symbol]
+    exchange = config.exchange
+    if exchange.feed == "replay":
+        path = exchange.replay.files.get(symbol)
+        if path is None:
+            raise ConfigError(
+                f"{spec.source}: desks.{spec.desk} trades {symbol} but "
+                f"exchange.replay.files has no file for it (it has "
+                f"{', '.join(exchange.replay.files)}); add one, or pass --data "
+                f"{symbol}=FILE")
+        return Path(path)
+    assert exchange.ccxt is not None  # ExchangeConfig validates this
+    cached = cached_candles_path(spec.data_dir or default_data_dir(),
+                                 exchange.ccxt.exchange_id, symbol, timeframe)
+    if not cached.exists():
+        day = timedelta(days=1)
+        raise ConfigError(
+            f"no candles of {symbol} {timeframe} from {exchange.ccxt.exchange_id} in "
+            f"{cached.parent}; fetch them first: trading-agent data fetch "
+            f"{exchange.ccxt.exchange_id} {symbol} {timeframe} --from "
+            f"{(spec.start - day).date().isoformat()} --to {spec.end.date().isoformat()}")
+    return cached
+
+
+def load_scripted_messages(path: Path) -> list[ScriptedMessage]:
+    """Reads operator messages to replay: one per line, ``TIME TEXT`` (ISO 8601 time, UTC
+    when it has no offset, then the message), oldest first; blank lines and lines starting
+    with ``#`` are skipped; ``\\n`` in the text is a line break.
+
+    Raises:
+        ConfigError: The file cannot be read, or a line has no valid time or no text.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the operator messages: {exc}") from exc
+    messages: list[ScriptedMessage] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        moment, _, text = line.strip().partition(" ")
+        try:
+            at = parse_time(moment)
+        except ValueError:
+            raise ConfigError(f"{path}:{number}: a line is TIME TEXT with an ISO 8601 time "
+                              f"(2023-01-05T14:00); found {moment!r}") from None
+        if not text.strip():
+            raise ConfigError(f"{path}:{number}: no message after the time")
+        if messages and at < messages[-1].at:
+            raise ConfigError(f"{path}:{number}: the messages must be in time order")
+        messages.append(ScriptedMessage(at, text.strip().replace("\\n", "\n")))
+    return messages
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 date or time, UTC when it has no offset.
+
+    Raises:
+        ValueError: Not a date or time.
+    """
+    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+async def run_backtest(spec: BacktestSpec, *,
+                       backend_factory: BackendFactory | None = None,
+                       on_progress: Callable[[Progress], None] | None = None) -> BacktestRecord:
+    """Runs one desk over the span and returns what it did.
+
+    Args:
+        spec: What to run.
+        backend_factory: Builds the desk's model; the daemon's backends by default.
+        on_progress: Called after every step.
+
+    Returns:
+        The record: equity per step, trades, decisions, model usage.
+
+    Raises:
+        ConfigError: Bad input: unknown desk, live mode, data problems, a corrupt cache.
+        BackendError: The model failed, or the strict cache had no answer.
+    """
+    config = desk_settings(spec)
+    series, timeframe = load_history(spec, config)
+    feed = ReplayFeed(series, timeframe=timeframe, speed=0, start=spec.start)
+    async with AsyncExitStack() as stack:
+        state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="backtest-")))
+        database = state / "backtest.sqlite3"
+        store = await Store.open(database, clock=lambda: feed.now().timestamp())
+        stack.push_async_callback(store.close)
+        bus = EventBus()
+        exchange_config = _paper_next_open(config.exchange)
+        venue = await stack.enter_async_context(open_exchange(
+            exchange_config, database=database, account=spec.desk, symbols=config.symbols,
+            risk_limits=config.risk, feed=feed))
+        if backend_factory is None:
+            backend = await ModelBackends(stack, spec.environ).get(config)
+        else:
+            backend = await backend_factory(config, stack)
+        cache = ResponseCache(backend, _cache_path(spec), spec.cache_mode,
+                              sampling=_sampling(backend))
+        await cache.open()
+        stack.push_async_callback(cache.aclose)
+        parts = await build_desk(spec.desk, config, venue, cache, stack=stack, database=database,
+                                 store=store, bus=bus, approvals=None, settings=spec.settings,
+                                 clock=feed.now, sleep=_no_wait)
+        numbers = itertools.count(1)
+        parts.desk.loop.new_turn_id = lambda: f"t{next(numbers):06d}"
+        run = _Run(spec, config, feed, venue, parts, cache, bus.subscribe(
+            "backtest", max_buffer=_EVENTS_BUFFER, accept=lambda e: isinstance(e, _RECORDED)))
+        return await run.go(on_progress)
+
+
+class _Run:
+    """One run's moving parts and what it records."""
+
+    def __init__(self, spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
+                 venue: TradingVenue, parts: DeskParts, cache: ResponseCache,
+                 events: Subscription) -> None:
+        self.spec = spec
+        self.feed = feed
+        self.venue = venue
+        self.parts = parts
+        self.cache = cache
+        self.events = events
+        self.quote = config.risk.quote_currency
+        self.record = BacktestRecord(
+            desk=spec.desk, model=cache.model, start=feed.now(), end=feed.now(),
+            timeframe=feed.timeframe, quote_currency=self.quote, candles={},
+            starting_equity=Decimal(0))
+        self._turns: dict[str, _TurnNotes] = {}
+        self._orders: dict[str, str] = {}
+        """Client order id → the turn that placed it."""
+        self._labels: list[str] = []
+        """What woke the desk, for each turn it starts (read by the turn's first event)."""
+        parts.desk.on_turn_start.append(self._label)
+        self._messages = list(spec.messages)
+        self._tokens = 0
+        self._input = 0
+        self._output = 0
+        self._cost: float | None = None
+
+    async def go(self, on_progress: Callable[[Progress], None] | None) -> BacktestRecord:
+        desk, watcher, schedules = self.parts.desk, self.parts.watcher, self.parts.schedules
+        feed = self.feed
+        await desk.run_pending()  # restores the (new) conversation
+        await watcher.prime()
+        if schedules is not None:
+            await schedules.start()
+        self.record.starting_equity, _ = await self._equity()
+        steps = feed.steps - 1 - feed.cursor
+        started = time.perf_counter()
+        span: dict[str, list[Candle]] = {symbol: [] for symbol in feed.symbols}
+        for step in range(1, steps + 1):
+            candles = feed.advance()
+            for candle in candles:
+                span[candle.symbol].append(candle)
+            await watcher.take_step(candles)
+            if schedules is not None:
+                schedules.fire_due()
+            await self._send_due_messages()
+            await desk.run_pending()
+            equity, exposure = await self._equity()
+            self.record.equity.append(EquityPoint(feed.now(), equity, exposure))
+            self._take_events()
+            if on_progress is not None:
+                on_progress(Progress(
+                    now=feed.now(), start=self.record.start, end=self.spec.end, step=step,
+                    steps=steps, decisions=len(self.record.decisions), equity=equity,
+                    quote_currency=self.quote, tokens=self._tokens,
+                    model_calls=self.cache.model_calls, cache_hits=self.cache.cache_hits,
+                    elapsed=time.perf_counter() - started))
+        # Orders still waiting at the end are matched against nothing more: they stay open.
+        self.record.end = feed.now()
+        self.record.candles = span
+        self.record.trades = await self._trades()
+        self.record.usage = ModelUsage(
+            model_calls=self.cache.model_calls, cache_hits=self.cache.cache_hits,
+            input_tokens=self._input, output_tokens=self._output, cost=self._cost)
+        return self.record
+
+    async def _send_due_messages(self) -> None:
+        now = self.feed.now()
+        while self._messages and self._messages[0].at <= now:
+            message = self._messages.pop(0)
+            await self.parts.desk.send_message(message.text, source="operator (scripted)")
+
+    async def _equity(self) -> tuple[Decimal, Decimal]:
+        valuation = await value_account(self.venue.exchange, self.quote)
+        total = valuation.total
+        if total <= 0:
+            return total, Decimal(0)
+        cash = valuation.by_currency.get(self.quote, Decimal(0))
+        return total, (total - cash) / total
+
+    # -- what happened ---------------------------------------------------------------------
+
+    def _label(self, trigger: Trigger) -> None:
+        source = f": {trigger.source}" if trigger.source else ""
+        merged = f" ({trigger.merged} merged)" if trigger.merged > 1 else ""
+        self._labels.append(f"{trigger.kind}{source}{merged}")
+
+    def _take_events(self) -> None:
+        while (event := self.events.get_nowait()) is not None:
+            self._note(event)
+
+    def _note(self, event: Event) -> None:
+        if isinstance(event, UsageReported):
+            self._input += event.input_tokens
+            self._output += event.output_tokens
+            self._tokens += event.input_tokens + event.output_tokens
+            if event.cost is not None:
+                self._cost = (self._cost or 0.0) + event.cost
+            return
+        if event.turn is None or event.subagent is not None:
+            return
+        if isinstance(event, TurnStarted):
+            # A turn opened by a message that came as the last one ended has no label.
+            label = self._labels.pop(0) if self._labels else event.trigger_kind
+            if not event.silent:
+                self._turns[event.turn] = _TurnNotes(
+                    self.feed.now(), label, [TranscriptEntry(
+                        "operator" if event.trigger_kind == "operator" else "trigger",
+                        event.trigger_text)])
+            return
+        notes = self._turns.get(event.turn)
+        if notes is None:
+            return  # the silent memory flush
+        if isinstance(event, TextDelta):
+            notes.text(event.text)
+        elif isinstance(event, ModelRequest):
+            notes.model_calls += 1
+            notes.close_text()
+        elif isinstance(event, ToolCallStarted):
+            notes.close_text()
+            notes.entries.append(TranscriptEntry("tool_call", f"{event.name}({event.arguments})"))
+            if event.name == "place_order":
+                cid = client_order_id_for(self.spec.desk, event.turn, event.call_id)
+                self._orders[cid] = event.turn
+                notes.orders.append(cid)
+        elif isinstance(event, ToolResultReady):
+            notes.entries.append(TranscriptEntry("tool_result", event.text, event.is_error))
+        elif isinstance(event, SteeringDelivered):
+            notes.close_text()
+            notes.entries.append(TranscriptEntry("operator", event.text))
+        elif isinstance(event, TurnEnded):
+            notes.close_text()
+            self._decide(notes, event.final_text)
+
+    def _decide(self, notes: _TurnNotes, final_text: str) -> None:
+        self.record.decisions.append(Decision(
+            index=len(self.record.decisions) + 1, at=notes.at, trigger=notes.kind,
+            final_text=final_text, transcript=tuple(notes.entries), orders=tuple(notes.orders),
+            model_calls=notes.model_calls))
+        notes.decision = len(self.record.decisions)
+
+    async def _trades(self) -> list[TradeRecord]:
+        exchange = self.venue.exchange
+        fills_of = getattr(exchange, "fills", None)
+        assert fills_of is not None  # the paper exchange
+        reasons = {turn: self.record.decisions[notes.decision - 1].final_text
+                   for turn, notes in self._turns.items() if notes.decision}
+        trades = []
+        for fill in await fills_of():
+            order = await exchange.fetch_order(fill.order_id, fill.symbol)
+            turn = self._orders.get(order.client_order_id)
+            trades.append(TradeRecord(
+                decided_at=order.created_at, filled_at=fill.at, symbol=fill.symbol,
+                side=fill.side, amount=fill.amount, price=fill.price, fee=fill.fee,
+                client_order_id=order.client_order_id,
+                reason=reasons.get(turn, "") if turn is not None else ""))
+        return trades
+
+
+@dataclass
+class _TurnNotes:
+    at: datetime
+    kind: str
+    entries: list[TranscriptEntry]
+    orders: list[str] = field(default_factory=list)
+    model_calls: int = 0
+    decision: int = 0
+    _text: list[str] = field(default_factory=list)
+
+    def text(self, piece: str) -> None:
+        self._text.append(piece)
+
+    def close_text(self) -> None:
+        if self._text:
+            text = "".join(self._text).strip()
+            self._text.clear()
+            if text:
+                self.entries.append(TranscriptEntry("text", text))
+
+
+def _paper_next_open(config: ExchangeConfig) -> ExchangeConfig:
+    """The desk's exchange, paper on the replay, market orders filling at the next open."""
+    paper = config.paper.model_copy(update={"market_fill": "next_open"})
+    return config.model_copy(update={"paper": paper, "feed": "replay"})
+
+
+def _cache_path(spec: BacktestSpec) -> Path:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.desk)
+    return (spec.cache_dir or default_cache_dir()) / f"{name}.jsonl"
+
+
+def _sampling(backend: ModelBackend) -> dict[str, Any]:
+    """What besides the request shapes the answer: the backend's sampling settings."""
+    config = getattr(backend, "config", None)
+    if config is None:
+        return {}
+    return {key: getattr(config, key, None)
+            for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body")}
+
+
+async def _no_wait(seconds: float) -> None:
+    """A failed turn is retried at once: the simulated clock does not move while it waits."""
+    await anyio.lowlevel.checkpoint()

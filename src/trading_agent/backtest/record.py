@@ -1,0 +1,154 @@
+"""What a backtest produced: the one input of its figures and its report.
+
+The engine fills a :class:`BacktestRecord` as the run goes; :mod:`.metrics` and
+:mod:`.report` read it and nothing else, so the figures are pure functions of the ledger
+and the candles (and can be checked by hand on a record made up in a test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+from trading_agent.trading.exchange import Candle
+
+__all__ = ["BacktestRecord", "Decision", "EquityPoint", "ModelUsage", "TradeRecord",
+           "TranscriptEntry"]
+
+
+@dataclass(frozen=True)
+class EquityPoint:
+    """The account's value at one candle close.
+
+    Attributes:
+        at: The close time (the simulated clock after the step).
+        equity: Everything the account holds, valued in the quote currency at the closes.
+        exposure: The part of ``equity`` held in positions (0 when flat, 1 when all in).
+    """
+
+    at: datetime
+    equity: Decimal
+    exposure: Decimal
+
+
+@dataclass(frozen=True)
+class TradeRecord:
+    """One fill, with the decision that led to it.
+
+    Attributes:
+        decided_at: The simulated time of the turn that placed the order.
+        filled_at: When it filled (a market order: the next candle's open).
+        symbol: The market.
+        side: ``buy`` or ``sell``.
+        amount: Base amount.
+        price: Fill price, slippage included.
+        fee: Fee paid, in the quote currency.
+        client_order_id: The order's client order id.
+        reason: The desk's own words at the decision (its final answer of that turn).
+    """
+
+    decided_at: datetime
+    filled_at: datetime
+    symbol: str
+    side: Literal["buy", "sell"]
+    amount: Decimal
+    price: Decimal
+    fee: Decimal
+    client_order_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    """One line of a decision's transcript.
+
+    Attributes:
+        kind: ``trigger``, ``operator``, ``text`` (the model's words), ``tool_call``,
+            ``tool_result``, ``notice``.
+        text: What it says (a tool call: ``name(arguments)``).
+        is_error: For a tool result, whether the tool failed.
+    """
+
+    kind: str
+    text: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One turn of the desk.
+
+    Attributes:
+        index: 1-based, in order.
+        at: The simulated time of the turn.
+        trigger: What woke the desk (``candle: BTC/USDT 1h``, ``schedule: check``...).
+        final_text: The desk's answer.
+        transcript: The turn, step by step.
+        orders: Client order ids of the orders it placed.
+        model_calls: Model requests the turn made (cache hits included).
+    """
+
+    index: int
+    at: datetime
+    trigger: str
+    final_text: str
+    transcript: Sequence[TranscriptEntry] = ()
+    orders: Sequence[str] = ()
+    model_calls: int = 0
+
+
+@dataclass
+class ModelUsage:
+    """What the model was asked over the run.
+
+    Attributes:
+        model_calls: Requests that reached the model (not answered from the cache).
+        cache_hits: Requests answered from the response cache.
+        input_tokens: Prompt tokens of every request, cached answers included (what the run
+            would cost without the cache).
+        output_tokens: Completion tokens, likewise.
+        cost: Money at the configured prices, likewise; None when no prices are configured.
+    """
+
+    model_calls: int = 0
+    cache_hits: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+
+
+@dataclass
+class BacktestRecord:
+    """Everything a run produced.
+
+    Attributes:
+        desk: The desk's name.
+        model: The model's name.
+        start: The simulated time the run started (the first decision may come at the first
+            close after it).
+        end: The simulated time it ended.
+        timeframe: The candles' timeframe (``5m``).
+        quote_currency: The currency equity is measured in.
+        candles: Each symbol's candles of the span (the steps taken), oldest first.
+        starting_equity: The account's value at ``start``.
+        equity: One point per step.
+        trades: Every fill, oldest first.
+        decisions: Every turn, oldest first.
+        usage: Model calls, cache hits, tokens, cost.
+    """
+
+    desk: str
+    model: str
+    start: datetime
+    end: datetime
+    timeframe: str
+    quote_currency: str
+    candles: Mapping[str, Sequence[Candle]]
+    starting_equity: Decimal
+    equity: list[EquityPoint] = field(default_factory=list)
+    trades: list[TradeRecord] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    usage: ModelUsage = field(default_factory=ModelUsage)

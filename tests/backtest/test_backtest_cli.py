@@ -1,0 +1,213 @@
+"""``trading-agent backtest`` as a user runs it, against the scripted model on loopback.
+
+Each run goes through the real command line, the real engine (the daemon's desk, tools, risk
+and paper exchange), the response cache and the report writer. Bad input must exit non-zero
+with a message that names the problem, and leave nothing in ``--out``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.backtest.trader import trading_responder
+from tests.scripted_server import ScriptedServer
+from trading_agent.cli import main
+from trading_agent.trading.config import PACKAGED_CANDLES
+
+CONFIG = """
+[daemon]
+state_dir = "state"
+
+[model]
+provider = "openai"
+base_url = "{url}"
+model = "scripted-trader"
+context_window = 32000
+price_input_per_million = 1.0
+price_output_per_million = 2.0
+
+[desks.hourly]
+system_prompt = "{prompt}"
+symbols = ["BTC/USDT"]
+maximum_rounds = 6
+{extra}
+
+[desks.hourly.triggers]
+schedules = [{{ every = "1h", name = "hourly", message = "Hourly check." }}]
+"""
+
+SPAN = ["--from", "2023-01-05", "--to", "2023-01-05T06:00"]
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(responder=trading_responder) as scripted:
+        yield scripted
+
+
+def write_config(path: Path, server: ScriptedServer, *, prompt: str = "You trade BTC/USDT.",
+                 extra: str = "", more: str = "") -> Path:
+    path.write_text(CONFIG.format(url=server.base_url, prompt=prompt, extra=extra) + more)
+    return path
+
+
+def backtest(config: Path, out: Path, cache: Path, *more: str) -> int:
+    return main(["backtest", str(config), *SPAN, "--out", str(out), "--cache-dir", str(cache),
+                 "--quiet", *more])
+
+
+def test_a_backtest_writes_its_report_and_a_strict_rerun_replays_it_for_free(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path / "desk.toml", server)
+    cache = tmp_path / "cache"
+
+    assert backtest(config, tmp_path / "first", cache) == 0
+    printed = capsys.readouterr().out
+    asked = len(server.requests)
+    report = json.loads((tmp_path / "first" / "report.json").read_text())
+    for key in ("desk", "from", "to", "candles", "decisions", "model_calls", "cache_hits",
+                "input_tokens", "output_tokens", "cost", "total_return",
+                "buy_and_hold_return", "max_drawdown", "sharpe", "sortino", "trades",
+                "win_rate", "fees", "exposure"):
+        assert key in report, key
+    # Six hours of 5-minute candles; the schedule fires at 01:00 ... 06:00.
+    assert (report["desk"], report["candles"], report["decisions"]) == ("hourly", 72, 6)
+    assert report["model_calls"] == asked == 18 and report["cache_hits"] == 0
+    assert report["trades"] == 5  # filled at the next opens; the 06:00 order still waits
+    with (tmp_path / "first" / "trades.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["decided_at", "filled_at", "symbol", "side", "amount", "price",
+                             "fee", "client_order_id", "reason"]
+    assert rows[0]["decided_at"].startswith("2023-01-05T01:00")
+    assert rows[0]["reason"].startswith("Traded 0.01 BTC")
+    assert "hourly" in printed and "report.html" in printed
+
+    assert backtest(config, tmp_path / "second", cache, "--cache", "strict") == 0
+    again = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert len(server.requests) == asked  # not one request more
+    assert (again["model_calls"], again["cache_hits"]) == (0, asked)
+    same = {key: value for key, value in report.items() if key not in ("model_calls",
+                                                                       "cache_hits")}
+    assert {key: again[key] for key in same} == same
+    assert (tmp_path / "second" / "trades.csv").read_bytes() == \
+        (tmp_path / "first" / "trades.csv").read_bytes()
+
+
+def test_an_out_folder_that_is_not_empty_is_refused_unless_forced(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path / "desk.toml", server)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+
+    assert backtest(config, out, tmp_path / "cache") == 2
+    assert "not empty" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert server.requests == []
+
+    assert backtest(config, out, tmp_path / "cache", "--force") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["equity.png", "report.html",
+                                                     "report.json", "trades.csv"]
+
+
+@pytest.mark.parametrize(("change", "more", "message"), [
+    ("span", [], "outside"),
+    ("desk", ["--desk", "nosuch"], "no desk named 'nosuch'; the desks are hourly"),
+    ("live", [], "never reaches a live exchange"),
+    ("timeframe", [], "timeframe"),
+    ("gaps", [], ":4: a gap"),
+    ("messages", [], "bad.txt:2:"),
+    ("two desks", [], "choose with --desk NAME"),
+    ("times", [], "--from"),
+])
+def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str],
+        change: str, more: list[str], message: str) -> None:
+    extra, tail, span = "", "", list(SPAN)
+    if change == "span":
+        span = ["--from", "2024-03-01", "--to", "2024-03-02"]
+    elif change == "live":
+        extra = '[desks.hourly.exchange]\nmode = "live"\n[desks.hourly.exchange.ccxt]\n' \
+                'exchange_id = "binance"'
+    elif change == "timeframe":
+        extra = '[desks.hourly.exchange.replay]\ntimeframe = "7x"'
+    elif change == "gaps":
+        lines = PACKAGED_CANDLES.read_text().splitlines()
+        gappy = tmp_path / "gappy.csv"
+        gappy.write_text("\n".join([*lines[:3], *lines[5:2000]]) + "\n")
+        more = ["--data", f"BTC/USDT={gappy}"]
+    elif change == "messages":
+        bad = tmp_path / "bad.txt"
+        bad.write_text("2023-01-05T02:00 Hold.\nyesterday Sell everything.\n")
+        more = ["--messages", str(bad)]
+    elif change == "two desks":
+        tail = '\n[desks.other]\nsystem_prompt = "x"\nsymbols = ["BTC/USDT"]\n'
+    elif change == "times":
+        span = ["--from", "2023-01-06", "--to", "2023-01-05"]
+    config = write_config(tmp_path / "desk.toml", server, extra=extra, more=tail)
+    out = tmp_path / "out"
+    code = main(["backtest", str(config), *span, "--out", str(out), "--cache-dir",
+                 str(tmp_path / "cache"), "--quiet", *more])
+
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert not out.exists()
+    assert server.requests == []
+
+
+def test_a_corrupt_cache_file_is_named_and_nothing_is_written(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path / "desk.toml", server)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "hourly.jsonl").write_text('{"v": 1}\nnot json at all\n')
+
+    assert backtest(config, tmp_path / "out", cache) == 2
+    err = capsys.readouterr().err
+    assert "hourly.jsonl" in err and "line" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_strict_run_without_a_recording_fails_and_says_to_record_first(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path / "desk.toml", server)
+
+    assert backtest(config, tmp_path / "out", tmp_path / "cache", "--cache", "strict") == 1
+    err = capsys.readouterr().err
+    assert "--cache record" in err and "Nothing was written" in err
+    assert not (tmp_path / "out").exists()
+    assert server.requests == []
+
+
+def test_an_edited_prompt_fails_a_strict_rerun_naming_what_changed(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache"
+    assert backtest(write_config(tmp_path / "a.toml", server), tmp_path / "a", cache) == 0
+    edited = write_config(tmp_path / "b.toml", server, prompt="You trade BTC/USDT, carefully.")
+
+    assert backtest(edited, tmp_path / "b", cache, "--cache", "strict") == 1
+    assert "system prompt" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_two_configs_compared_over_the_same_span_in_one_report(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    first = write_config(tmp_path / "calm.toml", server)
+    second = write_config(tmp_path / "bold.toml", server, prompt="You trade BTC/USDT boldly.")
+    out = tmp_path / "out"
+
+    code = main(["backtest", "--compare", str(first), str(second), *SPAN, "--out", str(out),
+                 "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert [run["label"] for run in report["runs"]] == ["calm:hourly", "bold:hourly"]
+    assert all(run["decisions"] == 6 for run in report["runs"])
+    printed = capsys.readouterr().out
+    assert "calm:hourly" in printed and "bold:hourly" in printed
