@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import anyio
 import anyio.to_thread
@@ -214,15 +214,13 @@ async def _check_offer(exchange: CcxtExchange, symbol: str, timeframe: str) -> i
     markets = await exchange.markets()
     if symbol not in markets:
         raise ConfigError(_unknown_symbol(exchange.name, symbol, list(markets)))
-    # ccxt's client knows what the exchange offers; CcxtExchange does not expose it (yet).
-    client: Any = exchange._client
-    offered = list(client.timeframes or {})
-    if not client.has.get("fetchOHLCV") or not offered:
+    offered, limit = exchange.candle_offer(symbol)
+    if not offered:
         raise ConfigError(f"{exchange.name} serves no candles through ccxt (no fetchOHLCV)")
     if timeframe not in offered:
         raise ConfigError(f"{exchange.name} does not offer {timeframe} candles; it offers "
                           f"{', '.join(offered)}")
-    return _page_limit(client.features or {}, client.markets.get(symbol) or {})
+    return limit or _DEFAULT_PAGE
 
 
 def _unknown_symbol(exchange: str, symbol: str, known: Sequence[str]) -> str:
@@ -232,15 +230,6 @@ def _unknown_symbol(exchange: str, symbol: str, known: Sequence[str]) -> str:
     hint = (f"close matches: {', '.join(close)}" if close
             else f"it has {len(known)} markets, such as {', '.join(sorted(known)[:5])}")
     return f"{exchange} has no market {symbol!r}; {hint} (symbols are written like BTC/USDT)"
-
-
-def _page_limit(features: Mapping[str, Any], market: Mapping[str, Any]) -> int:
-    """The most candles the exchange gives per request, from ccxt's ``features``."""
-    section: Any = features.get(str(market.get("type") or "spot")) or {}
-    if "linear" in section or "inverse" in section:
-        section = section.get("inverse" if market.get("inverse") else "linear") or {}
-    limit = (section.get("fetchOHLCV") or {}).get("limit") if isinstance(section, dict) else None
-    return int(limit) if isinstance(limit, int) and limit > 0 else _DEFAULT_PAGE
 
 
 class _Pager:

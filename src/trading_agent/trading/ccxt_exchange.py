@@ -322,6 +322,28 @@ class CcxtExchange:
         """The markets loaded when the exchange was opened."""
         return self._markets
 
+    def candle_offer(self, symbol: str) -> tuple[list[str], int | None]:
+        """What candles the exchange serves through ccxt.
+
+        Args:
+            symbol: The market asked about.
+
+        Returns:
+            The timeframes offered (empty when it serves no candles), and the most candles
+            one request answers for ``symbol`` when ccxt knows it (its ``features``).
+        """
+        client = self._client
+        if not client.has.get("fetchOHLCV"):
+            return [], None
+        market: Any = client.markets.get(symbol) or {}
+        section: Any = (client.features or {}).get(str(market.get("type") or "spot")) or {}
+        if isinstance(section, dict) and ("linear" in section or "inverse" in section):
+            section = section.get("inverse" if market.get("inverse") else "linear") or {}
+        limit = ((section.get("fetchOHLCV") or {}).get("limit")
+                 if isinstance(section, dict) else None)
+        return (list(client.timeframes or {}),
+                int(limit) if isinstance(limit, int) and limit > 0 else None)
+
     async def fetch_ticker(self, symbol: str) -> Ticker:
         """The exchange's ticker of ``symbol``."""
         self._require_market(symbol)
