@@ -1,0 +1,118 @@
+"""The engine: several symbols, scripted operator messages, a desk that trades on both."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tests.backtest.trader import trading_responder
+from tests.scripted_server import ScriptedServer
+from trading_agent.backtest.engine import (
+    BacktestSpec,
+    ScriptedMessage,
+    load_scripted_messages,
+    parse_time,
+    run_backtest,
+)
+from trading_agent.backtest.metrics import compute_figures
+from trading_agent.errors import ConfigError
+from trading_agent.settings import load_settings
+from trading_agent.trading.config import PACKAGED_CANDLES
+
+CONFIG = """
+[daemon]
+state_dir = "state"
+
+[model]
+provider = "openai"
+base_url = "{url}"
+model = "scripted-trader"
+context_window = 32000
+
+[desks.pair]
+system_prompt = "You trade BTC/USDT and ETH/USDT."
+symbols = ["BTC/USDT", "ETH/USDT"]
+
+[desks.pair.risk]
+allowed_symbols = ["BTC/USDT", "ETH/USDT"]
+
+[desks.pair.triggers]
+schedules = [{{ every = "2h", name = "check", message = "Check." }}]
+
+[desks.pair.exchange.replay.files]
+"BTC/USDT" = "{btc}"
+"ETH/USDT" = "{eth}"
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(responder=trading_responder) as scripted:
+        yield scripted
+
+
+def _eth_file(path: Path) -> Path:
+    """ETH made from the packaged BTC candles: every price × 0.07, so it moves alike."""
+    lines = PACKAGED_CANDLES.read_text().splitlines()
+    scaled = [lines[0]]
+    for line in lines[1:]:
+        stamp, *prices, volume = line.split(",")
+        scaled.append(",".join([stamp, *(str(Decimal(p) * Decimal("0.07")) for p in prices),
+                                volume]))
+    path.write_text("\n".join(scaled) + "\n")
+    return path
+
+
+def _spec(tmp_path: Path, server: ScriptedServer, **kwargs: object) -> BacktestSpec:
+    config = tmp_path / "pair.toml"
+    config.write_text(CONFIG.format(url=server.base_url, btc=PACKAGED_CANDLES,
+                                    eth=_eth_file(tmp_path / "eth.csv")))
+    return BacktestSpec(load_settings(config), "pair", parse_time("2023-01-06"),
+                        parse_time("2023-01-06T08:00"), cache_dir=tmp_path / "cache",
+                        source=str(config), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_desk_on_two_symbols_is_valued_and_compared_on_both(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    record = await run_backtest(_spec(tmp_path, server))
+
+    assert set(record.candles) == {"BTC/USDT", "ETH/USDT"}
+    assert all(len(candles) == 96 for candles in record.candles.values())
+    assert len(record.equity) == 96 and len(record.decisions) == 4  # 02:00 ... 08:00
+    figures = compute_figures(record)
+    btc, eth = record.candles["BTC/USDT"], record.candles["ETH/USDT"]
+    each = [float(c[-1].close / c[0].open - 1) for c in (btc, eth)]
+    assert figures.buy_and_hold_return == pytest.approx(sum(each) / 2)
+
+
+async def test_scripted_operator_messages_reach_the_desk_at_their_time(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    messages = [ScriptedMessage(parse_time("2023-01-06T03:12"), "Stop buying until 06:00.")]
+    record = await run_backtest(_spec(tmp_path, server, messages=messages))
+
+    spoken = [d for d in record.decisions if d.trigger.startswith("operator")]
+    assert len(spoken) == 1
+    # Delivered at the first close at or after 03:12: the 03:15 step.
+    assert spoken[0].at == parse_time("2023-01-06T03:15")
+    assert spoken[0].transcript[0].kind == "operator"
+    assert "Stop buying until 06:00." in spoken[0].transcript[0].text
+    asked = [request for request in server.requests
+             if any("Stop buying" in str(m.get("content")) for m in request.messages)]
+    assert asked, "the model was never told"
+
+
+def test_a_messages_file_is_read_in_time_order_with_its_line_breaks(tmp_path: Path) -> None:
+    path = tmp_path / "messages.txt"
+    path.write_text("# the operator's day\n2023-01-06T03:00 Hold.\n\n"
+                    "2023-01-06T05:00Z Sell half.\\nThen wait.\n")
+
+    assert load_scripted_messages(path) == [
+        ScriptedMessage(parse_time("2023-01-06T03:00"), "Hold."),
+        ScriptedMessage(parse_time("2023-01-06T05:00"), "Sell half.\nThen wait.")]
+
+    path.write_text("2023-01-06T05:00 Later.\n2023-01-06T03:00 Earlier.\n")
+    with pytest.raises(ConfigError, match=r"messages.txt:2: the messages must be in time"):
+        load_scripted_messages(path)
