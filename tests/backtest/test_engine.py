@@ -82,6 +82,9 @@ async def test_a_desk_on_two_symbols_is_valued_and_compared_on_both(
     assert set(record.candles) == {"BTC/USDT", "ETH/USDT"}
     assert all(len(candles) == 96 for candles in record.candles.values())
     assert len(record.equity) == 96 and len(record.decisions) == 4  # 02:00 ... 08:00
+    assert [(d.at.hour, d.trigger) for d in record.decisions] == [
+        (2, "schedule: check"), (4, "schedule: check"), (6, "schedule: check"),
+        (8, "schedule: check")]
     figures = compute_figures(record)
     btc, eth = record.candles["BTC/USDT"], record.candles["ETH/USDT"]
     each = [float(c[-1].close / c[0].open - 1) for c in (btc, eth)]

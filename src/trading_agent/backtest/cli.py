@@ -31,6 +31,7 @@ __all__ = ["add_backtest_subcommand"]
 
 _EXIT_FAILURE = 1
 _EXIT_INPUT = 2
+_EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,14 @@ def _backtest(args: argparse.Namespace) -> int:
             bar.finish()
             print(f"backtest: {exc}", file=sys.stderr)
             return _EXIT_INPUT
-        except TradingAgentError as exc:
+        except (TradingAgentError, KeyboardInterrupt) as exc:
             bar.finish()
-            print(f"backtest of {run.label} failed: {type(exc).__name__}: {exc}\n"
+            why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else f"failed: {type(exc).__name__}: {exc}")
+            print(f"backtest of {run.label} {why}\n"
                   f"Nothing was written to {out}. Every answer the model gave is kept in "
                   "the response cache: a re-run replays them for free.", file=sys.stderr)
-            return _EXIT_FAILURE
+            return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
         bar.finish()
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

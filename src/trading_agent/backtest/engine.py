@@ -361,9 +361,9 @@ class _Run:
         self._turns: dict[str, _TurnNotes] = {}
         self._orders: dict[str, str] = {}
         """Client order id → the turn that placed it."""
-        self._labels: list[str] = []
-        """What woke the desk, for each turn it starts (read by the turn's first event)."""
-        parts.desk.on_turn_start.append(self._label)
+        self._label: str | None = None
+        """What woke the desk, for the turn it starts now (taken by the turn's first event)."""
+        parts.desk.on_turn_start.append(self._turn_starts)
         self._messages = list(spec.messages)
         self._tokens = 0
         self._input = 0
@@ -425,10 +425,11 @@ class _Run:
 
     # -- what happened ---------------------------------------------------------------------
 
-    def _label(self, trigger: Trigger) -> None:
+    def _turn_starts(self, trigger: Trigger) -> None:
+        self._take_events()  # what came before belongs to earlier turns
         source = f": {trigger.source}" if trigger.source else ""
         merged = f" ({trigger.merged} merged)" if trigger.merged > 1 else ""
-        self._labels.append(f"{trigger.kind}{source}{merged}")
+        self._label = f"{trigger.kind}{source}{merged}"
 
     def _take_events(self) -> None:
         while (event := self.events.get_nowait()) is not None:
@@ -445,9 +446,10 @@ class _Run:
         if event.turn is None or event.subagent is not None:
             return
         if isinstance(event, TurnStarted):
-            # A turn opened by a message that came as the last one ended has no label.
-            label = self._labels.pop(0) if self._labels else event.trigger_kind
             if not event.silent:
+                # A turn opened inside the same run_turn (a message that came as the last
+                # one ended) started without the desk's hook: its kind says enough.
+                label, self._label = self._label or event.trigger_kind, None
                 self._turns[event.turn] = _TurnNotes(
                     self.feed.now(), label, [TranscriptEntry(
                         "operator" if event.trigger_kind == "operator" else "trigger",
@@ -483,6 +485,7 @@ class _Run:
             final_text=final_text, transcript=tuple(notes.entries), orders=tuple(notes.orders),
             model_calls=notes.model_calls))
         notes.decision = len(self.record.decisions)
+        notes.entries = []  # kept once, in the decision
 
     async def _trades(self) -> list[TradeRecord]:
         exchange = self.venue.exchange
