@@ -321,3 +321,29 @@ async def test_with_next_open_a_buy_the_open_makes_unaffordable_is_rejected_and_
         assert await paper.fills() == []
     finally:
         await paper.close()
+
+
+async def test_with_next_open_a_marketable_limit_order_takes_the_next_open_not_the_close(
+        feed: ReplayFeed, database: Path) -> None:
+    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="limits")
+    try:
+        # Above the last close (16,612.0): marketable, yet it reaches the book at 17:45.
+        taker = await paper.create_order(buy("0.1", "16700"))
+        # Below every price of 17:45 (low 16,600.3): it rests, then fills at its own price
+        # on the first later candle that trades through it.
+        maker = await paper.create_order(buy("0.1", "16605"))
+        assert (taker.status, maker.status) == ("open", "open")
+
+        feed.advance()  # 17:45: open 16,611.9, low 16,600.3
+        took = await paper.fetch_order(taker.id, "BTC/USDT")
+        rested = await paper.fetch_order(maker.id, "BTC/USDT")
+        fills = await paper.fills()
+    finally:
+        await paper.close()
+
+    # The open slipped 10 bps, with the taker fee: not the close the desk decided at.
+    assert (took.status, took.average, took.fee) == ("closed", D("16628.5119"),
+                                                      D("1.66285119"))
+    assert (rested.status, rested.average) == ("closed", D("16605"))
+    assert [(f.liquidity, f.at.isoformat()) for f in fills] == [
+        ("taker", "2023-01-03T17:45:00+00:00"), ("maker", "2023-01-03T17:50:00+00:00")]

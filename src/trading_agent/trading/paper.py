@@ -329,8 +329,8 @@ class PaperExchange:
         taker_price = self._taker_price(request.side, last)
         marketable = request.price is None or (
             request.price >= taker_price if request.side == "buy" else request.price <= taker_price)
-        if request.price is None and self._config.market_fill == "next_open":
-            marketable = False  # it waits for the next candle's open
+        if self._config.market_fill == "next_open":
+            marketable = False  # it reaches the book at the next candle's open
         if marketable:
             return self._fill(draft, order, taker_price, "taker", now, reserved=None)
         base, quote = _split(request.symbol)
@@ -341,7 +341,10 @@ class PaperExchange:
                 what = (f"this buy costs about {format_amount(reserve)} {quote} at the last "
                         "price, fee included")
             else:
-                reserve = request.amount * request.price * (1 + self._config.maker_fee)
+                # Waiting for the next open, it may yet take the book: the higher fee.
+                fee = (max(self._config.maker_fee, self._config.taker_fee)
+                       if self._config.market_fill == "next_open" else self._config.maker_fee)
+                reserve = request.amount * request.price * (1 + fee)
                 what = f"this buy needs {format_amount(reserve)} {quote} held back (order and " \
                        "maker fee)"
             self._require_funds(draft, quote, reserve, what)
@@ -449,9 +452,10 @@ class PaperExchange:
                 crossed = [p for p in resting if candle.opened_at >= p.order.created_at
                            and _trades_through(p.order, candle)]
                 for paper in crossed:
-                    if paper.order.price is None:
+                    if self._takes_the_open(paper.order, candle):
                         self._fill_at_open(draft, paper, candle)
                     else:
+                        assert paper.order.price is not None
                         self._fill(draft, paper.order, paper.order.price, "maker",
                                    candle.closes_at, reserved=paper)
                 resting = [p for p in resting if p not in crossed]
@@ -462,6 +466,18 @@ class PaperExchange:
             self._apply(draft)
         self._matched_until.update(horizon)
         return draft.fills
+
+    def _takes_the_open(self, order: Order, candle: Candle) -> bool:
+        """Whether ``order`` fills at ``candle``'s open as a taker: a waiting market order,
+        and (with ``next_open``) a limit order reaching the book at that open already
+        marketable there; any other limit order rests and fills at its own price."""
+        if order.price is None:
+            return True
+        if self._config.market_fill != "next_open" or \
+                candle.opened_at >= order.created_at + self._step:
+            return False  # it was resting before this candle opened
+        open_price = self._taker_price(order.side, candle.open)
+        return open_price <= order.price if order.side == "buy" else open_price >= order.price
 
     def _fill_at_open(self, draft: _Draft, paper: PaperOrder, candle: Candle) -> None:
         """A waiting market order fills at ``candle``'s open, or is rejected when the funds
