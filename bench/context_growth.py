@@ -17,6 +17,13 @@ in-process ``ModelBackend``, playing the model (and the summarizer). Requests do
 through the scripted HTTP server: the reference day ends with ~45 MB bodies, a thousand of
 them.
 
+Prompt caching: for each day it also prints the share of prompt tokens a provider with
+automatic prefix caching (OpenAI's) would serve from cache, and the input cost with cached
+tokens at a tenth of the input price. A request's cached part is the longest prefix it shares
+with any earlier request of the day (same system prompt and tools, then the same messages,
+byte for byte on the wire), counted in the loop's token estimate, when it is at least 1,024
+tokens (OpenAI's minimum); no eviction is modelled.
+
 Run: ``.venv/bin/python bench/context_growth.py [--turns 500] [--windows 32000 128000]``
 """
 
@@ -33,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from PIL import Image, ImageChops, ImageDraw
@@ -44,6 +52,7 @@ from trading_agent.agent.context_compressor import (
     FLUSH_NO_OP,
     FLUSH_TRIGGER_PREFIX,
     ContextCompressor,
+    overhead_tokens,
     request_tokens,
 )
 from trading_agent.agent.conversation import (
@@ -52,6 +61,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     TextBlock,
     ToolUseBlock,
+    estimate_tokens,
 )
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
@@ -59,7 +69,7 @@ from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolOutput, ToolRegistry
 from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
-from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend, encode_message
 
 SYSTEM_PROMPT = (
     "You are the desk alpha, trading BTC/USDT on 5-minute candles. Before each decision look "
@@ -68,6 +78,10 @@ SYSTEM_PROMPT = (
 )
 DISTINCT_CHARTS = 24
 """Charts drawn (then cycled): each is a real PNG of its own; drawing 500 would take a minute."""
+CACHE_MINIMUM_TOKENS = 1_024
+"""The shortest prefix a provider's automatic prompt cache serves (OpenAI's)."""
+CACHED_PRICE_SHARE = 0.1
+"""A cached prompt token's price, as a share of the input price."""
 
 
 # --------------------------------------------------------------------------- the chart
@@ -116,6 +130,40 @@ def draw_chart(seed: int, width: int = 1200, height: int = 700, candles: int = 1
     return buffer.getvalue()
 
 
+# --------------------------------------------------------------------------- prefix cache
+
+
+class PrefixCache:
+    """What an automatic prefix cache would serve: a trie of every request seen, by the wire
+    bytes of its head (system prompt and tools) and then of each message."""
+
+    def __init__(self, minimum_tokens: int = CACHE_MINIMUM_TOKENS) -> None:
+        self.minimum_tokens = minimum_tokens
+        self._root: dict[object, Any] = {}
+
+    def serve(self, request: ModelRequestSpec, wire: OpenAICompatibleBackend) -> int:
+        """The tokens of ``request`` an earlier request's prefix covers (0 under the minimum);
+        then remembers ``request``."""
+        head = (request.system_prompt, wire.request_body(
+            ModelRequestSpec(request.system_prompt, (), request.tools)))
+        node = self._root
+        matched = 0
+        tokens = overhead_tokens(request.system_prompt, request.tools)
+        still_matching = head in node
+        node = node.setdefault(head, {})
+        if still_matching:
+            matched = tokens
+        for message in request.messages:
+            key = encode_message(message)  # memoized: bytes whose hash is computed once
+            tokens += estimate_tokens(message)
+            if still_matching and key in node:
+                matched = tokens
+            else:
+                still_matching = False
+            node = node.setdefault(key, {})
+        return matched if matched >= self.minimum_tokens else 0
+
+
 # --------------------------------------------------------------------------- the model
 
 
@@ -127,6 +175,8 @@ class RequestFigures:
     tokens: int
     wire_bytes: int
     loop_seconds: float
+    cached_tokens: int = 0
+    """The part of ``tokens`` a provider's automatic prefix cache would serve."""
 
 
 @dataclass
@@ -139,6 +189,7 @@ class BenchModel:
     wire: OpenAICompatibleBackend
     summary_chars: int
     figures: list[RequestFigures] = field(default_factory=list)
+    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     clock: Callable[[], float] = time.perf_counter
     _last_return: float | None = None
     _calls: int = 0
@@ -156,6 +207,8 @@ class BenchModel:
         text = "".join(b.text for b in content if isinstance(b, TextBlock))
         if on_text is not None and text:
             on_text(text)
+        # Outside the loop's measured time: the provider's work, not the loop's.
+        self.figures[-1].cached_tokens = min(tokens, self.prefix_cache.serve(request, self.wire))
         self._last_return = self.clock()
         return ModelReply(content, Usage(tokens, len(text) // 4 + 10))
 
@@ -309,6 +362,51 @@ async def main(turns: int, windows: Sequence[int]) -> None:
               f"request {ratio:.1f}x smaller, largest request {max(tokens):,} "
               f"tokens ({max(tokens) / window:.0%} of the window; the reference's largest is "
               f"{max(ref_tokens) / window:.1f}x the window)")
+    print_cache_figures(reference, days)
+
+
+def _input_cost(day: Day, *, cached: bool) -> float:
+    """The day's prompt tokens in millions, each priced 1 (cached ones at a tenth when
+    ``cached``): the input cost at a price of 1 per million tokens."""
+    total = sum(f.tokens for f in day.figures)
+    served = sum(f.cached_tokens for f in day.figures) if cached else 0
+    return (total - served + served * CACHED_PRICE_SHARE) / 1e6
+
+
+def print_cache_figures(reference: Day, days: Sequence[Day]) -> None:
+    """The share a prefix cache would serve, and what the day's prompts would cost."""
+    print()
+    print(f"automatic prefix caching (a prefix >= {CACHE_MINIMUM_TOKENS:,} tokens shared with "
+          f"an earlier request; cached tokens at {CACHED_PRICE_SHARE:g}x the input price; "
+          "cost = prompt tokens priced 1 per million)")
+    print(f"{'':<26} {'cached share':>12} {'reqs hit':>9} {'cost, no cache':>15} "
+          f"{'with cache':>11} {'saved':>6} {'vs reference':>13}")
+    reference_cost = _input_cost(reference, cached=False)
+    for day in (reference, *days):
+        total = sum(f.tokens for f in day.figures)
+        served = sum(f.cached_tokens for f in day.figures)
+        hits = sum(1 for f in day.figures if f.cached_tokens)
+        plain, cheap = _input_cost(day, cached=False), _input_cost(day, cached=True)
+        print(f"{day.label:<26} {served / total:>12.1%} {hits / len(day.figures):>9.0%} "
+              f"{plain:>15,.2f} {cheap:>11,.2f} {1 - cheap / plain:>6.0%} "
+              f"{cheap / reference_cost:>12.1%}")
+        kinds = sorted({f.kind for f in day.figures})
+        print("  by kind: " + ", ".join(
+            f"{kind} {_share(day, kind):.0%} of "
+            f"{sum(f.tokens for f in day.figures if f.kind == kind):,}" for kind in kinds))
+    print("  (vs reference = the cached cost as a share of the reference day's cost without "
+          "a cache)")
+    reference_cached = _input_cost(reference, cached=True)
+    for day in days:
+        plain, cheap = _input_cost(day, cached=False), _input_cost(day, cached=True)
+        print(f"{day.label}: without a cache {reference_cost / plain:.1f}x cheaper than the "
+              f"reference; with a cache on both days {reference_cached / cheap:.1f}x cheaper")
+
+
+def _share(day: Day, kind: str) -> float:
+    figures = [f for f in day.figures if f.kind == kind]
+    total = sum(f.tokens for f in figures)
+    return sum(f.cached_tokens for f in figures) / total if total else 0.0
 
 
 if __name__ == "__main__":

@@ -112,6 +112,8 @@ class Reply:
         chunk_delay: Seconds between chunks.
         drop_after: Close the socket after this many SSE events, without ending the stream.
         hold_until: Wait for this event before answering (set it from the test).
+        cached_tokens: With usage, also sent as ``prompt_tokens_details.cached_tokens``
+            (the prompt tokens OpenAI served from its prompt cache); None sends no details.
     """
 
     text: str | Sequence[str] = ""
@@ -123,6 +125,7 @@ class Reply:
     chunk_delay: float = 0.0
     drop_after: int | None = None
     hold_until: threading.Event | None = None
+    cached_tokens: int | None = None
 
     @property
     def text_pieces(self) -> list[str]:
@@ -343,6 +346,9 @@ class ScriptedServer:
                  model: str = "scripted-model") -> None:
         self.model = model
         self.responder = responder
+        self.tokenizer: Callable[[str], int] | None = None
+        """When set, ``POST /tokenize`` answers (as llama.cpp's server does) with this many
+        tokens for the ``content`` given; else that route is unknown, as on OpenAI's API."""
         self.requests: list[RecordedRequest] = []
         """The chat-completions requests, in order of arrival."""
         self.other_requests: list[RecordedRequest] = []
@@ -558,6 +564,11 @@ class ScriptedServer:
             await _send_json(writer, 200, {"object": "list", "data": [
                 {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}]})
             return True
+        if request.method == "POST" and path == "/tokenize" and self.tokenizer is not None:
+            self.other_requests.append(request)
+            count = self.tokenizer(str(request.json.get("content", "")))
+            await _send_json(writer, 200, {"tokens": list(range(count))})
+            return True
         if request.method != "POST" or path not in ("/v1/chat/completions", "/chat/completions"):
             self.other_requests.append(request)
             await _send_json(writer, 404, {"error": {"message": f"no route {request.path}",
@@ -613,7 +624,7 @@ class ScriptedServer:
         await _send_stream(writer, events, step.chunk_delay, drop=drop)
         return not drop
 
-    def _usage(self, step: Reply, request: RecordedRequest) -> dict[str, int] | None:
+    def _usage(self, step: Reply, request: RecordedRequest) -> dict[str, Any] | None:
         if step.usage is None:
             return None
         if isinstance(step.usage, tuple):
@@ -623,8 +634,12 @@ class ScriptedServer:
             chars = len(step.full_text) + sum(len(c.name) + len(c.arguments_text)
                                               for c in step.tool_calls)
             completion = max(1, chars // 4)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}
+        if step.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": step.cached_tokens,
+                                              "audio_tokens": 0}
+        return usage
 
     def _call_ids(self, step: Reply) -> list[str | int | None]:
         return [f"call_{next(self._ids)}" if call.id == AUTO else call.id

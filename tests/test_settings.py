@@ -329,17 +329,22 @@ def test_context_settings_that_do_not_fit_the_window_are_caught_at_load_time(
         tmp_path: Path) -> None:
     path = _write(tmp_path, VALID + "\n[desks.beta.context]\nkeep_recent_tokens = 64000\n")
     assert _one_error(path) == (
-        f"{path}: desks.beta.context: keep_recent_tokens (64000) plus summary_max_tokens "
-        "(1200) must be at most half the context window (128000 tokens), or a compaction "
+        f"{path}: desks.beta.context: keep_recent_tokens (64000) plus a summary of at least "
+        "64 tokens must be at most half the context window (128000 tokens), or a compaction "
         "could leave the conversation as full as it found it; lower "
-        "context.keep_recent_tokens (now 64000) or context.summary_max_tokens (now 1200), "
-        "or use a model with a larger context_window (now 128000)")
-    # The defaults are checked too: a fifth of a small window plus the summary is too much.
+        "context.keep_recent_tokens (now 64000), or use a model with a larger context_window "
+        "(now 128000)")
+    # A small window shrinks the summary instead of refusing the desk.
     path = _write(tmp_path, VALID.replace("context_window = 32000", "context_window = 3000"))
+    settings = load_settings(path)
+    compressor = settings.desks["alpha"].context.compressor(3000)
+    assert (compressor.keep_recent_tokens, compressor.summary_max_tokens) == (600, 900)
+    # Too small for even the recent messages and a short summary: refused, saying why.
+    path = _write(tmp_path, VALID.replace("context_window = 32000", "context_window = 3000")
+                  + "\n[desks.alpha.context]\nkeep_recent_tokens = 1480\n")
     error = _one_error(path)
-    assert error.startswith(f"{path}: desks.alpha.context: keep_recent_tokens (600) plus "
-                            "summary_max_tokens (1200) must be at most half")
-    assert "context.keep_recent_tokens (now 600 by default, a fifth of the window)" in error
+    assert error.startswith(f"{path}: desks.alpha.context: keep_recent_tokens (1480) plus a "
+                            "summary of at least 64 tokens must be at most half")
 
 
 def test_an_unknown_tool_is_refused_with_the_tools_a_desk_can_have(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ EXIT_FAILURE = 1
 def _check_config(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.file)
+        _check_windows(settings)
     except ConfigError as exc:
         print(f"{args.file}: the configuration is not valid:", file=sys.stderr)
         print(str(exc), file=sys.stderr)
@@ -43,6 +44,24 @@ def _check_config(args: argparse.Namespace) -> int:
     for line in missing_secrets(settings, args.file):
         print(f"warning: {line}")
     return 0
+
+
+def _check_windows(settings: Settings) -> None:
+    """Refuses a desk whose system prompt and tools, with room for an answer, do not fit
+    its model's window (estimated here; ``run`` measures with the server's tokenizer).
+
+    Raises:
+        ConfigError: A desk does not fit, naming the numbers.
+    """
+    import anyio
+
+    from trading_agent.daemon.wiring import check_fixed_part, offline_tool_definitions
+
+    async def check() -> None:
+        for name, desk in settings.desks.items():
+            await check_fixed_part(name, desk, await offline_tool_definitions(name, desk))
+
+    anyio.run(check, backend="asyncio")
 
 
 def _summary(settings: Settings) -> str:

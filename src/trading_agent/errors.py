@@ -4,6 +4,7 @@
 
     TradingAgentError
     ├── BackendError                     the model server failed
+    │   ├── CacheMissError §             a strict backtest cache has no recorded answer
     │   ├── BackendUnavailableError      still failing after every retry
     │   │   └── _PortTakenError *        the local model server's port was taken (retried)
     │   ├── TransientBackendError        worth retrying (429, 5xx, timeout, dropped stream)
@@ -15,6 +16,8 @@
     │   └── OrderRejectedError           the exchange refused the order (funds, symbol...)
     ├── StoreError                       the SQLite store failed
     ├── ConfigError                      a configuration file or variable is wrong
+    │   └── CacheFileError §             a backtest's response cache file is unreadable
+    ├── ImageRejectedError ⁑             a picture an operator or tool sent cannot be used
     ├── ApprovalError †                  an approve or deny could not be applied
     │   ├── UnknownApprovalError †       no approval of that id (also a LookupError)
     │   └── ApprovalAlreadyResolvedError †  answered, timed out or cancelled already
@@ -24,7 +27,8 @@
 
 Defined where they are raised, not here: ``*`` in :mod:`trading_agent.backends.local_server`
 (private), ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
-:mod:`trading_agent.operator.client`.
+:mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
+:mod:`trading_agent.agent.image_preparer`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and

@@ -176,7 +176,19 @@ class DaemonSettings(_Strict):
 class OpenAIModelSettings(OpenAIBackendConfig):
     """A model on an OpenAI-compatible server (``provider = "openai"``).
 
-    The other keys are those of :class:`~trading_agent.backends.config.OpenAIBackendConfig`.
+    The other keys are those of :class:`~trading_agent.backends.config.OpenAIBackendConfig`;
+    among them the prompt-cache ones: ``prompt_cache_key`` (``true`` by default: each desk's
+    requests carry ``trading-agent:<desk>``; a string for a key of your own; ``false`` for
+    none) and ``price_cached_input_per_million`` (what a prompt token served from the
+    server's cache costs; by default the input price)::
+
+        [model]
+        price_input_per_million = 0.15
+        price_cached_input_per_million = 0.075
+        price_output_per_million = 0.60
+
+        [desks.alpha.model]
+        prompt_cache_key = false
     """
 
     provider: Literal["openai"]
@@ -200,6 +212,10 @@ class LocalModelSettings(LocalModelConfig):
     The other keys are those of :class:`~trading_agent.backends.local_server.LocalModelConfig`;
     ``cache_dir`` defaults to ``$CACHE_DIRECTORY/models`` under systemd (the unit's home is
     not writable there), else ``~/.cache/trading-agent/models``.
+
+    Prompt caching needs no key here: llama-cpp-python's server reuses, for each request, the
+    longest prefix it shares with the tokens already in its KV cache (``Llama.generate``), and
+    it ignores llama.cpp's ``cache_prompt`` field, which only ``llama-server`` (C++) reads.
 
     Attributes:
         max_output_tokens: A cap on each answer. The small base model rarely stops on its
@@ -228,13 +244,20 @@ class ContextSettings(_Strict):
         hard_threshold: The share past which the loop summarizes at once between tool rounds.
         keep_recent_tokens: How many tokens of the newest messages stay verbatim after a
             compaction; by default a fifth of the window.
-        summary_max_tokens: The longest summary the model may write.
-        tool_result_max_tokens: Longer tool results are cut to this in what the model is
-            sent (the stored result stays whole); by default half of ``keep_recent_tokens``.
+        summary_max_tokens: The longest summary the model may write; it shrinks to what
+            the window has left.
+        tool_result_max_tokens: Longer messages (tool results, an operator's paste, a
+            notice) are cut to this in what the model is sent (the stored text stays
+            whole); by default half of ``keep_recent_tokens``.
         flush_max_rounds: The most model calls of the silent memory-flush turn that comes
             before a compaction.
+        clear_tool_results: Before any summary, tool results older than the newest
+            ``clear_keep_rounds`` tool rounds are first cut to a one-line stub in what is
+            sent (the store keeps them whole); the summary runs only when that is not
+            enough.
+        clear_keep_rounds: How many of the newest tool rounds clearing keeps whole.
 
-    ``keep_recent_tokens`` plus ``summary_max_tokens`` must be at most half the model's
+    ``keep_recent_tokens`` plus a summary of 64 tokens must be at most half the model's
     ``context_window``, checked when the file is loaded.
     """
 
@@ -244,6 +267,8 @@ class ContextSettings(_Strict):
     summary_max_tokens: int = Field(default=1200, gt=0)
     tool_result_max_tokens: int | None = Field(default=None, ge=64)
     flush_max_rounds: int = Field(default=3, ge=1, le=20)
+    clear_tool_results: bool = True
+    clear_keep_rounds: int = Field(default=3, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _ordered(self) -> ContextSettings:
@@ -273,13 +298,13 @@ class ContextSettings(_Strict):
                 hard_threshold=self.hard_threshold, keep_recent_tokens=self.keep_recent_tokens,
                 summary_max_tokens=self.summary_max_tokens,
                 tool_result_max_tokens=self.tool_result_max_tokens,
-                flush_max_rounds=self.flush_max_rounds)
+                flush_max_rounds=self.flush_max_rounds,
+                clear_keep_rounds=self.clear_keep_rounds if self.clear_tool_results else None)
         except ValueError as exc:
             keep = (str(self.keep_recent_tokens) if self.keep_recent_tokens is not None
                     else f"{context_window // 5} by default, a fifth of the window")
             raise ConfigError(
-                f"{key}: {exc}; lower {key}.keep_recent_tokens (now {keep}) or "
-                f"{key}.summary_max_tokens (now {self.summary_max_tokens}), or use a model "
+                f"{key}: {exc}; lower {key}.keep_recent_tokens (now {keep}), or use a model "
                 f"with a larger context_window (now {context_window})") from exc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import (
     CompactionEnded,
     CompactionStarted,
+    ContextCleared,
     ErrorEvent,
     Event,
     MemoryFlush,
@@ -184,7 +186,8 @@ def history(count: int, chars: int) -> list[Message]:
 async def running_desk(server: ScriptedServer, *, window: int, keep_recent: int = 500,
                        summary_max: int = 250, remember: bool = True,
                        messages: Sequence[Message] = (), compress: bool = True,
-                       tool_result_max: int | None = None) -> AsyncIterator[Desk]:
+                       tool_result_max: int | None = None,
+                       clear_keep: int | None = None) -> AsyncIterator[Desk]:
     registry = ToolRegistry()
     notes: list[str] = []
     candle_calls: list[int] = []
@@ -206,7 +209,8 @@ async def running_desk(server: ScriptedServer, *, window: int, keep_recent: int 
     store.appended = list(messages)
     compressor = ContextCompressor(window, keep_recent_tokens=keep_recent,
                                    summary_max_tokens=summary_max,
-                                   tool_result_max_tokens=tool_result_max) if compress else None
+                                   tool_result_max_tokens=tool_result_max,
+                                   clear_keep_rounds=clear_keep) if compress else None
     config = OpenAIBackendConfig(base_url=server.base_url, model="scripted-model",
                                  context_window=window, request_timeout=10)
     async with OpenAICompatibleBackend(config) as backend:
@@ -353,6 +357,70 @@ async def test_many_compactions_keep_the_messages_in_memory_bounded(
     assert model.problems == []
 
 
+# --------------------------------------------------------------------------- clearing
+
+
+async def test_old_tool_results_are_cleared_before_any_summary_and_kept_in_the_store(
+        scripted_server: ScriptedServer) -> None:
+    window = 4000
+    model = DeskModel(window, candles_then_answer(25))
+    scripted_server.responder = model
+    async with running_desk(scripted_server, window=window, clear_keep=2) as desk:
+        for number in range(1, 13):
+            await desk.turn(f"tick {number}")
+
+        assert model.problems == []
+        cleared = desk.of(ContextCleared)
+        assert cleared and all(c.enough for c in cleared)
+        assert all(c.tokens_after < c.tokens_before for c in cleared)
+        # Clearing was enough every time: no memory flush, no summary.
+        assert "summary" not in model.kinds and "flush" not in model.kinds
+        last = scripted_server.requests[-1].messages
+        results = [text_of(m) for m in last if m["role"] == "tool"]
+        stubs = [r for r in results if r.startswith("[cleared: get_candles(")]
+        # The oldest are stubs; the two newest rounds at the clearing, and every round since,
+        # are whole.
+        assert stubs and results[:len(stubs)] == stubs
+        assert all(CANDLE in r for r in results[len(stubs):])
+        assert len(results) - len(stubs) >= 2
+        assert "the whole result is kept in the desk's store (tool call call_" in stubs[0]
+        # The store keeps every result whole.
+        stored = [m for m in desk.store.appended if m.kind == "tool_results"]
+        assert len(stored) == 12
+        assert all(m.tool_results[0].text.count(CANDLE) == 25 for m in stored)
+
+
+async def test_between_two_clearings_each_request_extends_the_previous_one_byte_for_byte(
+        scripted_server: ScriptedServer) -> None:
+    window = 4000
+    model = DeskModel(window, candles_then_answer(25))
+    scripted_server.responder = model
+    async with running_desk(scripted_server, window=window, clear_keep=2) as desk:
+        for number in range(1, 13):
+            await desk.turn(f"tick {number}")
+        cleared_at = {e.id for e in desk.of(ContextCleared)}
+        assert cleared_at
+
+    bodies = [r.json["messages"] for r in scripted_server.requests]
+    breaks = [index for index in range(1, len(bodies))
+              if bodies[index][:len(bodies[index - 1])] != bodies[index - 1]]
+    # A request changes what came before only where a clearing ran: once per clearing.
+    assert len(breaks) == len(cleared_at)
+
+
+async def test_when_clearing_is_not_enough_the_summary_runs(
+        scripted_server: ScriptedServer) -> None:
+    window = 4000
+    model = DeskModel(window, candles_then_answer(25))
+    scripted_server.responder = model
+    # Long ticks and no tool round yet: there is nothing to clear.
+    async with running_desk(scripted_server, window=window, clear_keep=2,
+                            messages=history(14, 900)) as desk:
+        await desk.turn("tick now")
+        assert not any(cleared.enough for cleared in desk.of(ContextCleared))
+        assert model.kinds[:3] == ["flush", "flush", "summary"]
+
+
 # --------------------------------------------------------------------------- overflow
 
 
@@ -375,22 +443,29 @@ async def test_a_context_overflow_is_recovered_once_by_compaction_and_replay(
     scripted_server.assert_complete()
 
 
-async def test_a_second_overflow_ends_the_turn_with_a_clear_error_event(
+async def test_an_overflow_that_compacting_cannot_cure_ends_the_turn_with_a_clear_error(
         scripted_server: ScriptedServer) -> None:
-    scripted_server.add(context_overflow(), Reply(SUMMARY_REPLY), context_overflow())
+    def refuse_all_but_summaries(request: RecordedRequest) -> Step:
+        if kind_of(request.json) == "summary":
+            return Reply(SUMMARY_REPLY)
+        return context_overflow()
+
+    scripted_server.responder = refuse_all_but_summaries
     async with running_desk(scripted_server, window=8000, messages=history(8, 800)) as desk:
-        with pytest.raises(ContextOverflowError, match="still too long after compacting"):
+        with pytest.raises(ContextOverflowError, match="still too long after compacting 3 "):
             await desk.turn("tick")
         [error] = desk.of(ErrorEvent)
         assert error.error_type == "ContextOverflowError"
-        assert "still too long after compacting" in error.message
         assert "8000-token window" in error.message
-        assert len(desk.of(OverflowRecovery)) == 1
-        scripted_server.assert_complete()
+        # Each replay compacts harder: the server is told less each time.
+        assert len(desk.of(OverflowRecovery)) == 3
+        desk_requests = [r for r in scripted_server.requests if kind_of(r.json) != "summary"]
+        sizes = [wire_tokens(r.json) for r in desk_requests]
+        assert len(sizes) == 4 and sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
         # The conversation is still valid: the next turn goes through.
+        scripted_server.responder = None
         scripted_server.add(Reply("Fine again."))
         assert (await desk.turn("tick")).text == "Fine again."
-    assert len(scripted_server.requests) == 4
 
 
 async def test_without_a_compressor_an_overflow_is_an_error_at_once(
@@ -580,9 +655,12 @@ async def test_the_size_is_the_reported_usage_plus_estimates_of_newer_messages(
                               usage=(1234, 7)), Reply("ok", usage=(1400, 1)))
     async with running_desk(scripted_server, window=8000) as desk:
         await desk.turn("tick")
-        _, second = desk.of(ModelRequest)
+        first, second = desk.of(ModelRequest)
         call, results = desk.conversation.messages[1:3]
-        assert second.estimated_tokens == 1234 + estimate_tokens(call) + estimate_tokens(results)
+        # The server counted 1234 where the estimate said less: later estimates are scaled.
+        scale = 0.5 + 0.5 * 1234 / first.estimated_tokens
+        assert second.estimated_tokens == 1234 + math.ceil(
+            (estimate_tokens(call) + estimate_tokens(results)) * min(scale, 16.0))
         assert desk.conversation.reported_input_tokens == 1400
 
 
@@ -607,9 +685,21 @@ def test_find_cut_keeps_a_call_with_its_results_and_always_makes_progress() -> N
 @pytest.mark.parametrize("arguments", [
     {"flush_threshold": 0.9, "hard_threshold": 0.8},
     {"keep_recent_tokens": 3000, "summary_max_tokens": 1200},
-    {"summary_max_tokens": 1900, "keep_recent_tokens": 10},
+    {"keep_recent_tokens": 1990},
     {"flush_max_rounds": 0},
 ])
 def test_settings_that_cannot_work_are_refused(arguments: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         ContextCompressor(4000, **arguments)
+
+
+def test_the_summary_budget_shrinks_to_what_a_small_window_leaves() -> None:
+    # Half the window less the recent messages, and room for a summary request's chunk.
+    assert ContextCompressor(4000, summary_max_tokens=1900,
+                             keep_recent_tokens=10).summary_max_tokens < 1900
+    small = ContextCompressor(2048)
+    assert small.keep_recent_tokens + small.summary_max_tokens <= 1024
+    assert ContextCompressor(128_000).summary_max_tokens == 1200
+    # At compaction time, a large fixed part (system prompt and tools) shrinks both again.
+    keep, summary = small.budgets(fixed_tokens=900, keep_recent_tokens=small.keep_recent_tokens)
+    assert keep + summary + 900 <= 0.9 * 2048

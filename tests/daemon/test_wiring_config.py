@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.scripted_server import ScriptedServer
@@ -73,8 +74,61 @@ async def test_context_settings_that_do_not_fit_the_window_are_a_config_error(
         async with open_daemon(settings):
             pass
     message = str(caught.value)
-    assert message.startswith("desks.beta.context: keep_recent_tokens (20000) plus "
-                              "summary_max_tokens (800) must be at most half the context "
-                              "window (32000 tokens)")
+    assert message.startswith("desks.beta.context: keep_recent_tokens (20000) plus a "
+                              "summary of at least 64 tokens must be at most half the "
+                              "context window (32000 tokens)")
     assert "desks.beta.context.keep_recent_tokens (now 20000)" in message
-    assert "desks.beta.context.summary_max_tokens (now 800)" in message
+
+
+async def test_a_system_prompt_the_models_tokenizer_finds_too_long_is_refused_at_start(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    # 3,000 digits: 750 tokens by the estimate, 3,000 by a small model's tokenizer.
+    prices = " ".join(["16750"] * 600)
+    config = _config(tmp_path, scripted_server.base_url).read_text().replace(
+        "context_window = 32000", "context_window = 4096").replace(
+        'system_prompt = "You are alpha."', f'system_prompt = "You watch {prices}."').replace(
+        "keep_recent_tokens = 4000", "keep_recent_tokens = 400")
+    path = tmp_path / "digits.toml"
+    path.write_text(config)
+    settings = load_settings(path)
+    scripted_server.tokenizer = lambda text: sum(c.isdigit() for c in text) + len(text) // 4
+
+    with pytest.raises(ConfigError) as caught:
+        async with open_daemon(settings):
+            pass
+
+    message = str(caught.value)
+    assert message.startswith("desks.alpha: the system prompt (")
+    assert "by the model's tokenizer" in message and "context_window (4,096)" in message
+    assert scripted_server.requests == []  # refused before any model call
+
+
+async def test_check_config_refuses_a_desk_whose_tools_alone_fill_the_window(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trading_agent.cli import main
+
+    path = tmp_path / "tiny.toml"
+    path.write_text("""
+[model]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "m"
+context_window = 1024
+max_output_tokens = 256
+
+[desks.tiny]
+system_prompt = "You trade."
+symbols = ["BTC/USDT"]
+[desks.tiny.context]
+keep_recent_tokens = 100
+""")
+    assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "desks.tiny: the system prompt (2 tokens) and the 13 tool definitions (" in err
+    assert "more than the model's context_window (1,024)" in err
+
+    # With three tools it fits.
+    path.write_text(path.read_text().replace(
+        'symbols = ["BTC/USDT"]', 'symbols = ["BTC/USDT"]\ntools = ["get_ticker", '
+        '"get_balance", "place_order"]'))
+    assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 0

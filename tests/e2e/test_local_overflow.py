@@ -65,7 +65,10 @@ async def test_a_prompt_over_the_servers_window_is_compacted_and_replayed(
         async with OpenAICompatibleBackend(backend_config) as backend:
             bus = EventBus()
             seen = bus.subscribe("test")
-            compressor = ContextCompressor(WINDOW, keep_recent_tokens=200, summary_max_tokens=96)
+            # Messages up to 1,000 tokens are sent whole: no message is cut to fit before the
+            # server has said what it counts.
+            compressor = ContextCompressor(WINDOW, keep_recent_tokens=200, summary_max_tokens=96,
+                                           tool_result_max_tokens=1000)
             loop = AgentLoop("probe", backend, ToolCallExecutor(ToolRegistry()), bus,
                              maximum_rounds=2, compressor=compressor)
             history = _price_history(random.Random(7), hours=4)

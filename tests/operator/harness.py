@@ -27,6 +27,7 @@ from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.conversation import (
     Conversation,
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
@@ -172,14 +173,15 @@ class LoopDeskControl:
                           equity=d.equity, open_orders=0, tokens_today=d.tokens_today,
                           queued_triggers=len(d.queue))
 
-    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: Sequence[ImageBlock] = ()) -> str:
         d = self._desk(desk)
         self.sent.append((desk, text, source))
         if d.state == "working":
-            message = SteeringMessage(text, source)
+            message = SteeringMessage(text, source, images=tuple(images))
             d.inbox.put(message)
             return message.id
-        trigger = Trigger(kind="operator", text=text, source=source)
+        trigger = Trigger(kind="operator", text=text, source=source, images=tuple(images))
         d.queue.append(trigger)
         d.wakeup.set()
         return trigger.id

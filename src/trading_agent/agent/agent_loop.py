@@ -10,7 +10,8 @@ compaction (see :mod:`~trading_agent.agent.context_compressor`). Before every mo
 waiting steering messages are delivered, the window is compacted if it is past the hard
 mark, and the request is built from the window **repaired** (every tool call answered, no
 stray result: valid even after a crash or a cancelled turn), with very long tool results cut
-and old images pruned. A context overflow is answered by one compaction and one replay.
+and old images pruned. A context overflow is answered by compacting harder and replaying
+(a few times).
 
 Every step is published on the event bus; every message is appended to the conversation
 (and so stored) as soon as it exists, and the conversation is valid to send at every await.
@@ -18,21 +19,34 @@ Every step is published on the event bus; every message is appended to the conve
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import anyio
 
-from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
+from trading_agent.agent.backend import (
+    ModelBackend,
+    ModelReply,
+    ModelRequestSpec,
+    desk_cache_key,
+)
 from trading_agent.agent.context_compressor import (
     ContextCompressor,
     context_tokens,
+    overhead_tokens,
     request_tokens,
 )
-from trading_agent.agent.conversation import Conversation, Message, ToolUseBlock, repair
+from trading_agent.agent.conversation import (
+    IMAGE_TOKEN_COST,
+    Conversation,
+    Message,
+    ToolUseBlock,
+    repair,
+)
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import (
+    ContextCleared,
     ErrorEvent,
     Event,
     MemoryFlush,
@@ -59,6 +73,10 @@ from trading_agent.errors import (
 )
 
 __all__ = ["AgentLoop"]
+
+_OVERFLOW_REPLAYS = 3
+"""How often one request is compacted harder and replayed after the server says it is too
+long; then the turn fails (the desk tells the operator and goes on with the next trigger)."""
 
 
 class AgentLoop:
@@ -217,7 +235,11 @@ class AgentLoop:
                 await conversation.append(message.to_message())
                 self._publish_delivery(turn, message, started_turn=False)
         compressor = self._compressor
-        if compressor is not None and compressor.is_overfull(self._context_tokens(conversation)):
+        if compressor is None:
+            return
+        tokens = self._context_tokens(conversation)
+        if compressor.is_overfull(tokens) and not self._clear(conversation, turn, tokens,
+                                                             compressor.hard_threshold):
             await self._compress(conversation, turn, "mid_turn")
 
     def _publish_delivery(self, turn: TurnState, message: SteeringMessage, *,
@@ -227,13 +249,15 @@ class AgentLoop:
             after_round=turn.rounds, message_id=message.id, started_turn=started_turn))
 
     async def _ask_model(self, conversation: Conversation, turn: TurnState) -> ModelReply:
-        """One model call, with retries and one compaction-and-replay on a context overflow."""
+        """One model call, with retries; a context overflow is answered by compacting harder
+        and replaying, up to :data:`_OVERFLOW_REPLAYS` times."""
         turn.rounds += 1
-        recovered = False
+        replays = 0
         while True:
             request = self._request_for(conversation)
             sent_messages = len(conversation.messages)
-            tokens = context_tokens(conversation, partial(request_tokens, request))
+            estimate = request_tokens(request)
+            tokens = context_tokens(conversation, functools.partial(int, estimate))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
                 tool_count=len(request.tools), estimated_tokens=tokens,
@@ -243,16 +267,24 @@ class AgentLoop:
             except ContextOverflowError as exc:
                 if turn.silent:
                     raise
-                if recovered or not await self._recover(conversation, turn, exc):
-                    why = ("still too long after compacting the conversation" if recovered
+                # The server counts more tokens than estimated: learn that, so every budget
+                # (what is kept, how long one message may be) shrinks for the replay.
+                conversation.note_refused(self.backend.context_window, estimate)
+                replays += 1
+                if self._compressor is None or replays > _OVERFLOW_REPLAYS:
+                    why = (f"still too long after compacting {_OVERFLOW_REPLAYS} times"
+                           if self._compressor is not None
                            else "too long, and there is nothing left to compact")
                     raise self._fail(turn, ContextOverflowError(
                         f"the prompt is {why} ({self.backend.context_window}-token window): "
-                        f"{exc.message}", status_code=exc.status_code, model=exc.model)) from None
-                recovered = True
+                        f"{exc.message}", status_code=exc.status_code,
+                        model=exc.model)) from None
+                await self._recover(conversation, turn, exc, replays)
                 continue
             if reply.usage.input_tokens > 0:
-                conversation.note_reported_usage(reply.usage.input_tokens, sent_messages)
+                conversation.note_reported_usage(
+                    reply.usage.input_tokens, sent_messages,
+                    None if reply.usage.estimated else estimate)
             return reply
 
     async def _complete(self, request: ModelRequestSpec, turn: TurnState | None,
@@ -284,6 +316,7 @@ class AgentLoop:
         self._publish(turn, UsageReported(
             desk=self.desk_name, input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens, estimated=usage.estimated, cost=usage.cost,
+            cached_input_tokens=usage.cached_input_tokens,
             context_tokens=usage.input_tokens + usage.output_tokens,
             context_window=self.backend.context_window))
         return reply
@@ -319,12 +352,16 @@ class AgentLoop:
     # ------------------------------------------------------------------ what is sent
 
     def _request_for(self, conversation: Conversation) -> ModelRequestSpec:
-        """What one call sends: the window, repaired, long results cut, old images pruned."""
-        messages = repair(conversation.window())
+        """What one call sends: the window with old tool results cleared, repaired, long
+        messages cut, old images pruned."""
+        messages = conversation.window()
         if self._compressor is not None:
-            messages = self._compressor.trim(messages)
+            messages = self._compressor.cleared(conversation, messages)
+        messages = repair(messages)
+        if self._compressor is not None:
+            messages = self._compressor.trim(messages, conversation.token_scale)
         return ModelRequestSpec(conversation.system_prompt, self._image_preparer.prune(messages),
-                                self.tool_definitions())
+                                self.tool_definitions(), cache_key=desk_cache_key(self.desk_name))
 
     def _context_tokens(self, conversation: Conversation) -> int:
         return context_tokens(conversation,
@@ -333,11 +370,44 @@ class AgentLoop:
     # ------------------------------------------------------------------ compaction
 
     async def _compact_if_full(self, conversation: Conversation) -> None:
-        """Before a turn, at the flush mark: memory flush, then the summary."""
+        """Before a turn, at the flush mark: clear old tool results; when that is not
+        enough, the memory flush, then the summary."""
         compressor = self._compressor
-        if (compressor is not None and compressor.is_full(self._context_tokens(conversation))
+        if compressor is None:
+            return
+        tokens = self._context_tokens(conversation)
+        if (compressor.is_full(tokens)
+                and not self._clear(conversation, None, tokens, compressor.flush_threshold)
                 and compressor.can_compress(conversation)):
             await self._flush_and_compress(conversation, "threshold")
+
+    def _clear(self, conversation: Conversation, turn: TurnState | None, tokens: int,
+               mark: float) -> bool:
+        """Stubs old tool results in what is sent; True when that brought the window well
+        below ``mark`` (a share of the window), so no summary is needed. Pictures are left
+        to the image preparer: below the hard mark they are never the reason a summary
+        runs."""
+        compressor = self._compressor
+        assert compressor is not None
+        window = self.backend.context_window
+        images = self._image_tokens(conversation)
+        if tokens - images < mark * window and tokens < compressor.hard_threshold * window:
+            return True  # only pictures are over the mark, and the request still fits
+        enough = tokens - int(0.8 * mark * window)
+        freed_enough = compressor.clear(conversation, enough=enough)
+        after = self._context_tokens(conversation)
+        if after < tokens:
+            self._publish(turn, ContextCleared(
+                desk=self.desk_name, tokens_before=tokens, tokens_after=after,
+                enough=freed_enough))
+        return freed_enough
+
+    def _image_tokens(self, conversation: Conversation) -> int:
+        """What the pictures sent with the next request count for (at most the preparer's
+        ``keep`` of them)."""
+        count = sum(m.image_count for m in conversation.window())
+        sent = min(count, self._image_preparer.limits.keep)
+        return int(sent * IMAGE_TOKEN_COST * conversation.token_scale)
 
     async def _flush_and_compress(self, conversation: Conversation, reason: str) -> bool:
         compressor = self._compressor
@@ -371,16 +441,18 @@ class AgentLoop:
             conversation, ask=lambda request: self._complete(request, turn, None),
             measure=lambda: self._context_tokens(conversation),
             events=self._event_bus if turn is None else self._event_bus.child(turn=turn.id),
-            desk=self.desk_name, reason=reason, keep_recent_tokens=keep_recent_tokens)
+            desk=self.desk_name, reason=reason, keep_recent_tokens=keep_recent_tokens,
+            fixed_tokens=overhead_tokens(conversation.system_prompt, self.tool_definitions()))
 
     async def _recover(self, conversation: Conversation, turn: TurnState,
-                       error: ContextOverflowError) -> bool:
-        """After a context overflow: one compaction, with half the recent budget."""
+                       error: ContextOverflowError, replays: int) -> bool:
+        """After a context overflow: a compaction with a recent budget halved per replay
+        (the long messages are already cut shorter by the raised token scale)."""
+        self._publish(turn, OverflowRecovery(desk=self.desk_name, message=error.message))
         if self._compressor is None:
             return False
-        self._publish(turn, OverflowRecovery(desk=self.desk_name, message=error.message))
         return await self._compress(conversation, turn, "overflow",
-                                    max(1, self._compressor.keep_recent_tokens // 2))
+                                    max(1, self._compressor.keep_recent_tokens >> replays))
 
     # ------------------------------------------------------------------ events
 
@@ -395,6 +467,7 @@ class AgentLoop:
         self._publish(turn, TurnEnded(
             desk=self.desk_name, rounds=turn.rounds, hit_round_limit=hit_round_limit,
             final_text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
             cost=usage.cost, stopped=stopped, silent=turn.silent))
         return TurnResult(text, turn.rounds, hit_round_limit, usage, stopped, turn.id)
 

@@ -31,19 +31,55 @@ __all__ = [
     "Pricing",
     "TransientBackendError",
     "Usage",
+    "desk_cache_key",
 ]
+
+
+def desk_cache_key(desk: str) -> str:
+    """The prompt-cache key of a desk's requests: one per desk, so that each desk's requests,
+    which share their prefix with one another and with nothing else, go to the same cache.
+
+    Args:
+        desk: The desk's name.
+
+    Returns:
+        ``trading-agent:<desk>``.
+    """
+    return f"trading-agent:{desk}"
 
 
 @dataclass(frozen=True)
 class Pricing:
-    """Prices in currency units per million tokens."""
+    """Prices in currency units per million tokens.
+
+    Attributes:
+        input_per_million: The price of a prompt token the server computed.
+        output_per_million: The price of a completion token.
+        cached_input_per_million: The price of a prompt token served from the server's prompt
+            cache, or None to charge it as any other prompt token.
+    """
 
     input_per_million: float
     output_per_million: float
+    cached_input_per_million: float | None = None
 
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """The cost of one request."""
-        return (input_tokens * self.input_per_million
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        """The cost of one request.
+
+        Args:
+            input_tokens: Prompt tokens, the cached ones included (as servers count them).
+            output_tokens: Completion tokens.
+            cached_input_tokens: How many of the prompt tokens were served from cache; they
+                are charged at the cached price instead of the input price.
+
+        Returns:
+            The cost in currency units.
+        """
+        cached = max(0, min(cached_input_tokens, input_tokens))
+        cached_price = (self.input_per_million if self.cached_input_per_million is None
+                        else self.cached_input_per_million)
+        return ((input_tokens - cached) * self.input_per_million
+                + cached * cached_price
                 + output_tokens * self.output_per_million) / 1_000_000
 
 
@@ -52,23 +88,27 @@ class Usage:
     """Tokens used, and their cost when prices are known.
 
     Attributes:
-        input_tokens: Prompt tokens.
+        input_tokens: Prompt tokens, the cached ones included.
         output_tokens: Completion tokens.
         estimated: True when the server did not report usage and these are estimates.
         cost: The cost, or None when no prices are configured.
+        cached_input_tokens: How many of the prompt tokens the server served from its prompt
+            cache (0 when it reported none).
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     estimated: bool = False
     cost: float | None = None
+    cached_input_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         cost = None if self.cost is None and other.cost is None else (
             (self.cost or 0.0) + (other.cost or 0.0))
         return Usage(self.input_tokens + other.input_tokens,
                      self.output_tokens + other.output_tokens,
-                     self.estimated or other.estimated, cost)
+                     self.estimated or other.estimated, cost,
+                     self.cached_input_tokens + other.cached_input_tokens)
 
 
 @dataclass(frozen=True)
@@ -80,12 +120,16 @@ class ModelRequestSpec:
         messages: The messages, already repaired and pruned.
         tools: Function-calling definitions.
         max_output_tokens: A cap on the answer, or None for the server's default.
+        cache_key: Which prompt cache the request should go to (``trading-agent:<desk>``),
+            for servers that route by one (OpenAI's ``prompt_cache_key``); None for none. It
+            travels with the request because one backend serves several desks.
     """
 
     system_prompt: str
     messages: Sequence[Message]
     tools: Sequence[dict[str, Any]]
     max_output_tokens: int | None = None
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)

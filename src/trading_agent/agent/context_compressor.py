@@ -39,6 +39,7 @@ kept result needs) and the request's fixed part.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -115,6 +116,12 @@ _TOOL_ARGUMENT_CHARS = 300
 _MIN_CHUNK_CHARS = 1_000
 """A summary chunk is never split below this when the server says it is too long."""
 
+_CLEARED_ARGUMENT_CHARS = 120
+"""How much of a cleared call's arguments its stub repeats."""
+
+_MIN_SUMMARY_TOKENS = 64
+"""The shortest summary budget a window may leave (below it, the settings are refused)."""
+
 _SUMMARY_CHARS_PER_TOKEN = 5
 """A summary longer than ``summary_max_tokens`` times this is cut (a server that ignores the
 output cap must not break the size bounds; a real model's tokens rarely run longer)."""
@@ -153,7 +160,8 @@ def context_tokens(conversation: Conversation, estimate_request: Callable[[], in
     """The size of what the next request would send, in tokens.
 
     The backend's last reported prompt size plus an estimate of each message added since;
-    the whole request's estimate when nothing was reported since the last compaction.
+    the whole request's estimate when nothing was reported since the last compaction. Every
+    estimate is scaled by the conversation's calibrated :attr:`~Conversation.token_scale`.
 
     Args:
         conversation: The conversation.
@@ -162,11 +170,12 @@ def context_tokens(conversation: Conversation, estimate_request: Callable[[], in
     Returns:
         Tokens.
     """
+    scale = conversation.token_scale
     reported = conversation.reported_input_tokens
     if reported is None:
-        return estimate_request()
+        return math.ceil(estimate_request() * scale)
     added = conversation.messages[conversation.reported_message_count:]
-    return reported + sum(estimate_tokens(m) for m in added)
+    return reported + math.ceil(sum(estimate_tokens(m) for m in added) * scale)
 
 
 def find_cut(messages: Sequence[Message], keep_recent_tokens: int,
@@ -217,6 +226,8 @@ class ContextCompressor:
             recent budget by default, so the newest result always fits in it.
         memory_tool: The tool the memory flush asks the desk to use; without it, no flush.
         flush_max_rounds: The most model calls the memory-flush turn may make.
+        clear_keep_rounds: Tool rounds kept whole when older tool results are cleared;
+            None never clears (a summary is the only way down).
 
     Raises:
         ValueError: The settings cannot work for this window (thresholds out of order, or
@@ -226,18 +237,27 @@ class ContextCompressor:
     def __init__(self, context_window: int, *, flush_threshold: float = 0.70,
                  hard_threshold: float = 0.85, keep_recent_tokens: int | None = None,
                  summary_max_tokens: int = 1200, tool_result_max_tokens: int | None = None,
-                 memory_tool: str = "remember", flush_max_rounds: int = 3) -> None:
+                 memory_tool: str = "remember", flush_max_rounds: int = 3,
+                 clear_keep_rounds: int | None = 3) -> None:
         if not 0 < flush_threshold < hard_threshold < 1:
             raise ValueError("need 0 < flush_threshold < hard_threshold < 1")
         keep = keep_recent_tokens if keep_recent_tokens is not None else context_window // 5
         if keep <= 0 or summary_max_tokens <= 0 or flush_max_rounds < 1:
             raise ValueError("keep_recent_tokens, summary_max_tokens and flush_max_rounds "
                              "must be positive")
-        if keep + summary_max_tokens > context_window // 2:
+        if keep + _MIN_SUMMARY_TOKENS > context_window // 2:
             raise ValueError(
-                f"keep_recent_tokens ({keep}) plus summary_max_tokens ({summary_max_tokens}) "
-                f"must be at most half the context window ({context_window} tokens), or a "
-                "compaction could leave the conversation as full as it found it")
+                f"keep_recent_tokens ({keep}) plus a summary of at least "
+                f"{_MIN_SUMMARY_TOKENS} tokens must be at most half the context window "
+                f"({context_window} tokens), or a compaction could leave the conversation as "
+                "full as it found it")
+        # The summary gets what is left of half the window after the recent messages: a
+        # small window shrinks it instead of refusing the desk.
+        summary_max_tokens = min(
+            summary_max_tokens, context_window // 2 - keep,
+            # and leave a summary request room for a chunk of 256 tokens or more
+            int((context_window * 0.9 - _SUMMARY_OVERHEAD_TOKENS - 256)
+                / (1 + _SUMMARY_CHARS_PER_TOKEN / 4)))
         chunk_tokens = (int(context_window * 0.9) - summary_max_tokens
                         - summary_max_tokens * _SUMMARY_CHARS_PER_TOKEN // 4
                         - _SUMMARY_OVERHEAD_TOKENS)
@@ -251,10 +271,14 @@ class ContextCompressor:
         self.summary_max_tokens = summary_max_tokens
         self.tool_result_max_tokens = max(64, tool_result_max_tokens if tool_result_max_tokens
                                           is not None else keep // 2)
+        self.message_max_tokens = self.tool_result_max_tokens
+        """Any one message longer than this (an operator's paste, a notice, a tool result) is
+        cut to it in what is sent: the newest message always fits the recent budget."""
         self.memory_tool = memory_tool
         self.flush_max_rounds = flush_max_rounds
+        self.clear_keep_rounds = clear_keep_rounds if clear_keep_rounds is None else max(
+            0, clear_keep_rounds)
         self._chunk_chars = chunk_tokens * 4
-        self._trim_key = f"trimmed:{self.tool_result_max_tokens}"
 
     # ------------------------------------------------------------------ decisions
 
@@ -270,8 +294,10 @@ class ContextCompressor:
                      keep_recent_tokens: int | None = None) -> bool:
         """Whether there is anything old enough to summarize."""
         window = conversation.messages[conversation.window_start:]
-        return find_cut(window, keep_recent_tokens or self.keep_recent_tokens,
-                        self._sent_tokens) > 0
+        scale = conversation.token_scale
+        max_chars = self.max_message_chars(scale)
+        return find_cut(window, int((keep_recent_tokens or self.keep_recent_tokens) / scale),
+                        lambda m: self._sent_tokens(m, max_chars)) > 0
 
     def should_flush(self, conversation: Conversation, tokens: int,
                      tool_names: Sequence[str]) -> bool:
@@ -298,34 +324,113 @@ class ContextCompressor:
 
     # ------------------------------------------------------------------ what is sent
 
-    def trim(self, messages: Sequence[Message]) -> list[Message]:
-        """Cuts very long tool results in what is sent (head and tail kept); memoized.
+    def trim(self, messages: Sequence[Message], scale: float = 1.0) -> list[Message]:
+        """Cuts very long messages in what is sent (head and tail kept); memoized.
+
+        Tool results, operator messages, triggers and notices longer than
+        :attr:`message_max_tokens` are cut, with a line saying how much and that the whole
+        text is in the store. The model's own messages are bounded by its output cap.
 
         Args:
             messages: What would be sent, oldest first.
+            scale: The conversation's tokens per estimated token (see
+                :attr:`Conversation.token_scale`): a digit-heavy conversation gets fewer
+                characters for the same budget.
 
         Returns:
             The messages to send; unchanged ones are the same objects.
         """
-        return [self._trimmed(m) for m in messages]
+        max_chars = self.max_message_chars(scale)
+        return [self._trimmed(m, max_chars) for m in messages]
 
-    def _trimmed(self, message: Message) -> Message:
-        if message.kind != "tool_results":
+    def max_message_chars(self, scale: float = 1.0) -> int:
+        """How many characters one message may send at this token scale (in steps of about
+        19%, so a drifting scale does not change what is sent every call)."""
+        step = 2 ** (round(math.log2(max(scale, 0.25)) * 4) / 4)
+        return max(256, int(self.message_max_tokens * 4 / step))
+
+    def _trimmed(self, message: Message, max_chars: int) -> Message:
+        if message.role != "user" or message.kind == "summary":
             return message
-        cached = message.cache.get(self._trim_key)
+        key = f"trimmed:{max_chars}"
+        cached = message.cache.get(key)
         if cached is None:
-            cached = _trim_results(message, self.tool_result_max_tokens * 4) or True
-            message.cache[self._trim_key] = cached
+            cached = _trim_message(message, max_chars) or True
+            message.cache[key] = cached
         return cached if isinstance(cached, Message) else message
 
-    def _sent_tokens(self, message: Message) -> int:
-        return estimate_tokens(self._trimmed(message))
+    def _sent_tokens(self, message: Message, max_chars: int) -> int:
+        return estimate_tokens(self._trimmed(message, max_chars))
+
+    # ------------------------------------------------------------------ clearing
+
+    def clear(self, conversation: Conversation, keep: int | None = None,
+              enough: int = 0) -> bool:
+        """Stubs, in what is sent, the tool results older than the last ``keep`` tool rounds:
+        each becomes one line naming the tool, its arguments and where the whole result is
+        stored. The cheap step before a summary (the cycls seed's ``clear(keep, enough)``).
+
+        Args:
+            conversation: The conversation.
+            keep: How many of the newest tool rounds stay whole; :attr:`clear_keep_rounds`
+                by default.
+            enough: The tokens that must be freed for the clearing to count.
+
+        Returns:
+            True when it freed at least ``enough`` tokens (then no summary is needed).
+        """
+        keep = self.clear_keep_rounds if keep is None else keep
+        if keep is None:
+            return False
+        messages = conversation.messages
+        rounds = [index for index in range(conversation.window_start, len(messages))
+                  if messages[index].kind == "tool_results"]
+        until = rounds[-keep] if 0 < keep <= len(rounds) else (
+            len(messages) if keep == 0 else conversation.cleared_until)
+        if until <= conversation.cleared_until:
+            return enough <= 0
+        max_chars = self.max_message_chars(conversation.token_scale)
+        calls = _calls_before(messages, until)
+        freed = 0
+        for index in range(max(conversation.cleared_until, conversation.window_start), until):
+            message = messages[index]
+            if message.kind == "tool_results":
+                freed += (self._sent_tokens(message, max_chars)
+                          - estimate_tokens(_cleared(message, calls)))
+        conversation.cleared_until = until
+        conversation.reported_input_tokens = None  # the last report no longer holds
+        return freed * conversation.token_scale >= enough
+
+    def cleared(self, conversation: Conversation, messages: Sequence[Message]) -> list[Message]:
+        """``messages`` (the window, as sent) with the cleared tool results stubbed.
+
+        Args:
+            conversation: Whose window it is (its ``cleared_until``).
+            messages: The window's messages, the summary first if there is one.
+
+        Returns:
+            The messages to send; unchanged ones are the same objects.
+        """
+        until = conversation.cleared_until
+        if until <= conversation.window_start:
+            return list(messages)
+        stubbed = {id(m) for m in conversation.messages[conversation.window_start:until]
+                   if m.kind == "tool_results"}
+        if not stubbed:
+            return list(messages)
+        calls: dict[str, ToolUseBlock] = {}
+        sent: list[Message] = []
+        for message in messages:
+            for call in message.tool_uses:
+                calls[call.id] = call
+            sent.append(_cleared(message, calls) if id(message) in stubbed else message)
+        return sent
 
     # ------------------------------------------------------------------ compaction
 
     async def compress(self, conversation: Conversation, *, ask: AskModel,
                        measure: Callable[[], int], events: EventBus, desk: str, reason: str,
-                       keep_recent_tokens: int | None = None) -> bool:
+                       keep_recent_tokens: int | None = None, fixed_tokens: int = 0) -> bool:
         """Replaces older messages by an updated summary (they leave memory, not the store).
 
         Args:
@@ -336,6 +441,8 @@ class ContextCompressor:
             desk: The desk, for events.
             reason: ``threshold``, ``mid_turn``, ``overflow`` or ``command``.
             keep_recent_tokens: A smaller recent budget than configured (overflow recovery).
+            fixed_tokens: The request's fixed part (system prompt and tools), estimated:
+                the summary and the recent messages share what is left of the window.
 
         Returns:
             True when something was summarized; False when there was nothing to summarize.
@@ -345,12 +452,17 @@ class ContextCompressor:
         """
         start = conversation.window_start
         window = conversation.messages[start:]
-        cut = find_cut(window, keep_recent_tokens or self.keep_recent_tokens, self._sent_tokens)
+        scale = conversation.token_scale
+        keep, summary_tokens = self.budgets(fixed_tokens * scale,
+                                            keep_recent_tokens or self.keep_recent_tokens)
+        max_chars = self.max_message_chars(scale)
+        cut = find_cut(window, int(keep / scale), lambda m: self._sent_tokens(m, max_chars))
         if cut == 0:
             return False
         before = measure()
         events.publish(CompactionStarted(desk=desk, reason=reason, tokens_before=before))
-        summary_text = await self._summarize(ask, conversation.summary, window[:cut])
+        summary_text = await self._summarize(ask, conversation.summary, window[:cut],
+                                             summary_tokens)
         summary = Message(role="user", kind="summary",
                           content=(TextBlock(SUMMARY_HEADER + summary_text),))
         await conversation.compact(summary, start + cut)
@@ -358,9 +470,22 @@ class ContextCompressor:
                                        tokens_after=measure(), messages_summarized=cut))
         return True
 
+    def budgets(self, fixed_tokens: float, keep_recent_tokens: int) -> tuple[int, int]:
+        """The recent messages' and the summary's budgets, in tokens, for a request whose
+        fixed part is ``fixed_tokens``: each shrinks to what the window has left (a tenth of
+        the window is kept for the answer).
+
+        Returns:
+            ``(keep_recent_tokens, summary_max_tokens)``, each at least a little.
+        """
+        room = int(self.context_window * 0.9 - fixed_tokens)
+        keep = max(32, min(keep_recent_tokens, room // 2))
+        return keep, max(32, min(self.summary_max_tokens, room - keep))
+
     async def _summarize(self, ask: AskModel, previous: Message | None,
-                         messages: Sequence[Message]) -> str:
+                         messages: Sequence[Message], max_tokens: int | None = None) -> str:
         """Folds the messages, chunk by chunk, into the previous summary."""
+        max_tokens = max_tokens or self.summary_max_tokens
         summary = _summary_body(previous)
         pending = deque(_chunks([_render(m) for m in messages], self._chunk_chars))
         while pending:
@@ -368,7 +493,7 @@ class ContextCompressor:
             prompt = (f"Previous summary:\n{summary or '(none yet: this is the first one)'}\n\n"
                       f"New messages, oldest first:\n{chunk}\n\nWrite the updated summary.")
             request = ModelRequestSpec(_SUMMARY_SYSTEM, [Message.user_text(prompt)], [],
-                                       max_output_tokens=self.summary_max_tokens)
+                                       max_output_tokens=max_tokens)
             try:
                 reply = await ask(request)
             except ContextOverflowError:
@@ -377,7 +502,7 @@ class ContextCompressor:
                     raise
                 pending.extendleft(reversed(_halves(chunk)))
                 continue
-            summary = _normalize(reply.text, self.summary_max_tokens) or summary
+            summary = _normalize(reply.text, max_tokens) or summary
         return summary or "\n\n".join(f"## {name}\n- (nothing noted)"
                                        for name in SUMMARY_SECTIONS)
 
@@ -442,26 +567,64 @@ def _render(message: Message) -> str:
     return f"{who}: " + " ".join(parts)
 
 
-def _trim_results(message: Message, max_chars: int) -> Message | None:
-    """The message with each tool result's text cut to ``max_chars``, or None if none is."""
+def _cut(text: str, max_chars: int, what: str) -> str:
+    """``text`` with its middle cut out to ``max_chars``, saying so."""
+    head = max_chars * 2 // 3
+    tail = max_chars - head
+    note = (f"\n[... {len(text) - head - tail:,} characters of this {what} were cut here to fit "
+            "the model's window; the whole text is kept in the desk's store ...]\n")
+    return text[:head] + note + text[-tail:]
+
+
+def _trim_message(message: Message, max_chars: int) -> Message | None:
+    """The message with each long text (its own, or a tool result's) cut to ``max_chars``,
+    or None when nothing is that long."""
     content: list[ContentBlock] = []
     changed = False
+    what = "result" if message.kind == "tool_results" else "message"
     for block in message.content:
         if isinstance(block, ToolResultBlock):
             text = block.text
             if len(text) > max_chars:
-                head = max_chars * 2 // 3
-                tail = max_chars - head
-                note = (f"\n[... {len(text) - head - tail:,} characters of this result were "
-                        "cut here to save space; ask again for a narrower result if you need "
-                        "them ...]\n")
                 images = tuple(b for b in block.content if isinstance(b, ImageBlock))
                 block = ToolResultBlock(block.tool_use_id,
-                                        (TextBlock(text[:head] + note + text[-tail:]), *images),
+                                        (TextBlock(_cut(text, max_chars, what)), *images),
                                         block.is_error)
                 changed = True
+        elif isinstance(block, TextBlock) and len(block.text) > max_chars:
+            block = TextBlock(_cut(block.text, max_chars, what))
+            changed = True
         content.append(block)
     if not changed:
         return None
     return Message(role=message.role, content=tuple(content), kind=message.kind,
                    id=message.id, created_at=message.created_at)
+
+
+def _calls_before(messages: Sequence[Message], until: int) -> dict[str, ToolUseBlock]:
+    return {call.id: call for message in messages[:until] for call in message.tool_uses}
+
+
+def _cleared(message: Message, calls: Mapping[str, ToolUseBlock]) -> Message:
+    """A tool results message with each result stubbed to one line; memoized."""
+    cached = message.cache.get("cleared")
+    if isinstance(cached, Message):
+        return cached
+    content: list[ContentBlock] = []
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            call = calls.get(block.tool_use_id)
+            what = (f"{call.name}({call.arguments[:_CLEARED_ARGUMENT_CHARS]})" if call
+                    else "a tool call")
+            images = sum(1 for b in block.content if isinstance(b, ImageBlock))
+            pictures = f" and {images} image(s)" if images else ""
+            outcome = "failed" if block.is_error else "returned"
+            block = ToolResultBlock(block.tool_use_id, (TextBlock(
+                f"[cleared: {what} {outcome} {len(block.text):,} characters{pictures}; the "
+                f"whole result is kept in the desk's store (tool call {block.tool_use_id}). "
+                "Call the tool again if you need it now.]"),), block.is_error)
+        content.append(block)
+    stub = Message(role=message.role, content=tuple(content), kind=message.kind,
+                   id=message.id, created_at=message.created_at)
+    message.cache["cleared"] = stub
+    return stub

@@ -341,6 +341,14 @@ class Conversation:
         """``len(messages)`` when that request was built: later messages were not in it."""
         self.memory_flushed = False
         """Whether the memory-flush turn ran since the last compaction (one per cycle)."""
+        self.cleared_until = 0
+        """Tool results in ``messages`` before this index are sent as short stubs (see
+        :meth:`ContextCompressor.clear`); it moves only when a clearing runs, so what is sent
+        stays byte-identical from one call to the next in between."""
+        self.token_scale = 1.0
+        """Tokens the server counts per estimated token (characters / 4): learnt from the
+        usage it reports, and raised when it refuses a prompt the estimate said would fit,
+        so a digit-heavy conversation is not taken for smaller than it is."""
 
     def window(self) -> list[Message]:
         """What is sent: the summary (if any), then the messages after the last compaction."""
@@ -375,21 +383,36 @@ class Conversation:
         self.window_start = 0
         # It indexes ``messages``: shift it with them (unused until the next report, anyway).
         self.reported_message_count = max(0, self.reported_message_count - first_kept)
+        self.cleared_until = max(0, self.cleared_until - first_kept)
         self.reported_input_tokens = None
         self.memory_flushed = False
         if self.observer is not None:
             await self.observer.compacted(self, summary, first_kept_id)
 
-    def note_reported_usage(self, input_tokens: int, message_count: int) -> None:
+    def note_reported_usage(self, input_tokens: int, message_count: int,
+                            estimated_tokens: int | None = None) -> None:
         """Remembers the prompt size the backend reported for a request.
 
         Args:
             input_tokens: The prompt tokens it reported.
             message_count: ``len(messages)`` when the request was built; every message after
                 that is estimated on top of the reported figure.
+            estimated_tokens: The estimate of that whole request; with it, the token scale
+                is calibrated (a moving average, so one odd request does not swing it).
         """
         self.reported_input_tokens = input_tokens
         self.reported_message_count = message_count
+        if estimated_tokens:
+            measured = input_tokens / estimated_tokens
+            self.token_scale = _clamp_scale(0.5 * self.token_scale + 0.5 * measured)
+
+    def note_refused(self, context_window: int, estimated_tokens: int) -> None:
+        """A prompt estimated at ``estimated_tokens`` was refused as longer than the window:
+        the server counts at least ``context_window / estimated_tokens`` per estimated
+        token (a margin on top, so the next try is smaller for sure)."""
+        if estimated_tokens > 0:
+            floor = 1.2 * context_window / estimated_tokens
+            self.token_scale = _clamp_scale(max(self.token_scale * 1.2, floor))
 
     def fork(self) -> Conversation:
         """A scratch copy of what is sent, with no observer: what is appended to it is never
@@ -401,7 +424,16 @@ class Conversation:
         """
         scratch = Conversation(self.system_prompt, self.messages[self.window_start:],
                                summary=self.summary)
+        scratch.token_scale = self.token_scale
+        scratch.cleared_until = max(0, self.cleared_until - self.window_start)
         if self.reported_input_tokens is not None:
             scratch.note_reported_usage(self.reported_input_tokens,
                                         max(0, self.reported_message_count - self.window_start))
         return scratch
+
+
+_MIN_SCALE, _MAX_SCALE = 0.5, 16.0
+
+
+def _clamp_scale(scale: float) -> float:
+    return min(_MAX_SCALE, max(_MIN_SCALE, scale))

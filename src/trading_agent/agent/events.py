@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 __all__ = [
     "CompactionEnded",
     "CompactionStarted",
+    "ContextCleared",
     "ErrorEvent",
     "Event",
     "EventsDropped",
@@ -78,7 +79,12 @@ class TurnStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TurnEnded(Event):
-    """A turn finished (or stopped)."""
+    """A turn finished (or stopped).
+
+    Attributes:
+        cached_input_tokens: How many of the turn's prompt tokens the server served from its
+            prompt cache.
+    """
 
     type: ClassVar[str] = "turn_end"
     rounds: int
@@ -89,6 +95,7 @@ class TurnEnded(Event):
     cost: float | None
     stopped: bool = False
     silent: bool = False
+    cached_input_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +164,13 @@ class RetryScheduled(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class UsageReported(Event):
-    """Tokens used by one model request, and their cost when prices are configured."""
+    """Tokens used by one model request, and their cost when prices are configured.
+
+    Attributes:
+        input_tokens: Prompt tokens, the cached ones included.
+        cached_input_tokens: How many of them the server served from its prompt cache (they
+            cost less, and are read faster).
+    """
 
     type: ClassVar[str] = "usage"
     input_tokens: int
@@ -166,6 +179,7 @@ class UsageReported(Event):
     cost: float | None
     context_tokens: int
     context_window: int
+    cached_input_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +231,17 @@ class CompactionEnded(Event):
     tokens_before: int
     tokens_after: int
     messages_summarized: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextCleared(Event):
+    """Old tool results were stubbed in what is sent (the cheap step before a summary)."""
+
+    type: ClassVar[str] = "context_cleared"
+    tokens_before: int
+    tokens_after: int
+    enough: bool
+    """Whether that was enough (no summary needed)."""
 
 
 @dataclass(frozen=True, kw_only=True)

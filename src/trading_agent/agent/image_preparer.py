@@ -10,16 +10,26 @@ each older one becomes a short text placeholder naming what it was. Only what is
 changes: the conversation, and so the store, keep the originals. The result is deterministic
 (the same conversation gives byte-identical requests, so providers' prompt caches keep
 working) and memoized per message.
+
+Every path a picture takes to the model goes through :meth:`ImagePreparer.prepare` with the
+desk's limits: a tool's picture in the
+:class:`~trading_agent.agent.tool_call_executor.ToolCallExecutor`, an operator's in the desk
+before it is stored. An operator's picture must be a PNG, JPEG, GIF
+or WebP (:data:`OPERATOR_MEDIA_TYPES`, the formats vision models take); one that is not a
+picture, not one of those, or too large to open (:data:`MAX_PIXELS`) is refused with an
+:class:`ImageRejectedError` naming the limit.
 """
 
 from __future__ import annotations
 
+import functools
 import io
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import anyio.to_thread
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from trading_agent.agent.conversation import (
     ContentBlock,
@@ -28,8 +38,47 @@ from trading_agent.agent.conversation import (
     TextBlock,
     ToolResultBlock,
 )
+from trading_agent.errors import TradingAgentError
 
-__all__ = ["ImageLimits", "ImagePreparer"]
+__all__ = [
+    "MAX_PIXELS",
+    "OPERATOR_FORMATS",
+    "OPERATOR_MEDIA_TYPES",
+    "ImageLimits",
+    "ImagePreparer",
+    "ImageRejectedError",
+]
+
+OPERATOR_MEDIA_TYPES: dict[str, str] = {
+    "image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
+"""The pictures an operator may send, by media type, with pillow's name of the format."""
+
+OPERATOR_FORMATS = frozenset(OPERATOR_MEDIA_TYPES.values())
+"""Pillow's names of the formats an operator may send."""
+
+MAX_PIXELS = 50_000_000
+"""The most pixels a picture may have to be opened at all (8,000 × 6,250): past it, decoding
+alone would take hundreds of megabytes. Below pillow's own decompression-bomb mark."""
+
+RejectionCode = Literal["not_an_image", "unsupported_image", "image_too_large"]
+
+
+class ImageRejectedError(TradingAgentError, ValueError):
+    """A picture that cannot be sent to the model; nothing was stored.
+
+    Args:
+        code: ``not_an_image``, ``unsupported_image`` or ``image_too_large``.
+        message: What is wrong, naming the limit or the formats allowed.
+    """
+
+    def __init__(self, code: RejectionCode, message: str) -> None:
+        super().__init__(message)
+        self.code: RejectionCode = code
+
+    @property
+    def too_large(self) -> bool:
+        """Whether it was refused for its size (HTTP 413), not its content (400)."""
+        return self.code == "image_too_large"
 
 
 @dataclass(frozen=True)
@@ -57,7 +106,8 @@ class ImagePreparer:
     def __init__(self, limits: ImageLimits | None = None) -> None:
         self.limits = limits or ImageLimits()
 
-    def prepare(self, data: bytes, description: str = "image") -> ImageBlock:
+    def prepare(self, data: bytes, description: str = "image", *,
+                formats: Collection[str] | None = None) -> ImageBlock:
         """Resizes and re-encodes a picture to fit the limits; blocking (see prepare_async).
 
         A PNG or JPEG that already fits is kept byte for byte; anything else is scaled to the
@@ -67,20 +117,17 @@ class ImagePreparer:
         Args:
             data: The picture's bytes, in any format pillow reads.
             description: What it shows, for the placeholder that stands for it once pruned.
+            formats: The formats accepted (pillow's names, such as :data:`OPERATOR_FORMATS`);
+                None for any pillow reads (a tool's own chart).
 
         Returns:
             The encoded image block.
 
         Raises:
-            ValueError: The bytes are not a picture, or it cannot be made small enough.
+            ImageRejectedError: The bytes are not a picture, not in ``formats``, larger than
+                :data:`MAX_PIXELS`, or cannot be made small enough (also a ValueError).
         """
-        try:
-            with Image.open(io.BytesIO(data)) as opened:
-                opened.load()
-                image = opened.copy()
-                source_format = opened.format
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise ValueError(f"not a readable picture: {exc}") from exc
+        image, source_format = _open(data, formats)
         limits = self.limits
         fits_side = max(image.size) <= limits.max_side
         if fits_side and len(data) <= limits.max_bytes and (
@@ -104,12 +151,17 @@ class ImagePreparer:
                              Image.Resampling.LANCZOS)
             encoded = _encode(rgb, "JPEG", quality=40)
         if len(encoded) > limits.max_bytes:
-            raise ValueError(f"the picture cannot be made smaller than {limits.max_bytes} bytes")
+            raise ImageRejectedError(
+                "image_too_large",
+                f"the picture cannot be made smaller than {limits.max_bytes} bytes (the desk's "
+                "images.max_bytes)")
         return ImageBlock(data=encoded, media_type="image/jpeg", description=description)
 
-    async def prepare_async(self, data: bytes, description: str = "image") -> ImageBlock:
+    async def prepare_async(self, data: bytes, description: str = "image", *,
+                            formats: Collection[str] | None = None) -> ImageBlock:
         """:meth:`prepare` in a worker thread, so pillow never blocks the event loop."""
-        return await anyio.to_thread.run_sync(self.prepare, data, description)
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.prepare, data, description, formats=formats))
 
     def prune(self, messages: Sequence[Message]) -> list[Message]:
         """Keeps the newest ``keep`` images; older ones become text placeholders.
@@ -133,6 +185,54 @@ class ImagePreparer:
             pruned.append(message if keep_here == count else _without_images(message, keep_here))
         pruned.reverse()
         return pruned
+
+
+def _open(data: bytes, formats: Collection[str] | None) -> tuple[Image.Image, str]:
+    """The decoded picture and its format, or why it cannot be used."""
+    allowed = None if formats is None else sorted(formats)
+    try:
+        # Only the allowed decoders are tried: an operator's upload never reaches pillow's
+        # rarer (and less exercised) plugins.
+        with Image.open(io.BytesIO(data), formats=allowed) as opened:
+            width, height = opened.size
+            if width * height > MAX_PIXELS:
+                raise ImageRejectedError(
+                    "image_too_large",
+                    f"the picture is {width} × {height} pixels; the most that can be opened is "
+                    f"{MAX_PIXELS:,} pixels")
+            opened.load()
+            return opened.copy(), str(opened.format)
+    except ImageRejectedError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # The warning is raised only where warnings are errors (the tests); elsewhere it is
+        # logged, and the size check above refuses the picture.
+        raise ImageRejectedError("image_too_large", f"the picture is too large to open: {exc}") \
+            from exc
+    except (OSError, ValueError) as exc:
+        if allowed is not None:
+            found = _format_of(data)
+            if found is not None:
+                names = ", ".join(_FORMAT_NAMES.get(f, f) for f in allowed)
+                raise ImageRejectedError(
+                    "unsupported_image",
+                    f"the picture is a {found}; send {names}") from exc
+        # Pillow names the buffer object in its message; the reader needs only the reason.
+        reason = ("no known picture format" if isinstance(exc, UnidentifiedImageError)
+                  else str(exc))
+        raise ImageRejectedError("not_an_image", f"not a readable picture: {reason}") from exc
+
+
+_FORMAT_NAMES = {"JPEG": "JPEG", "PNG": "PNG", "GIF": "GIF", "WEBP": "WebP"}
+
+
+def _format_of(data: bytes) -> str | None:
+    """The format pillow finds in a header, without decoding any pixels."""
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            return opened.format
+    except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning):
+        return None
 
 
 def _flatten(image: Image.Image) -> Image.Image:

@@ -5,7 +5,9 @@ gate, a tool that raises and a tool that outlives its timeout each come back as 
 result naming the problem, and the turn goes on. A tool never crashes the loop.
 
 The calls of one round run concurrently (a subagent research task need not wait for
-another); results come back in the order of the calls.
+another); results come back in the order of the calls. Every picture a tool returns is sized
+to the desk's limits by the executor's :class:`ImagePreparer` (in a worker thread) before the
+result exists; one that cannot be used becomes a line saying why.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trading_agent.agent.backend import Usage
 from trading_agent.agent.conversation import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ToolCallStarted, ToolHeartbeat, ToolResultReady
+from trading_agent.agent.image_preparer import ImagePreparer, ImageRejectedError
 from trading_agent.agent.tool_registry import Tool, ToolContext, ToolOutput, ToolRegistry
 from trading_agent.errors import ToolError
 
@@ -52,13 +55,17 @@ class ToolCallExecutor:
         tool_registry: The tools the model may call.
         approval_gate: Reviews every call before it runs; None lets all run.
         heartbeat_seconds: How often a heartbeat event is published while a call runs.
+        image_preparer: Sizes the pictures tools return: the desk's, with its configured
+            limits; None for one with the default limits.
     """
 
     def __init__(self, tool_registry: ToolRegistry, *, approval_gate: ApprovalGate | None = None,
-                 heartbeat_seconds: float = 5.0) -> None:
+                 heartbeat_seconds: float = 5.0,
+                 image_preparer: ImagePreparer | None = None) -> None:
         self.tool_registry = tool_registry
         self.approval_gate = approval_gate
         self.heartbeat_seconds = heartbeat_seconds
+        self.image_preparer = image_preparer or ImagePreparer()
 
     async def execute(self, calls: Sequence[ToolUseBlock], desk: str, turn: str,
                       events: EventBus, finished: dict[str, ExecutedCall]) -> list[ExecutedCall]:
@@ -76,7 +83,8 @@ class ToolCallExecutor:
         """
         async with anyio.create_task_group() as group:
             for call in calls:
-                context = ToolContext(desk=desk, turn=turn, call_id=call.id, events=events)
+                context = ToolContext(desk=desk, turn=turn, call_id=call.id, events=events,
+                                      image_preparer=self.image_preparer)
                 group.start_soon(self._run_one, call, context, finished)
         return [finished[call.id] for call in calls]
 
@@ -87,13 +95,27 @@ class ToolCallExecutor:
                                        name=call.name, arguments=call.arguments))
         started = time.monotonic()
         output = await self._output_of(call, context)
-        content: tuple[TextBlock | ImageBlock, ...] = (TextBlock(output.text), *output.images)
+        images, refusals = await self._sized(output.images)
+        text = "\n".join([output.text, *refusals])
+        content: tuple[TextBlock | ImageBlock, ...] = (TextBlock(text), *images)
         result = ToolResultBlock(tool_use_id=call.id, content=content, is_error=output.is_error)
         finished[call.id] = ExecutedCall(result, output.usage)
         events.publish(ToolResultReady(
             desk=context.desk, turn=context.turn, call_id=call.id, name=call.name,
-            text=output.text, is_error=output.is_error, image_count=len(output.images),
+            text=text, is_error=output.is_error, image_count=len(images),
             duration=time.monotonic() - started))
+
+    async def _sized(self, images: Sequence[ImageBlock]) -> tuple[list[ImageBlock], list[str]]:
+        """The tool's pictures sized to the limits, and a line for each that could not be."""
+        sized: list[ImageBlock] = []
+        refusals: list[str] = []
+        for image in images:
+            try:
+                sized.append(await self.image_preparer.prepare_async(image.data,
+                                                                     image.description))
+            except ImageRejectedError as exc:
+                refusals.append(f"[picture not sent: {image.description}: {exc}]")
+        return sized, refusals
 
     async def _output_of(self, call: ToolUseBlock, context: ToolContext) -> ToolOutput:
         tool = self.tool_registry.get(call.name)

@@ -29,6 +29,7 @@ from trading_agent.agent.conversation import ImageBlock
 
 if TYPE_CHECKING:
     from trading_agent.agent.event_bus import EventBus
+    from trading_agent.agent.image_preparer import ImagePreparer
 
 __all__ = ["Tool", "ToolContext", "ToolHandler", "ToolOutput", "ToolRegistry"]
 
@@ -42,12 +43,16 @@ class ToolContext:
         turn: The turn's id.
         call_id: The tool call's id.
         events: The bus the desk publishes on (a subagent publishes its steps here).
+        image_preparer: Sizes pictures to the desk's limits (the executor's own); a tool that
+            runs a model itself (a subagent) hands it on. The executor sizes every picture a
+            tool returns, so a tool need not.
     """
 
     desk: str
     turn: str
     call_id: str
     events: EventBus
+    image_preparer: ImagePreparer | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class ToolOutput:
 
     Attributes:
         text: Compact text the model reads.
-        images: Pictures (a chart) the model sees with the text.
+        images: Pictures (a chart) the model sees with the text; the executor sizes each to
+            the desk's limits before the model or the store sees it.
         is_error: Whether this reports a failure.
         usage: Tokens the tool itself spent on a model (a subagent), added to the turn's.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trading_agent.agent.backend import Pricing
 
@@ -17,8 +17,9 @@ __all__ = ["OpenAIBackendConfig"]
 
 _RESERVED_BODY_KEYS = frozenset(
     {"model", "messages", "tools", "stream", "stream_options", "max_tokens",
-     "max_completion_tokens", "temperature"}
+     "max_completion_tokens", "temperature", "prompt_cache_key"}
 )
+_MAX_CACHE_KEY_LENGTH = 256
 
 
 class OpenAIBackendConfig(BaseModel):
@@ -39,6 +40,15 @@ class OpenAIBackendConfig(BaseModel):
         price_input_per_million: Price per million prompt tokens; with the output price it
             enables cost reporting.
         price_output_per_million: Price per million completion tokens.
+        price_cached_input_per_million: Price per million prompt tokens the server served
+            from its prompt cache (OpenAI reports them as ``cached_tokens``); by default the
+            input price. Needs the other two prices.
+        prompt_cache_key: OpenAI's ``prompt_cache_key``, which routes requests sharing a
+            prefix to the same cache: ``true`` (the default) sends ``trading-agent:<desk>``
+            with each desk's requests, a string sends that string with every request of this
+            model (set it per desk in ``[desks.<name>.model]``), ``false`` sends none and
+            leaves the request exactly as it was. Servers that do not know the field (vLLM,
+            llama.cpp, Ollama) ignore it. Never put a secret in it.
         temperature: Sampling temperature, or None for the server's default.
         extra_headers: Headers sent with every request (not for secrets: they show in reprs).
         extra_body: Fields merged into every request body (``{"cache_prompt": true}`` for
@@ -56,6 +66,8 @@ class OpenAIBackendConfig(BaseModel):
     request_timeout: float = Field(default=120.0, gt=0)
     price_input_per_million: float | None = Field(default=None, ge=0)
     price_output_per_million: float | None = Field(default=None, ge=0)
+    price_cached_input_per_million: float | None = Field(default=None, ge=0)
+    prompt_cache_key: bool | str = True
     temperature: float | None = Field(default=None, ge=0, le=2)
     extra_headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -71,11 +83,47 @@ class OpenAIBackendConfig(BaseModel):
                              "settings or are set by the backend")
         if self.api_key_env is not None and not self.api_key_env.strip():
             raise ValueError("api_key_env must name an environment variable, or be left out")
+        if self.price_cached_input_per_million is not None and (
+                self.price_input_per_million is None):
+            raise ValueError("price_cached_input_per_million needs price_input_per_million and "
+                             "price_output_per_million too")
         return self
+
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key(cls, value: object) -> object:
+        if not isinstance(value, bool | str):
+            raise ValueError("true (a key per desk), false (none) or a key of your own, as a "
+                             "string")
+        # An environment variable is text: "false" there means the boolean, not a key.
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("a prompt cache key may not be empty; use false for none")
+        if isinstance(value, str) and len(value) > _MAX_CACHE_KEY_LENGTH:
+            raise ValueError(f"a prompt cache key has at most {_MAX_CACHE_KEY_LENGTH} "
+                             "characters")
+        return value
+
+    def cache_key_for(self, requested: str | None) -> str | None:
+        """The ``prompt_cache_key`` to send with a request.
+
+        Args:
+            requested: The request's own key (the desk's), or None.
+
+        Returns:
+            The configured string, else the request's key when caching keys are on, else None.
+        """
+        if self.prompt_cache_key is False:
+            return None
+        if isinstance(self.prompt_cache_key, str):
+            return self.prompt_cache_key
+        return requested
 
     @property
     def pricing(self) -> Pricing | None:
         """The prices, when both are configured."""
         if self.price_input_per_million is None or self.price_output_per_million is None:
             return None
-        return Pricing(self.price_input_per_million, self.price_output_per_million)
+        return Pricing(self.price_input_per_million, self.price_output_per_million,
+                       self.price_cached_input_per_million)

@@ -8,6 +8,12 @@ Speed matters here: a long-running desk sends hundreds of messages every round, 
 request body is the cached byte strings joined. The bytes go out through the SDK's low-level
 ``post`` (auth, base URL, timeouts, connection pool) with retries off: the agent loop retries.
 
+Prompt caching: the system prompt, the tools and the past messages go first and keep their
+bytes from one request to the next, so a server's prefix cache can serve them; the request's
+``cache_key`` goes out as OpenAI's ``prompt_cache_key`` unless the config turns it off (then
+the body is byte for byte what it was without one), and the ``cached_tokens`` the server
+reports are priced at their own price.
+
 Third-party errors stop here (``raise ... from exc``):
 
 - 408, 409, 429, 5xx, timeouts, refused connections, a stream that breaks or ends before a
@@ -377,6 +383,16 @@ def _error_details(body: object, fallback: str) -> tuple[str, str]:
     return fallback, ""
 
 
+def _cached_tokens(usage: Mapping[str, Any], prompt_tokens: int) -> int:
+    """The prompt tokens served from cache: OpenAI's ``prompt_tokens_details.cached_tokens``
+    (vLLM, xAI, DeepSeek-compatible servers and LiteLLM send the same), within the prompt."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached <= 0:
+        return 0
+    return min(cached, prompt_tokens)
+
+
 def _mentions_context(message: str, code: str) -> bool:
     text = f"{code} {message}".lower()
     return any(marker in text for marker in _CONTEXT_MARKERS)
@@ -456,6 +472,28 @@ class OpenAICompatibleBackend:
         """Closes the HTTP client and its connections."""
         await self._client.close()
 
+    async def count_tokens(self, text: str) -> int | None:
+        """How many tokens the server's own tokenizer makes of ``text``, where the server
+        has a tokenize route (llama.cpp's and vLLM's ``/tokenize``, llama-cpp-python's
+        ``/extras/tokenize``); None where it has none (OpenAI) or does not answer.
+
+        Args:
+            text: The text to measure.
+        """
+        root = self.config.base_url.rstrip("/").removesuffix("/v1")
+        routes = (("/tokenize", {"content": text}), ("/extras/tokenize", {"input": text}))
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            for route, body in routes:
+                try:
+                    answer = await client.post(root + route, json=body, headers=headers)
+                    tokens = answer.json().get("tokens") if answer.status_code == 200 else None
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    continue
+                if isinstance(tokens, list):
+                    return len(tokens)
+        return None
+
     # ------------------------------------------------------------------ request body
 
     def request_body(self, request: ModelRequestSpec) -> bytes:
@@ -473,6 +511,9 @@ class OpenAICompatibleBackend:
         max_tokens = request.max_output_tokens or self.config.max_output_tokens
         if max_tokens is not None:
             body.append(b',"%s":%d' % (self.config.max_tokens_field.encode(), max_tokens))
+        cache_key = self.config.cache_key_for(request.cache_key)
+        if cache_key is not None:  # before tools and messages: they stay the body's tail
+            body += (b',"prompt_cache_key":', _dumps(cache_key))
         if request.tools:
             body += (b',"tools":', self._tools(request.tools))
         body += (b',"messages":[', b",".join(p for p in parts if p), b"]}")
@@ -578,17 +619,20 @@ class OpenAICompatibleBackend:
         prompt = reported.get("prompt_tokens")
         completion = reported.get("completion_tokens")
         estimated = False
+        cached = 0
         if not isinstance(prompt, int) or isinstance(prompt, bool):
             estimated = True
             prompt = self._estimate_prompt(request)
+        else:
+            cached = _cached_tokens(reported, prompt)
         if not isinstance(completion, int) or isinstance(completion, bool):
             estimated = True
             chars = sum(len(t) for t in builder.text) + sum(
                 len(c.name) + len(c.arguments) for c in calls)
             completion = max(1, chars // 4) if chars else 0
-        cost = self._pricing.cost(prompt, completion) if self._pricing else None
+        cost = self._pricing.cost(prompt, completion, cached) if self._pricing else None
         return Usage(input_tokens=prompt, output_tokens=completion, estimated=estimated,
-                     cost=cost)
+                     cost=cost, cached_input_tokens=cached)
 
     # ------------------------------------------------------------------ errors
 

@@ -177,7 +177,8 @@ def _reply_json(reply: ModelReply) -> dict[str, Any]:
     usage = reply.usage
     return {"content": [_reply_block(b) for b in reply.content],
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                      "estimated": usage.estimated, "cost": usage.cost},
+                      "estimated": usage.estimated, "cost": usage.cost,
+                      "cached_input_tokens": usage.cached_input_tokens},
             "stop_reason": reply.stop_reason}
 
 
@@ -244,10 +245,12 @@ def _read_outcome(line: Mapping[str, Any]) -> _Outcome:
     reply = _field(line, "reply", dict)
     usage = _field(reply, "usage", dict)
     cost = _field(usage, "cost", (int, float), optional=True)
+    cached = _field(usage, "cached_input_tokens", int, optional=True)
     return ModelReply(
         content=tuple(_read_block(b) for b in _field(reply, "content", list)),
         usage=Usage(_field(usage, "input_tokens", int), _field(usage, "output_tokens", int),
-                    _field(usage, "estimated", bool), None if cost is None else float(cost)),
+                    _field(usage, "estimated", bool), None if cost is None else float(cost),
+                    cached or 0),
         stop_reason=_field(reply, "stop_reason", str))
 
 

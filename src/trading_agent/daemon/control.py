@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
+from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus
 
 __all__ = ["DeskControl", "DeskState", "DeskStatus", "UnknownDeskError"]
@@ -37,6 +38,11 @@ class DeskStatus(BaseModel):
         open_orders: How many orders are open.
         tokens_today: Prompt plus completion tokens used today (UTC).
         cost_today: Their cost, when prices are configured.
+        prompt_tokens_today: The prompt tokens among them.
+        cached_tokens_today: The prompt tokens the model's server served from its prompt
+            cache today.
+        cache_share_today: ``cached_tokens_today / prompt_tokens_today``, or None when no
+            prompt was sent today.
         pending_approvals: Tool calls waiting for an operator's decision.
         queued_triggers: Triggers waiting for the desk to be free.
         paused_reason: Why it is paused.
@@ -53,6 +59,9 @@ class DeskStatus(BaseModel):
     open_orders: int = 0
     tokens_today: int = 0
     cost_today: float | None = None
+    prompt_tokens_today: int = 0
+    cached_tokens_today: int = 0
+    cache_share_today: float | None = None
     pending_approvals: int = 0
     queued_triggers: int = 0
     paused_reason: str = ""
@@ -75,15 +84,22 @@ class DeskControl(Protocol):
         """
         ...
 
-    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: Sequence[ImageBlock] = ()) -> str:
         """Gives an operator's message to a desk: it steers a running turn (delivered after
         the current tool round) or starts a turn. Stored before this returns.
+
+        ``images`` are the operator's pictures as sent (bytes, declared media type, a
+        description); the desk sizes each to its limits before anything is stored. A caller
+        with no pictures may leave the argument out.
 
         Returns:
             The message's id.
 
         Raises:
             UnknownDeskError: No such desk.
+            ImageRejectedError: A picture is not one, not a PNG, JPEG, GIF or WebP, or too
+                large; nothing was stored.
         """
         ...
 

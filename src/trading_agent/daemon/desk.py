@@ -50,6 +50,7 @@ from trading_agent.agent.conversation import (
 )
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent
+from trading_agent.agent.image_preparer import OPERATOR_FORMATS, ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult
@@ -183,6 +184,8 @@ class Desk:
         on_turn_start: Called with each trigger as its turn starts (a market watcher moves
             its price mark).
         on_stop: Called when a running turn is asked to stop (its subagents stop too).
+        image_preparer: Sizes an operator's pictures to the desk's limits before they are
+            stored (the loop's, built from ``[desks.<name>.images]``); None for the defaults.
     """
 
     def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
@@ -190,7 +193,8 @@ class Desk:
                  inbox: SteeringInbox, event_bus: EventBus, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.time, sleep: Sleep = anyio.sleep,
                  on_turn_start: Sequence[Callable[[Trigger], None]] = (),
-                 on_stop: Sequence[Callable[[], None]] = ()) -> None:
+                 on_stop: Sequence[Callable[[], None]] = (),
+                 image_preparer: ImagePreparer | None = None) -> None:
         self.profile = profile
         self.name = profile.name
         self.loop = loop
@@ -205,6 +209,7 @@ class Desk:
         """Set once the desk restored its conversation (or failed its first try)."""
         self.on_turn_start = list(on_turn_start)
         self.on_stop = list(on_stop)
+        self.image_preparer = image_preparer or ImagePreparer()
         self._clock = clock
         self._sleep = sleep
         self._outcome = _Outcome()
@@ -231,12 +236,20 @@ class Desk:
         Args:
             text: What the operator wrote.
             source: Who wrote it.
-            images: Pictures attached (image blocks).
+            images: Pictures attached, as sent: each is sized to the desk's limits (a PNG,
+                JPEG, GIF or WebP) before anything is stored.
 
         Returns:
             The message's id.
+
+        Raises:
+            ImageRejectedError: A picture is not one, not an accepted format, or too large;
+                nothing was stored.
         """
-        message = SteeringMessage(text=text, source=source, images=tuple(images))
+        prepared = [await self.image_preparer.prepare_async(image.data, image.description,
+                                                            formats=OPERATOR_FORMATS)
+                    for image in images]
+        message = SteeringMessage(text=text, source=source, images=tuple(prepared))
         await self.store.add_operator_message(self.name, message)
         if message.id in self._operator_ids:
             return message.id  # a restore during the await already queued it
@@ -332,8 +345,8 @@ class Desk:
             max_failures: Failed turns in a row after which the last failure is raised.
 
         Raises:
-            BackendError: The model failed (unavailable after retries, or refused), except
-                a context overflow, which is handled like any failed turn.
+            BackendError: The model failed (unavailable after retries, or refused); a
+                request too long for the window is not one: the desk is told and goes on.
             Exception: A turn failed ``max_failures`` times in a row.
         """
         while True:
@@ -343,12 +356,10 @@ class Desk:
                     self.ready.set()
                 await self._drain()
                 return
-            except BackendError as exc:
-                if not isinstance(exc, ContextOverflowError):
-                    raise
-                failure: Exception = exc
+            except BackendError:
+                raise
             except Exception as exc:
-                failure = exc
+                failure: Exception = exc
             if self._outcome.failures + 1 >= max_failures:
                 raise failure
             await self._failed(failure, paused=False)
@@ -370,10 +381,30 @@ class Desk:
                 return
             self._outcome.unfinished = trigger
             self._outcome.unfinished_appended = False
-            result = await self._run_turn(trigger)
+            try:
+                result = await self._run_turn(trigger)
+            except ContextOverflowError as exc:
+                await self._overflowed(exc)
+                continue
             self._outcome.unfinished = None
             if result is not None:
                 self._finished(result)
+
+    async def _overflowed(self, error: ContextOverflowError) -> None:
+        """The turn's request did not fit the window even after compacting. Running it again
+        would fail again: the desk is told in a notice (which the store keeps, and the
+        operator's stream shows with the loop's error event), and the next trigger runs as
+        usual; the loop has already shrunk what it sends."""
+        self._outcome.unfinished = None
+        self._outcome.text = f"The last turn failed: {error}"
+        self._log.warning("turn_did_not_fit", error=str(error))
+        conversation = self.conversation
+        if conversation is not None:
+            await conversation.append(Message.user_text(
+                "[notice] The previous request could not be answered: it did not fit the "
+                f"model's window even after compacting ({error}). Older and longer messages "
+                "are now shortened further in what is sent; the full texts stay in the store.",
+                kind="notice"))
 
     async def _run_turn(self, trigger: Trigger) -> TurnResult | None:
         for hook in self.on_turn_start:

@@ -39,6 +39,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
+from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
@@ -171,6 +172,9 @@ class Supervisor:
         update: dict[str, Any] = {}
         usage = await self._history.usage_on(desk)
         update["tokens_today"], update["cost_today"] = usage.total_tokens, usage.cost
+        update["prompt_tokens_today"] = usage.input_tokens
+        update["cached_tokens_today"] = usage.cached_input_tokens
+        update["cache_share_today"] = usage.cache_share
         if self._approvals is not None:
             update["pending_approvals"] = self._approvals.pending_count(desk)
         if runtime.account is not None:
@@ -181,7 +185,8 @@ class Supervisor:
                     _log.warning("desk_account_unavailable", desk=desk, error=str(exc))
         return status.model_copy(update=update)
 
-    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: Sequence[ImageBlock] = ()) -> str:
         """Stores an operator's message, then steers the running turn or queues a turn.
 
         Returns:
@@ -189,8 +194,9 @@ class Supervisor:
 
         Raises:
             UnknownDeskError: No such desk.
+            ImageRejectedError: A picture cannot be used; nothing was stored.
         """
-        return await self._runtime(desk).desk.send_message(text, source)
+        return await self._runtime(desk).desk.send_message(text, source, images)
 
     async def compact(self, desk: str) -> bool:
         """Flushes memory and compacts a desk's conversation, after any running turn.

@@ -21,9 +21,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+import json
+import tempfile
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from trading_agent.agent.agent_loop import AgentLoop
-from trading_agent.agent.backend import ModelBackend
+from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox
@@ -45,7 +49,7 @@ from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
-from trading_agent.errors import ConfigError, TradingAgentError
+from trading_agent.errors import BackendError, ConfigError, TradingAgentError
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
@@ -53,14 +57,15 @@ from trading_agent.store.store import Store, database_path
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
 from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
-from trading_agent.trading.exchange import timeframe_delta
+from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
 from trading_agent.trading.valuation import value_account
 
-__all__ = ["Daemon", "DeskParts", "ModelBackends", "build_desk", "open_daemon"]
+__all__ = ["Daemon", "DeskParts", "ModelBackends", "build_desk", "check_fixed_part",
+           "offline_tool_definitions", "open_daemon"]
 
 _log = structlog.get_logger(__name__)
 
@@ -219,19 +224,21 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     """
     registry, delegator = await _tools(name, config, venue, backend, stack=stack,
                                        database=database, store=store, approvals=approvals)
-    executor = ToolCallExecutor(registry, approval_gate=approvals)
+    await check_fixed_part(name, config, registry.definitions(), backend)
+    preparer = ImagePreparer(config.image_limits())
+    executor = ToolCallExecutor(registry, approval_gate=approvals, image_preparer=preparer)
     # Checked when the settings were loaded, against model.context_window; checked again
     # here against the backend's window, with the same ConfigError.
     compressor = config.context.compressor(backend.context_window, key=f"desks.{name}.context")
     inbox = SteeringInbox()
     loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
-                     steering_inbox=inbox, image_preparer=ImagePreparer(config.image_limits()))
+                     steering_inbox=inbox, image_preparer=preparer)
     profile = DeskProfile(name, mode=venue.mode, model=backend.model,
                           symbols=tuple(config.symbols))
     timing: dict[str, Any] = {} if clock is None else {
         "clock": lambda: clock().timestamp()}
     desk = Desk(profile, loop, config.system_prompt, store, inbox=inbox, event_bus=bus,
-                backoff=_backoff(settings), sleep=sleep, **timing)
+                backoff=_backoff(settings), sleep=sleep, image_preparer=preparer, **timing)
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
@@ -270,6 +277,83 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))
     return DeskRuntime(parts.desk, services, parts.account)
+
+
+_ANSWER_RESERVE = 512
+"""Tokens kept for the answer when the model config sets no ``max_output_tokens``."""
+
+
+async def check_fixed_part(name: str, config: DeskSettings,
+                           tools: Sequence[Mapping[str, Any]],
+                           backend: ModelBackend | None = None) -> None:
+    """Refuses a desk whose system prompt and tool definitions, with a reserve for the
+    answer, do not fit its model's window: every request would be refused.
+
+    Measured with the model server's tokenizer when it has one (llama.cpp, vLLM), else
+    estimated (characters / 4).
+
+    Raises:
+        ConfigError: It does not fit; the message names the numbers.
+    """
+    window = backend.context_window if backend is not None else config.model.context_window
+    reserve = config.model.max_output_tokens or _ANSWER_RESERVE
+    tools_text = json.dumps(list(tools), separators=(",", ":")) if tools else ""
+    count = getattr(backend, "count_tokens", None)
+    measured = None
+    if count is not None:
+        prompt_tokens, tool_tokens = await count(config.system_prompt), await count(tools_text)
+        if prompt_tokens is not None and tool_tokens is not None:
+            measured = (prompt_tokens, tool_tokens)
+    how = "by the model's tokenizer"
+    if measured is None:
+        measured = (len(config.system_prompt) // 4, len(tools_text) // 4)
+        how = "estimated at 4 characters a token"
+    prompt_tokens, tool_tokens = measured
+    need = prompt_tokens + tool_tokens + reserve
+    if need > window:
+        raise ConfigError(
+            f"desks.{name}: the system prompt ({prompt_tokens:,} tokens) and the "
+            f"{len(tools)} tool definitions ({tool_tokens:,} tokens), {how}, plus "
+            f"{reserve:,} tokens for the answer (model.max_output_tokens) need {need:,} "
+            f"tokens: more than the model's context_window ({window:,}); shorten the "
+            f"system prompt, narrow desks.{name}.tools, or use a larger window")
+
+
+async def offline_tool_definitions(name: str, config: DeskSettings) -> list[dict[str, Any]]:
+    """The tool definitions desk ``name`` would be offered, without running anything: its
+    tools registered on a paper exchange over one made-up candle in a scratch folder (for
+    ``check-config``; definitions never depend on the exchange's state)."""
+    with tempfile.TemporaryDirectory(prefix="trading-agent-check-") as folder:
+        database = Path(folder) / "check.sqlite3"
+        at = datetime(2024, 1, 1, tzinfo=UTC)
+        price = Decimal(1)
+        feed = ReplayFeed({symbol: [Candle(symbol, "5m", at, price, price, price, price,
+                                           Decimal(0))] for symbol in config.symbols},
+                          speed=0, start_offset=1)
+        paper = config.exchange.model_copy(update={"mode": "paper", "feed": "replay"})
+        async with AsyncExitStack() as stack:
+            store = await Store.open(database)
+            stack.push_async_callback(store.close)
+            venue = await stack.enter_async_context(open_exchange(
+                paper, database=database, account=name, symbols=config.symbols,
+                risk_limits=config.risk, feed=feed))
+            backend = _DefinitionsOnly(config.model.context_window)
+            registry, _ = await _tools(name, config, venue, backend, stack=stack,
+                                       database=database, store=store, approvals=None)
+            return registry.definitions()
+
+
+class _DefinitionsOnly:
+    """The model a desk is built with to read its tool definitions: never asked."""
+
+    model = "(none)"
+
+    def __init__(self, context_window: int) -> None:
+        self.context_window = context_window
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+        raise BackendError("the model is not asked while the config is checked")
 
 
 def _replays(feeds: SharedFeeds) -> list[tuple[str, Service]]:

@@ -6,9 +6,12 @@ Routes (JSON in and out; every error is ``{"error": {"status", "code", "message"
 GET         /api/health                           daemon up; desks; newest event id
 GET         /api/desks                            every desk's status, in config order
 GET         /api/desks/{desk}                     one desk's status
-POST        /api/desks/{desk}/messages            ``{"text", "source"?}`` -> 202 ``{"id",
-                                                  "desk", "delivery": "steering" | "turn"}``
-                                                  (delivery: whether a turn was running)
+POST        /api/desks/{desk}/messages            ``{"text", "source"?, "images"?}`` -> 202
+                                                  ``{"id", "desk", "delivery": "steering" |
+                                                  "turn"}`` (delivery: whether a turn was
+                                                  running); ``images``: up to four
+                                                  ``{"media_type", "data" (base64),
+                                                  "name"?}``, each a PNG, JPEG, GIF or WebP
 POST        /api/desks/{desk}/compact             flush memory and compact now -> ``{"compacted"}``
 GET         /api/desks/{desk}/transcript          ``?before=SEQ&limit=N`` (1..500, default 50)
 GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``
@@ -23,8 +26,10 @@ GET         /  and  /static/*                     the web page
 ==========  ====================================  ============================================
 
 Statuses: 400 for a malformed, too deeply nested or non-object JSON body, an unknown field,
-an empty message or one longer than ``max_message_chars``, text with an unpaired surrogate
-escape, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 401 for a missing or
+an empty message (without a picture) or one longer than ``max_message_chars``, text with an
+unpaired surrogate escape, a picture that is not base64, not a picture or not a PNG, JPEG,
+GIF or WebP, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 413 for a
+picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing or
 wrong token (TCP only); 404 for an unknown desk, approval or route; 409 for an approval
 already answered; 503 when the model is unavailable for ``/compact``; 500, still JSON, for a
 failure of the daemon. A refused request never reaches a desk.
@@ -40,6 +45,8 @@ send to servers.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hmac
 import json
@@ -49,6 +56,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+import anyio
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -59,6 +67,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trading_agent.agent.conversation import ImageBlock
+from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageRejectedError
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.errors import BackendError, TradingAgentError
 from trading_agent.jsontext import json_bytes
@@ -83,6 +93,12 @@ busy daemon's many small writes into few large ones (see bench/event_fanout.py).
 
 _MAX_ID = 2**63 - 1
 """The largest id or sequence number a query may name (SQLite's INTEGER)."""
+
+MAX_IMAGES_PER_MESSAGE = 4
+"""The most pictures one message may carry: the model is sent only the four newest."""
+
+_LARGE_BODY = 1_000_000
+"""A body this large is parsed in a worker thread (a picture's base64), not on the loop."""
 
 _M = TypeVar("_M", bound=BaseModel)
 _Handler = Callable[[Request], Awaitable[Response]]
@@ -164,11 +180,19 @@ class OperatorService:
 # --------------------------------------------------------------------------- request helpers
 
 
+class _ImageBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    media_type: str = Field(max_length=100)
+    data: str
+    name: str = Field(default="", max_length=200)
+
+
 class _MessageBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str
     source: str = Field(default="operator", min_length=1, max_length=64,
                         pattern=r"^[\w .@+-]+$")
+    images: list[_ImageBody] = Field(default_factory=list, max_length=MAX_IMAGES_PER_MESSAGE)
 
 
 class _DecisionBody(BaseModel):
@@ -194,6 +218,11 @@ def _desk(request: Request, name: str | None = None) -> str:
 
 async def _json_body(request: Request, model: type[_M], limit: int) -> _M:
     """Reads at most ``limit`` bytes of JSON object and validates it."""
+    return _parsed(await _raw_body(request, limit), model)
+
+
+async def _raw_body(request: Request, limit: int) -> bytes:
+    """At most ``limit`` bytes of body."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -201,7 +230,11 @@ async def _json_body(request: Request, model: type[_M], limit: int) -> _M:
         if size > limit:
             raise ApiError(400, "body_too_large", f"the request body is over {limit} bytes")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def _parsed(raw: bytes, model: type[_M]) -> _M:
+    """A JSON object validated by ``model``."""
     if raw.strip():
         try:
             data = json.loads(raw)
@@ -273,6 +306,9 @@ def _endpoint(handler: _Handler) -> _Handler:
             return _error(409, "already_resolved", str(exc))
         except BackendError as exc:
             return _error(503, "model_unavailable", str(exc))
+        except ImageRejectedError as exc:
+            return _error(413 if exc.too_large else 400, exc.code,
+                          f"the picture was refused: {exc}")
         except TradingAgentError as exc:
             _log.warning("operator_request_failed", path=request.url.path, error=repr(exc))
             return _error(500, "daemon_error", str(exc))
@@ -320,20 +356,77 @@ async def _post_message(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     limit = service.config.max_message_chars
-    # Room for the longest message however a client escapes it (an emoji sent as two
-    # \uXXXX escapes is 12 bytes): the character limit below is the one that counts.
-    body = await _json_body(request, _MessageBody, limit * 12 + 4096)
+    body = await _message_body(request, limit, service.config.max_image_bytes)
     _utf8_text("message", body.text)
-    if not body.text.strip():
+    if not body.text.strip() and not body.images:
         raise ApiError(400, "empty_message", "the message is empty")
     if len(body.text) > limit:
         raise ApiError(400, "message_too_long",
                        f"the message is {len(body.text)} characters; the limit is {limit} "
                        "(operator.max_message_chars)")
     # From the stream, not desk_status: a status values the account, which may be slow.
+    images = await _images(body, service.config.max_image_bytes)
     delivery = "steering" if service.hub.is_working(desk) else "turn"
-    message_id = await service.control.send_message(desk, body.text, source=body.source)
+    # Without pictures, called as before: a DeskControl that takes none still serves text.
+    pictures = {"images": images} if images else {}
+    message_id = await service.control.send_message(desk, body.text, source=body.source,
+                                                    **pictures)
     return json_response({"id": message_id, "desk": desk, "delivery": delivery}, 202)
+
+
+async def _message_body(request: Request, max_chars: int, max_image_bytes: int) -> _MessageBody:
+    """A message's body: room for the longest text and, when it carries pictures, for
+    four of the largest."""
+    # Room for the longest message however a client escapes it (an emoji sent as two
+    # \uXXXX escapes is 12 bytes): the character limit is the one that counts.
+    text_room = max_chars * 12 + 4096
+    image_room = MAX_IMAGES_PER_MESSAGE * ((max_image_bytes + 2) // 3 * 4 + 1024)
+    try:
+        raw = await _raw_body(request, text_room + image_room)
+    except ApiError as exc:
+        raise ApiError(413, "body_too_large",
+                       f"the request body is over {text_room + image_room:,} bytes: a message "
+                       f"carries at most {MAX_IMAGES_PER_MESSAGE} pictures of at most "
+                       f"{max_image_bytes:,} bytes each (operator.max_image_bytes)") from exc
+    if len(raw) > text_room and b'"images"' not in raw:
+        raise ApiError(400, "body_too_large", f"the request body is over {text_room} bytes")
+    if len(raw) > _LARGE_BODY:
+        return await anyio.to_thread.run_sync(_parsed, raw, _MessageBody)
+    return _parsed(raw, _MessageBody)
+
+
+async def _images(body: _MessageBody, max_bytes: int) -> list[ImageBlock]:
+    """The message's pictures decoded, each checked for its declared type and its size
+    (the desk then checks what it really is, and sizes it)."""
+    blocks: list[ImageBlock] = []
+    for index, image in enumerate(body.images):
+        where = f"images[{index}]"
+        if image.media_type not in OPERATOR_MEDIA_TYPES:
+            raise ApiError(400, "unsupported_image",
+                           f"{where}: media_type {image.media_type[:100]!r} is not accepted; "
+                           f"send {', '.join(OPERATOR_MEDIA_TYPES)}")
+        # Refused by its length before decoding: base64 holds 3 bytes in 4 characters.
+        if len(image.data) // 4 * 3 > max_bytes + 2:
+            raise ApiError(413, "image_too_large",
+                           f"{where} is about {len(image.data) // 4 * 3:,} bytes; the limit is "
+                           f"{max_bytes:,} bytes (operator.max_image_bytes)")
+        try:
+            data = await anyio.to_thread.run_sync(
+                functools.partial(base64.b64decode, image.data, validate=True))
+        except (binascii.Error, ValueError):
+            raise ApiError(400, "not_an_image",
+                           f"{where}.data is not base64 (send the file's bytes base64-encoded, "
+                           "without a data: prefix)") from None
+        if not data:
+            raise ApiError(400, "not_an_image", f"{where}.data is empty")
+        if len(data) > max_bytes:
+            raise ApiError(413, "image_too_large",
+                           f"{where} is {len(data):,} bytes; the limit is {max_bytes:,} bytes "
+                           "(operator.max_image_bytes)")
+        name = " ".join(_utf8_text(f"{where}.name", image.name).split())
+        description = f"picture from {body.source}" + (f" ({name})" if name else "")
+        blocks.append(ImageBlock(data, image.media_type, description))
+    return blocks
 
 
 @_endpoint

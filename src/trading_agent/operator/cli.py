@@ -8,9 +8,10 @@ the ``TRADING_AGENT_SOCKET`` variable; ``$STATE_DIRECTORY/operator.sock`` or
 
 In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it reads it after
 the current tool round); the desk's text streams as it is written, tool calls and results
-show as compact lines. Commands: ``/compact``, ``/status``, ``/approvals``, ``/approve ID
-[note]``, ``/deny ID [reason]``, ``/help``, ``/quit``. Start a line with ``//`` to send text
-that begins with a slash.
+show as compact lines. Commands: ``/image PATH [caption]`` (send a picture: PNG, JPEG, GIF or
+WebP), ``/compact``, ``/status``, ``/approvals``, ``/approve ID [note]``, ``/deny ID
+[reason]``, ``/help``, ``/quit``. Start a line with ``//`` to send text that begins with a
+slash.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import mimetypes
 import os
 import sys
 import time
@@ -30,6 +32,7 @@ import anyio
 from trading_agent.errors import ConfigError
 from trading_agent.jsontext import json_text
 from trading_agent.operator.client import (
+    ImageAttachment,
     OperatorClient,
     OperatorClientError,
     OperatorRequestError,
@@ -38,6 +41,7 @@ from trading_agent.operator.config import DEFAULT_TOKEN_ENV, SOCKET_NAME
 from trading_agent.operator.render import (
     EventPrinter,
     Style,
+    format_cache_share,
     format_money,
     format_table,
     printable,
@@ -62,8 +66,9 @@ def add_subcommands(subparsers: Any) -> None:
     """
     desks = subparsers.add_parser(
         "desks", help="list the running daemon's desks and their status",
-        description="A table of the desks: state, mode, equity, open orders, tokens and cost "
-                    "today, pending approvals, last turn.")
+        description="A table of the desks: state, mode, equity, open orders, tokens today, "
+                    "the share of prompt tokens served from the model's cache, cost today, "
+                    "pending approvals, last turn.")
     _add_connection_options(desks)
     desks.add_argument("--json", action="store_true", help="print the statuses as JSON")
     desks.set_defaults(handler=_run_desks)
@@ -72,8 +77,9 @@ def add_subcommands(subparsers: Any) -> None:
         "chat", help="talk to a desk and watch it work",
         description="An interactive session with one desk: its text streams as it is "
                     "written, tool calls show as compact lines, and a line you type is sent at "
-                    "once (mid-turn it steers the desk). Commands: /compact, /status, "
-                    "/approvals, /approve ID [note], /deny ID [reason], /help, /quit.")
+                    "once (mid-turn it steers the desk). Commands: /image PATH [caption], "
+                    "/compact, /status, /approvals, /approve ID [note], /deny ID [reason], "
+                    "/help, /quit.")
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
     _add_connection_options(chat)
     chat.add_argument("--operator", default=None, metavar="NAME",
@@ -213,11 +219,13 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
             str(d.get("name")), str(d.get("state")), str(d.get("mode")), str(d.get("model")),
             format_money(d.get("equity")), str(d.get("open_orders", 0)),
             f"{int(d.get('tokens_today') or 0):,}",
+            format_cache_share(d.get("cached_tokens_today"), d.get("prompt_tokens_today")),
             f"${cost:.2f}" if isinstance(cost, int | float) else "-",
             str(d.get("pending_approvals", 0)), _ago(d.get("last_turn_at")),
         ])
     print(format_table(rows, ["DESK", "STATE", "MODE", "MODEL", "EQUITY", "ORDERS",
-                              "TOKENS TODAY", "COST", "APPROVALS", "LAST TURN"], style))
+                              "TOKENS TODAY", "CACHED", "COST", "APPROVALS", "LAST TURN"],
+                       style))
     for d in desks:
         if d.get("state") == "paused" and d.get("paused_reason"):
             print(f"{d['name']} is paused: {printable(str(d['paused_reason']))}")
@@ -259,6 +267,8 @@ def _run_events(args: argparse.Namespace) -> int:
 
 _HELP = """Type a message and press Enter to send it; while the desk works it steers the turn
 (the desk reads it after the current tool round). Commands:
+  /image PATH [caption]  send a picture (PNG, JPEG, GIF or WebP) with a caption;
+                         quote a path with spaces ("/tmp/my chart.png")
   /status              the desk's state, equity, usage today
   /compact             save memory and compact the desk's conversation now
   /approvals           the desk's tool calls waiting for an operator
@@ -286,11 +296,14 @@ class _Chat:
     async def status_line(self) -> str:
         s = await self.client.desk(self.desk)
         cost = s.get("cost_today")
+        cached = format_cache_share(s.get("cached_tokens_today"),
+                                    s.get("prompt_tokens_today"))
         parts = [self.style.bold(str(s["name"])), str(s.get("state")), str(s.get("mode")),
                  str(s.get("model")), f"equity {format_money(s.get('equity'))}",
                  f"{s.get('open_orders', 0)} open order(s)",
                  f"{int(s.get('tokens_today') or 0):,} tokens today"
-                 + (f" (${cost:.2f})" if isinstance(cost, int | float) else ""),
+                 + (f" (${cost:.2f})" if isinstance(cost, int | float) else "")
+                 + (f", {cached} of the prompt cached" if cached != "-" else ""),
                  f"{s.get('pending_approvals', 0)} pending approval(s)"]
         if s.get("state") == "paused" and s.get("paused_reason"):
             parts.append(f"paused: {s['paused_reason']}")
@@ -317,6 +330,8 @@ class _Chat:
                 self.done.set()
             elif command == "/help":
                 self.say(_HELP)
+            elif command == "/image":
+                await self.send_image(rest)
             elif command == "/status":
                 self.say(await self.status_line())
             elif command == "/compact":
@@ -352,6 +367,41 @@ class _Chat:
                if sent.get("delivery") == "steering" else "it starts a turn")
         self.say(self.style.dim(f"you › {_one_line(text)}  (sent; {how})"))
 
+    async def send_image(self, rest: str) -> None:
+        """``/image PATH [caption]``: the file and the caption, in one message."""
+        path_text, caption = _path_and_rest(rest)
+        if not path_text:
+            self.say(self.style.bad("Usage: /image PATH [caption]"))
+            return
+        path = await anyio.Path(path_text).expanduser()
+        try:
+            size = (await path.stat()).st_size
+            if size > _LARGEST_FILE:
+                self.say(self.style.bad(
+                    f"Not sent: {path} is {size:,} bytes; a picture may be at most "
+                    f"{_LARGEST_FILE:,} bytes here, and the daemon's own limit "
+                    "(operator.max_image_bytes) is usually lower."))
+                return
+            data = await path.read_bytes()
+        except OSError as exc:
+            self.say(self.style.bad(f"Not sent: cannot read {path}: {exc.strerror or exc}"))
+            return
+        image = ImageAttachment(data, _media_type(data, path.name), path.name)
+        try:
+            sent = await self.client.send_message(self.desk, caption, source=self.operator,
+                                                  images=[image])
+        except OperatorRequestError as exc:
+            self.say(self.style.bad(f"Not sent: {exc.message}"))
+            return
+        except OperatorClientError as exc:
+            self.say(self.style.bad(f"Not sent: {exc}"))
+            return
+        how = ("steering the running turn" if sent.get("delivery") == "steering"
+               else "it starts a turn")
+        shown = f"[picture {path.name}, {len(data) / 1024:,.0f} KB]"
+        self.say(self.style.dim(f"you › {shown} {_one_line(caption)}".rstrip()
+                                + f"  (sent; {how})"))
+
     async def compact(self) -> None:
         self.say(self.style.dim("Compacting (waits for a running turn to finish)…"))
         try:
@@ -376,6 +426,34 @@ class _Chat:
         else:
             result = await self.client.deny(approval_id, self.operator, note.strip())
         self.say(f"Approval {result['id']}: {result['outcome']}.")
+
+
+_LARGEST_FILE = 64 * 1024 * 1024
+"""The largest file ``/image`` reads at all; the daemon refuses far smaller ones itself."""
+
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
+               (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif"))
+
+
+def _media_type(data: bytes, name: str) -> str:
+    """The picture's media type from its first bytes (a name can lie), else its name."""
+    for signature, media_type in _SIGNATURES:
+        if data.startswith(signature):
+            return media_type
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def _path_and_rest(text: str) -> tuple[str, str]:
+    """A path (quoted when it holds spaces) and what follows it."""
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        end = text.find(text[0], 1)
+        if end > 0:
+            return text[1:end], text[end + 1:].strip()
+    path, _, rest = text.partition(" ")
+    return path, rest.strip()
 
 
 def _one_line(text: str) -> str:

@@ -7,9 +7,10 @@ is not running, a socket this user may not open, and refusals from the API each 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -24,6 +25,7 @@ from trading_agent.operator.event_stream import STREAM_CURSOR_HEADER
 
 __all__ = [
     "DaemonNotRunningError",
+    "ImageAttachment",
     "OperatorClient",
     "OperatorClientError",
     "OperatorRequestError",
@@ -54,6 +56,21 @@ class OperatorRequestError(OperatorClientError):
         self.status = status
         self.code = code
         self.message = message
+
+
+@dataclass(frozen=True)
+class ImageAttachment:
+    """A picture sent with a message.
+
+    Attributes:
+        data: The file's bytes (a PNG, JPEG, GIF or WebP; the daemon checks).
+        media_type: Its media type (``image/png``).
+        name: Its file name, which the desk sees.
+    """
+
+    data: bytes
+    media_type: str
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,14 +215,30 @@ class OperatorClient:
         result: dict[str, Any] = await self._request("GET", f"/api/desks/{_part(desk)}")
         return result
 
-    async def send_message(self, desk: str, text: str, source: str = "operator") -> dict[str, Any]:
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: Sequence[ImageAttachment] = ()) -> dict[str, Any]:
         """Sends a message: it steers a running turn or starts one.
+
+        Args:
+            desk: The desk.
+            text: The message (may be empty when it carries a picture).
+            source: Who sends it.
+            images: Pictures sent with it (at most four).
 
         Returns:
             ``{"id", "desk", "delivery"}``; delivery is ``steering`` or ``turn``.
+
+        Raises:
+            OperatorRequestError: Refused: a picture that is not one, of another format, or
+                over the daemon's limit (HTTP 400 or 413, the limit named).
         """
+        body: dict[str, Any] = {"text": text, "source": source}
+        if images:
+            body["images"] = [{"media_type": image.media_type, "name": image.name,
+                               "data": base64.b64encode(image.data).decode("ascii")}
+                              for image in images]
         result: dict[str, Any] = await self._request(
-            "POST", f"/api/desks/{_part(desk)}/messages", json={"text": text, "source": source})
+            "POST", f"/api/desks/{_part(desk)}/messages", json=body)
         return result
 
     async def compact(self, desk: str) -> bool:

@@ -66,6 +66,8 @@ class OperatorConfig(BaseModel):
             passed without approval in the hour before would exceed it (no splitting). Sells
             are valued at the higher of their limit price and the last price.
         max_message_chars: The longest message an operator may send to a desk.
+        max_image_bytes: The largest picture an operator may send with a message (as
+            uploaded; the desk then sizes it to its model's limits).
         event_buffer_size: How many recent events (text deltas included) the API keeps in
             memory for streams that reconnect; older ones come from the store.
         equity_sample_seconds: How often each desk's equity is sampled for the web page's
@@ -80,6 +82,7 @@ class OperatorConfig(BaseModel):
     approval_timeout_seconds: float = Field(default=300.0, gt=0)
     approval_notional_threshold: float | None = Field(default=None, ge=0)
     max_message_chars: int = Field(default=8000, ge=1, le=1_000_000)
+    max_image_bytes: int = Field(default=10_000_000, ge=1024, le=50_000_000)
     event_buffer_size: int = Field(default=20_000, ge=100)
     equity_sample_seconds: float = Field(default=60.0, gt=0)
 

@@ -17,11 +17,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-__all__ = ["EventPrinter", "Style", "describe_event", "format_money", "format_table",
-           "printable"]
+__all__ = ["EventPrinter", "Style", "describe_event", "format_cache_share", "format_money",
+           "format_table", "printable"]
 
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 controls but tab and newline, DEL, and C1 controls (0x9b is a one-byte CSI)."""
@@ -107,6 +107,35 @@ def format_money(value: Any) -> str:
         return str(value)
 
 
+def format_cache_share(cached_tokens: Any, prompt_tokens: Any) -> str:
+    """The share of prompt tokens served from the server's cache, as ``"82%"``.
+
+    Args:
+        cached_tokens: Prompt tokens served from cache.
+        prompt_tokens: All prompt tokens (cached ones included).
+
+    Returns:
+        A whole percentage (``"<1%"`` for a little above none), or ``"-"`` when there were no
+        prompt tokens.
+    """
+    cached = int(cached_tokens or 0) if isinstance(cached_tokens, int | float) else 0
+    prompt = int(prompt_tokens or 0) if isinstance(prompt_tokens, int | float) else 0
+    if prompt <= 0:
+        return "-"
+    share = 100 * min(cached, prompt) / prompt
+    if 0 < share < 1:
+        return "<1%"
+    return f"{share:.0f}%"
+
+
+def _cached_part(data: Mapping[str, Any]) -> str:
+    """``", 82% of the prompt cached"`` for an event that reports cached tokens, else ``""``."""
+    cached = data.get("cached_input_tokens")
+    if not isinstance(cached, int) or cached <= 0:
+        return ""
+    return f", {format_cache_share(cached, data.get('input_tokens'))} of the prompt cached"
+
+
 def _short(text: Any, width: int = 100) -> str:
     """One line, at most ``width`` characters, without control characters."""
     line = " ".join(printable(str(text)).split())
@@ -179,7 +208,7 @@ def describe_event(data: dict[str, Any], style: Style) -> str | None:
             " (stopped)" if data.get("stopped") else "")
         label = "memory flush done" if data.get("silent") else "turn end"
         return style.dim(f"■ {label}{how}: {data.get('rounds')} round(s), "
-                         f"{tokens:,} tokens{price}")
+                         f"{tokens:,} tokens{price}{_cached_part(data)}")
     if kind == "retry":
         return style.warn(f"  ↻ model retry {data.get('attempt')} in "
                           f"{float(data.get('delay') or 0):.1f} s: {_short(data.get('reason'))}")
@@ -192,6 +221,10 @@ def describe_event(data: dict[str, Any], style: Style) -> str | None:
         return style.dim(f"⇣ compacted: {int(data.get('tokens_before') or 0):,} → "
                          f"{int(data.get('tokens_after') or 0):,} tokens, "
                          f"{data.get('messages_summarized')} message(s) summarized")
+    if kind == "context_cleared":
+        then = "" if data.get("enough") else "; not enough, summarizing next"
+        return style.dim(f"⇣ old tool results cleared: {int(data.get('tokens_before') or 0):,}"
+                         f" → {int(data.get('tokens_after') or 0):,} tokens{then}")
     if kind == "memory_flush":
         return style.dim(f"⇣ memory flush: {data.get('tool_calls')} note(s) saved")
     if kind == "overflow_recovery":

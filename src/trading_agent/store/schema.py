@@ -94,4 +94,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             key TEXT PRIMARY KEY,
             value TEXT NOT NULL)""",
     )),
+    (2, (
+        # The prompt tokens the model's server served from its prompt cache (part of
+        # input_tokens, priced apart); days stored before this are 0, as nothing was known.
+        "ALTER TABLE daily_usage ADD COLUMN cached_input_tokens INTEGER NOT NULL DEFAULT 0",
+    )),
 )

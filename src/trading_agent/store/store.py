@@ -127,9 +127,10 @@ class DailyUsage:
         desk: The desk.
         day: The UTC day.
         requests: Model requests made (subagents' included).
-        input_tokens: Prompt tokens.
+        input_tokens: Prompt tokens, the cached ones included.
         output_tokens: Completion tokens.
         cost: Their cost, or None when no prices are configured.
+        cached_input_tokens: The prompt tokens the server served from its prompt cache.
     """
 
     desk: str
@@ -138,11 +139,19 @@ class DailyUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = None
+    cached_input_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         """Prompt plus completion tokens."""
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cache_share(self) -> float | None:
+        """The share of prompt tokens served from cache, or None when there were none."""
+        if self.input_tokens <= 0:
+            return None
+        return min(self.cached_input_tokens, self.input_tokens) / self.input_tokens
 
 
 @dataclass(frozen=True)
@@ -641,7 +650,7 @@ class Store:
         """
         rows: list[tuple[int, str, str | None, str, float, str]] = []
         usage: dict[tuple[str, str], list[float | None]] = defaultdict(
-            lambda: [0, 0, 0, None])
+            lambda: [0, 0, 0, None, 0])
         highest = 0
         dropped = 0
         for event in events:
@@ -656,6 +665,7 @@ class Store:
                 totals[2] = (totals[2] or 0) + event.output_tokens
                 if event.cost is not None:
                     totals[3] = (totals[3] or 0.0) + event.cost
+                totals[4] = (totals[4] or 0) + event.cached_input_tokens
             if event.type in skip:
                 continue
             rows.append((event.id, event.desk, event.turn, event.type, event.at,
@@ -670,9 +680,10 @@ class Store:
             stored = connection.executemany(
                 "INSERT OR IGNORE INTO events (id, desk, turn, type, at, data) "
                 "VALUES (?, ?, ?, ?, ?, ?)", rows).rowcount
-            for (desk, day), (requests, input_tokens, output_tokens, cost) in usage.items():
+            for (desk, day), (requests, input_tokens, output_tokens, cost,
+                              cached_input_tokens) in usage.items():
                 _add_usage(connection, desk, day, int(requests or 0), int(input_tokens or 0),
-                           int(output_tokens or 0), cost)
+                           int(output_tokens or 0), cost, int(cached_input_tokens or 0))
             if highest:
                 connection.execute(
                     "INSERT INTO store_meta (key, value) VALUES ('event_high_water', ?) "
@@ -755,20 +766,22 @@ class Store:
     # --- usage -----------------------------------------------------------------------------
 
     async def add_usage(self, desk: str, *, input_tokens: int, output_tokens: int,
-                        cost: float | None, at: float | None = None) -> None:
+                        cost: float | None, at: float | None = None,
+                        cached_input_tokens: int = 0) -> None:
         """Adds one model request's usage to the desk's day (usage events do it by
         themselves in :meth:`persist_events`; this is for requests without one).
 
         Args:
             desk: The desk.
-            input_tokens: Prompt tokens.
+            input_tokens: Prompt tokens, the cached ones included.
             output_tokens: Completion tokens.
             cost: Their cost, or None when unknown.
             at: When, seconds since the epoch (now by default).
+            cached_input_tokens: The prompt tokens served from the server's cache.
         """
         day = _utc_day(self._clock() if at is None else at)
         await self._db.write(lambda connection: _add_usage(
-            connection, desk, day, 1, input_tokens, output_tokens, cost))
+            connection, desk, day, 1, input_tokens, output_tokens, cost, cached_input_tokens))
 
     async def usage_on(self, desk: str, day: date | None = None) -> DailyUsage:
         """A desk's usage on a UTC day (today by default)."""
@@ -776,26 +789,30 @@ class Store:
 
         def read(connection: sqlite3.Connection) -> DailyUsage:
             row = connection.execute(
-                "SELECT requests, input_tokens, output_tokens, cost FROM daily_usage "
-                "WHERE desk = ? AND day = ?", (desk, day.isoformat())).fetchone()
+                "SELECT requests, input_tokens, output_tokens, cost, cached_input_tokens "
+                "FROM daily_usage WHERE desk = ? AND day = ?", (desk, day.isoformat())).fetchone()
             if row is None:
                 return DailyUsage(desk, day)
-            return DailyUsage(desk, day, int(row[0]), int(row[1]), int(row[2]), row[3])
+            return DailyUsage(desk, day, int(row[0]), int(row[1]), int(row[2]), row[3],
+                              int(row[4]))
 
         return await self._db.read(read)
 
 
 def _add_usage(connection: sqlite3.Connection, desk: str, day: str, requests: int,
-               input_tokens: int, output_tokens: int, cost: float | None) -> None:
+               input_tokens: int, output_tokens: int, cost: float | None,
+               cached_input_tokens: int = 0) -> None:
     connection.execute(
-        "INSERT INTO daily_usage (desk, day, requests, input_tokens, output_tokens, cost) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (desk, day) DO UPDATE SET "
+        "INSERT INTO daily_usage (desk, day, requests, input_tokens, output_tokens, cost, "
+        "cached_input_tokens) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (desk, day) DO UPDATE SET "
         "requests = requests + excluded.requests, "
         "input_tokens = input_tokens + excluded.input_tokens, "
         "output_tokens = output_tokens + excluded.output_tokens, "
         "cost = CASE WHEN excluded.cost IS NULL THEN cost "
-        "ELSE COALESCE(cost, 0) + excluded.cost END",
-        (desk, day, requests, input_tokens, output_tokens, cost))
+        "ELSE COALESCE(cost, 0) + excluded.cost END, "
+        "cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens",
+        (desk, day, requests, input_tokens, output_tokens, cost, cached_input_tokens))
 
 
 def _notice(reason: str | None) -> str:

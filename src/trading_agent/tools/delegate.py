@@ -342,10 +342,13 @@ class Delegator:
         conversation = Conversation(self.config.system_prompt.replace("{desk}", context.desk),
                                     observer=observer)
         events = context.events.child(subagent=link.subagent_id, parent_call=context.call_id)
+        # The desk's image limits hold for its subagents' pictures too.
         executor = ToolCallExecutor(registry, approval_gate=self._approval_gate,
-                                    heartbeat_seconds=self._heartbeat_seconds)
+                                    heartbeat_seconds=self._heartbeat_seconds,
+                                    image_preparer=context.image_preparer)
         loop = AgentLoop(context.desk, metered, executor, events, self.config.maximum_rounds,
-                         compressor=_subagent_compressor(metered.context_window))
+                         compressor=_subagent_compressor(metered.context_window),
+                         image_preparer=context.image_preparer)
         trigger = Trigger(kind="subagent", text=task, source=context.desk)
         result: TurnResult | None = None
         failure: str | None = None

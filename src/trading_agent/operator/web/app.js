@@ -149,6 +149,13 @@
     }
   }
 
+  // The share of today's prompt tokens the model's server served from its prompt cache.
+  function cacheShare(cached, prompt) {
+    if (!(Number(prompt) > 0)) return "–";
+    const share = (100 * Math.min(Number(cached) || 0, Number(prompt))) / Number(prompt);
+    return share > 0 && share < 1 ? "<1%" : `${Math.round(share)}%`;
+  }
+
   function renderDeskHead() {
     const desk = state.desks.get(state.selected);
     if (!desk) return;
@@ -166,6 +173,7 @@
       ["Equity", money(desk.equity)],
       ["Open orders", String(desk.open_orders ?? 0)],
       ["Tokens today", Number(desk.tokens_today || 0).toLocaleString("en-US")],
+      ["Cached prompt", cacheShare(desk.cached_tokens_today, desk.prompt_tokens_today)],
       ["Cost today", typeof desk.cost_today === "number" ? "$" + desk.cost_today.toFixed(2) : "–"],
       ["Last turn", ago(desk.last_turn_at)],
       ["Queued", String(desk.queued_triggers ?? 0)],
@@ -231,7 +239,9 @@
     });
   }
 
-  function addOperatorMessage(text, who, tag, at) {
+  // pictures: [{url, label}], a thumbnail when the page has the picture (one just sent),
+  // else a chip naming it (one from the stored transcript).
+  function addOperatorMessage(text, who, tag, at, pictures = []) {
     let label = null;
     stickToBottom(() => {
       const entry = el("div", "entry you");
@@ -241,7 +251,23 @@
         label = el("span", "tag", tag);
         meta.append(label);
       }
-      entry.append(meta, el("div", "bubble bubble-you", text));
+      entry.append(meta);
+      if (pictures.length) {
+        const row = el("div", "bubble-pictures");
+        for (const picture of pictures) {
+          if (picture.url) {
+            const img = el("img");
+            img.src = picture.url;
+            img.alt = picture.label;
+            img.title = picture.label;
+            row.append(img);
+          } else {
+            row.append(el("span", "picture-chip", `🖼 ${picture.label}`));
+          }
+        }
+        entry.append(row);
+      }
+      if (text || !pictures.length) entry.append(el("div", "bubble bubble-you", text));
       log().append(entry);
     });
     return label;
@@ -308,8 +334,10 @@
     const at = message.created_at;
     if (message.kind === "operator" || message.kind === "steering") {
       const match = OPERATOR_PREFIX.exec(text);
+      const pictures = (message.content || []).filter((b) => b.type === "image")
+        .map((b) => ({ label: b.description || "picture" }));
       addOperatorMessage(match ? text.slice(match[0].length) : text, match ? match[1] : "operator",
-        message.kind === "steering" ? "steered mid-turn" : null, at);
+        message.kind === "steering" ? "steered mid-turn" : null, at, pictures);
     } else if (message.kind === "summary") {
       addNote("Earlier conversation compacted into a summary.", "compact", at);
     } else if (message.kind === "trigger" || message.kind === "notice") {
@@ -380,7 +408,8 @@
           turn.el.classList.remove("streaming");
           const tokens = (data.input_tokens || 0) + (data.output_tokens || 0);
           const cost = typeof data.cost === "number" ? ` · $${data.cost.toFixed(4)}` : "";
-          turn.meta.append(el("span", "tag tag-dim", `${data.rounds} round${data.rounds === 1 ? "" : "s"} · ${tokens.toLocaleString("en-US")} tokens${cost}`));
+          const cached = data.cached_input_tokens > 0 ? ` · ${cacheShare(data.cached_input_tokens, data.input_tokens)} cached` : "";
+          turn.meta.append(el("span", "tag tag-dim", `${data.rounds} round${data.rounds === 1 ? "" : "s"} · ${tokens.toLocaleString("en-US")} tokens${cached}${cost}`));
           if (!turn.body.childNodes.length && data.final_text) appendText(turn, data.final_text);
         }
         break;
@@ -571,19 +600,106 @@
 
   // ------------------------------------------------------------------ sending
 
+  // Pictures pasted or dropped into the composer wait here until the message is sent.
+  const PICTURE_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+  const MAX_PICTURES = 4;  // the API's limit per message: the model sees only the 4 newest
+  const attachments = [];  // {name, media_type, data (base64), url (data: URL)}
+
+  function readDataUrl(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(String(reader.result));
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+  }
+
+  async function attach(files) {
+    for (const file of files) {
+      const name = file.name || "pasted picture";
+      if (!PICTURE_TYPES.includes(file.type)) {
+        addNote(`Not attached: ${name} is not a PNG, JPEG, GIF or WebP picture${file.type ? ` (${file.type})` : ""}.`, "error");
+        continue;
+      }
+      if (attachments.length >= MAX_PICTURES) {
+        addNote(`Not attached: ${name}; a message carries at most ${MAX_PICTURES} pictures.`, "error");
+        continue;
+      }
+      let url;
+      try { url = await readDataUrl(file); } catch (error) {
+        addNote(`Not attached: ${name} could not be read (${error && error.message}).`, "error");
+        continue;
+      }
+      attachments.push({ name, media_type: file.type, data: url.slice(url.indexOf(",") + 1), url });
+    }
+    renderAttachments();
+  }
+
+  function renderAttachments() {
+    const box = $("attachments");
+    box.replaceChildren();
+    box.hidden = attachments.length === 0;
+    attachments.forEach((picture, index) => {
+      const chip = el("div", "attachment");
+      const img = el("img");
+      img.src = picture.url;
+      img.alt = picture.name;
+      const remove = el("button", "attachment-remove", "×");
+      remove.type = "button";
+      remove.title = `Remove ${picture.name}`;
+      remove.addEventListener("click", () => {
+        attachments.splice(index, 1);
+        renderAttachments();
+      });
+      chip.append(img, el("span", "attachment-name", picture.name), remove);
+      box.append(chip);
+    });
+  }
+
+  function setupPictures() {
+    const composer = $("composer");
+    $("message").addEventListener("paste", (event) => {
+      const files = [...((event.clipboardData && event.clipboardData.files) || [])];
+      if (!files.length) return;  // plain text pastes as usual
+      event.preventDefault();
+      attach(files);
+    });
+    composer.addEventListener("dragover", (event) => {
+      if (!event.dataTransfer || ![...event.dataTransfer.types].includes("Files")) return;
+      event.preventDefault();
+      composer.classList.add("dropping");
+    });
+    composer.addEventListener("dragleave", () => composer.classList.remove("dropping"));
+    composer.addEventListener("drop", (event) => {
+      composer.classList.remove("dropping");
+      const files = [...((event.dataTransfer && event.dataTransfer.files) || [])];
+      if (!files.length) return;
+      event.preventDefault();
+      attach(files);
+    });
+  }
+
   async function send(event) {
     event.preventDefault();
     const box = $("message");
     const text = box.value;
-    if (!text.trim() || !state.selected) return;
+    const pictures = attachments.slice();
+    if ((!text.trim() && !pictures.length) || !state.selected) return;
     const button = $("send");
     button.disabled = true;
     // Shown before the request: the desk's answer can stream in before the reply arrives.
-    const label = addOperatorMessage(text, state.operator, "sending…");
+    const label = addOperatorMessage(text, state.operator, "sending…", undefined,
+      pictures.map((p) => ({ url: p.url, label: p.name })));
     box.value = "";
+    attachments.length = 0;
+    renderAttachments();
+    const body = { text, source: state.operator };
+    if (pictures.length) {
+      body.images = pictures.map((p) => ({ media_type: p.media_type, data: p.data, name: p.name }));
+    }
     try {
       const result = await api(`/api/desks/${encodeURIComponent(state.selected)}/messages`, {
-        method: "POST", body: { text, source: state.operator },
+        method: "POST", body,
       });
       label.textContent = result.delivery === "steering" ? "steers the running turn" : "starts a turn";
       scheduleRefresh();
@@ -591,6 +707,10 @@
       label.textContent = "not sent";
       label.classList.add("tag-bad");
       if (!box.value) box.value = text;
+      if (!attachments.length) {  // back in the composer, to fix and send again
+        attachments.push(...pictures);
+        renderAttachments();
+      }
       addNote(`Not sent: ${error.message}`, "error");
     } finally {
       button.disabled = false;
@@ -625,6 +745,7 @@
       }
     });
     $("compact").addEventListener("click", compact);
+    setupPictures();
     window.addEventListener("resize", drawEquity);
     let health;
     try {
