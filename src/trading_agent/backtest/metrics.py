@@ -180,7 +180,7 @@ def compute_figures(record: BacktestRecord) -> Figures:
         final_equity=float(record.equity[-1].equity),
         total_return=float(record.equity[-1].equity / starting - 1),
         buy_and_hold_return=benchmark[-1] / float(starting) - 1,
-        max_drawdown=-min(drawdown_curve([float(starting), *values])),
+        max_drawdown=max(0.0, -min(drawdown_curve([float(starting), *values]))),
         sharpe=_sharpe(returns, annualizer),
         sortino=_sortino(returns, annualizer),
         trades=len(record.trades),

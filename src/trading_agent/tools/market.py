@@ -108,4 +108,8 @@ def register_market_tools(registry: ToolRegistry, *, exchange: Exchange,
                    f"times, UTC). Close {format_price(last.close)}, change "
                    f"{format_percent(change)}, high {format_price(max(c.high for c in candles))}, "
                    f"low {format_price(min(c.low for c in candles))}.")
+        now = exchange.now()
+        if last.closes_at > now:
+            summary += (" The last candle is still forming: its close is the price at "
+                        f"{format_time(now)}.")
         return summary + "\n" + candles_table(candles)
