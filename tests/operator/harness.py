@@ -173,6 +173,10 @@ class LoopDeskControl:
                           equity=d.equity, open_orders=0, tokens_today=d.tokens_today,
                           queued_triggers=len(d.queue))
 
+    def message_limit(self, desk: str) -> int | None:
+        d = self._desk(desk)
+        return d.loop.message_max_chars(d.conversation)
+
     async def send_message(self, desk: str, text: str, source: str = "operator",
                            images: Sequence[ImageBlock] = ()) -> str:
         d = self._desk(desk)

@@ -134,6 +134,15 @@ class AgentLoop:
         """
         return self._executor.tool_registry.definitions()
 
+    def message_max_chars(self, conversation: Conversation | None = None) -> int | None:
+        """The most characters of one message the model is sent (longer ones are cut in
+        the middle, in what is sent only), at the conversation's token scale; None without
+        a compressor (nothing is cut)."""
+        if self._compressor is None:
+            return None
+        scale = conversation.token_scale if conversation is not None else 1.0
+        return self._compressor.max_message_chars(scale)
+
     def request_stop(self) -> None:
         """Asks a running turn to end at its next safe point (after the tool round in flight)."""
         self._stop_requested = True

@@ -103,6 +103,15 @@ class DeskControl(Protocol):
         """
         ...
 
+    def message_limit(self, desk: str) -> int | None:
+        """The most characters of one message the desk's model reads whole (a longer one is
+        cut in the middle in what is sent; the store keeps it all); None for no limit.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
     async def compact(self, desk: str) -> bool:
         """Flushes memory and compacts a desk's conversation now (waits for a running turn).
 

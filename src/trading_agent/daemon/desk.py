@@ -262,6 +262,12 @@ class Desk:
                 self._nap.cancel()  # a person is there: try again now
         return message.id
 
+    def message_limit(self) -> int | None:
+        """The most characters of an operator's message the model reads whole (the longer
+        rest is cut in the middle in what is sent; the store keeps it all); None for no
+        limit."""
+        return self.loop.message_max_chars(self.conversation)
+
     async def compact(self) -> bool:
         """Flushes memory and compacts the conversation now, after any running turn.
 

@@ -198,6 +198,14 @@ class Supervisor:
         """
         return await self._runtime(desk).desk.send_message(text, source, images)
 
+    def message_limit(self, desk: str) -> int | None:
+        """The most characters of one message desk ``desk``'s model reads whole.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk).desk.message_limit()
+
     async def compact(self, desk: str) -> bool:
         """Flushes memory and compacts a desk's conversation, after any running turn.
 

@@ -351,6 +351,10 @@ async def _get_desk(request: Request) -> Response:
     return json_response(await _status_of(_service(request), _desk(request)))
 
 
+_OPERATOR_FRAME_CHARS = 64
+"""What the desk adds around an operator's words (``[Message from NAME, a human operator]``)."""
+
+
 @_endpoint
 async def _post_message(request: Request) -> Response:
     service = _service(request)
@@ -371,7 +375,23 @@ async def _post_message(request: Request) -> Response:
     pictures = {"images": images} if images else {}
     message_id = await service.control.send_message(desk, body.text, source=body.source,
                                                     **pictures)
-    return json_response({"id": message_id, "desk": desk, "delivery": delivery}, 202)
+    answer: dict[str, Any] = {"id": message_id, "desk": desk, "delivery": delivery}
+    shortened = _shortened(service.control, desk, body.text)
+    if shortened is not None:
+        answer["shortened"] = shortened
+    return json_response(answer, 202)
+
+
+def _shortened(control: Any, desk: str, text: str) -> dict[str, Any] | None:
+    """Whether the desk's model reads the message whole; if not, what it reads and why."""
+    limit_of = getattr(control, "message_limit", None)
+    limit = limit_of(desk) if limit_of is not None else None
+    if limit is None or len(text) + _OPERATOR_FRAME_CHARS <= limit:
+        return None
+    return {"message_chars": len(text), "limit_chars": limit,
+            "note": f"The message is {len(text):,} characters; this desk's model reads at most "
+                    f"{limit:,} of one message (its context window), so the middle was cut in "
+                    "what it is sent. The whole message is stored."}
 
 
 async def _message_body(request: Request, max_chars: int, max_image_bytes: int) -> _MessageBody:

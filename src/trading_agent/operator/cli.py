@@ -366,6 +366,9 @@ class _Chat:
         how = ("steering the running turn: the desk reads it after its current tool round"
                if sent.get("delivery") == "steering" else "it starts a turn")
         self.say(self.style.dim(f"you › {_one_line(text)}  (sent; {how})"))
+        shortened = sent.get("shortened")
+        if isinstance(shortened, dict):
+            self.say(self.style.warn(f"Shortened: {shortened.get('note')}"))
 
     async def send_image(self, rest: str) -> None:
         """``/image PATH [caption]``: the file and the caption, in one message."""

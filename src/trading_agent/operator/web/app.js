@@ -702,6 +702,10 @@
         method: "POST", body,
       });
       label.textContent = result.delivery === "steering" ? "steers the running turn" : "starts a turn";
+      if (result.shortened) {
+        label.textContent += " · shortened";
+        addNote(`Shortened: ${result.shortened.note}`, "warn");
+      }
       scheduleRefresh();
     } catch (error) {
       label.textContent = "not sent";
