@@ -20,6 +20,7 @@ Every step is published on the event bus; every message is appended to the conve
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,6 @@ from trading_agent.agent.context_compressor import (
     ContextCompressor,
     context_tokens,
     overhead_tokens,
-    request_tokens,
 )
 from trading_agent.agent.conversation import (
     IMAGE_TOKEN_COST,
@@ -61,6 +61,7 @@ from trading_agent.agent.events import (
 )
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
+from trading_agent.agent.sent_window import SentWindow
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
 from trading_agent.agent.trigger import Trigger
@@ -125,6 +126,9 @@ class AgentLoop:
         self.retry_policy = RetryPolicy()
         self.new_turn_id: Callable[[], str] = new_turn_id
         self._stop_requested = False
+        self._sent_windows: weakref.WeakKeyDictionary[Conversation, SentWindow] = \
+            weakref.WeakKeyDictionary()
+        self._overhead_memo: tuple[object, int] = ((), 0)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The tools the model is offered on every call.
@@ -263,14 +267,12 @@ class AgentLoop:
         turn.rounds += 1
         replays = 0
         while True:
-            request = self._request_for(conversation)
+            request, estimate, images = self._prepared_request(conversation)
             sent_messages = len(conversation.messages)
-            estimate = request_tokens(request)
             tokens = context_tokens(conversation, functools.partial(int, estimate))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
-                tool_count=len(request.tools), estimated_tokens=tokens,
-                image_count=sum(m.image_count for m in request.messages)))
+                tool_count=len(request.tools), estimated_tokens=tokens, image_count=images))
             try:
                 reply = await self._complete(request, turn, self._text_sink(turn))
             except ContextOverflowError as exc:
@@ -360,21 +362,35 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ what is sent
 
-    def _request_for(self, conversation: Conversation) -> ModelRequestSpec:
-        """What one call sends: the window with old tool results cleared, repaired, long
-        messages cut, old images pruned."""
-        messages = conversation.window()
-        if self._compressor is not None:
-            messages = self._compressor.cleared(conversation, messages)
-        messages = repair(messages)
-        if self._compressor is not None:
-            messages = self._compressor.trim(messages, conversation.token_scale)
-        return ModelRequestSpec(conversation.system_prompt, self._image_preparer.prune(messages),
-                                self.tool_definitions(), cache_key=desk_cache_key(self.desk_name))
+    def _prepared_request(self, conversation: Conversation) -> tuple[ModelRequestSpec, int,
+                                                                      int]:
+        """What one call sends (the window with old tool results cleared, repaired, long
+        messages cut, old images pruned), its estimated tokens and its pictures.
+
+        The window is prepared incrementally (:class:`SentWindow`): a call costs what was
+        added since the last one, not the length of the history.
+        """
+        window = self._sent_windows.get(conversation)
+        if window is None:
+            window = self._sent_windows[conversation] = SentWindow(self._compressor,
+                                                                   self._image_preparer)
+        prepared = window.build(conversation)
+        tools = self.tool_definitions()
+        request = ModelRequestSpec(conversation.system_prompt, prepared.messages, tools,
+                                   cache_key=desk_cache_key(self.desk_name))
+        return request, self._overhead(conversation.system_prompt, tools) + prepared.tokens, \
+            prepared.images
+
+    def _overhead(self, system_prompt: str, tools: list[dict[str, Any]]) -> int:
+        """The estimate of the system prompt and the tools (remembered: they rarely change)."""
+        key = (system_prompt, tuple(map(id, tools)))
+        if self._overhead_memo[0] != key:
+            self._overhead_memo = (key, overhead_tokens(system_prompt, tools))
+        return self._overhead_memo[1]
 
     def _context_tokens(self, conversation: Conversation) -> int:
         return context_tokens(conversation,
-                              lambda: request_tokens(self._request_for(conversation)))
+                              lambda: self._prepared_request(conversation)[1])
 
     # ------------------------------------------------------------------ compaction
 

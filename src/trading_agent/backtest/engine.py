@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 import re
 import tempfile
 import time
@@ -314,7 +315,8 @@ async def run_backtest(spec: BacktestSpec, *,
     series, timeframe = load_history(spec, config)
     feed = ReplayFeed(series, timeframe=timeframe, speed=0, start=spec.start)
     async with AsyncExitStack() as stack:
-        state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="backtest-")))
+        state = Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="backtest-", dir=_scratch_folder())))
         database = state / "backtest.sqlite3"
         store = await Store.open(database, clock=lambda: feed.now().timestamp())
         stack.push_async_callback(store.close)
@@ -524,6 +526,14 @@ class _TurnNotes:
             self._text.clear()
             if text:
                 self.entries.append(TranscriptEntry("text", text))
+
+
+def _scratch_folder() -> str | None:
+    """Where a run's store lives while it runs: in memory (``/dev/shm``) where the system has
+    it, since the store is thrown away at the end and the daemon's durable commits would
+    otherwise wait for the disk on every message; else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def _paper_next_open(config: ExchangeConfig) -> ExchangeConfig:

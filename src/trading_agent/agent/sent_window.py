@@ -1,0 +1,168 @@
+"""What the loop sends, kept from one model call to the next and extended, not rebuilt.
+
+Before every model call the loop sends the conversation's window as it must be sent: old tool
+results cleared, repaired (every call answered), long messages cut, old pictures pruned.
+Between two compactions or clearings the window only grows by appends, so
+:class:`SentWindow` keeps what it prepared last time and processes only the messages added
+since (from the last point where no tool call waited for its results): a model call costs
+what changed, not the length of the history. The result is, message for message, what
+:func:`prepare_window` (the whole pipeline run from scratch) gives; a test holds them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.conversation import Conversation, Message, estimate_tokens, repair
+from trading_agent.agent.image_preparer import ImagePreparer
+
+__all__ = ["Prepared", "SentWindow", "prepare_window"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A window ready to send.
+
+    Attributes:
+        messages: The messages, as sent.
+        tokens: Their estimated tokens (characters / 4, a fixed cost per picture).
+        images: The pictures among them.
+    """
+
+    messages: list[Message]
+    tokens: int
+    images: int
+
+
+def prepare_window(conversation: Conversation, compressor: ContextCompressor | None,
+                   preparer: ImagePreparer) -> list[Message]:
+    """The whole pipeline from scratch: clear, repair, cut, prune (the reference).
+
+    Args:
+        conversation: The conversation.
+        compressor: Clears and cuts (None: nothing is).
+        preparer: Prunes old pictures.
+
+    Returns:
+        The messages to send.
+    """
+    return preparer.prune(_process(conversation, compressor, conversation.window(), 0))
+
+
+def _process(conversation: Conversation, compressor: ContextCompressor | None,
+             messages: Sequence[Message], first: int) -> list[Message]:
+    """Clear, repair and cut ``messages``: a run of the window that no tool call straddles,
+    starting at index ``first`` of the conversation's messages."""
+    processed = list(messages)
+    if compressor is not None and first < conversation.cleared_until:
+        processed = compressor.cleared(conversation, processed)
+    processed = repair(processed)
+    if compressor is not None:
+        processed = compressor.trim(processed, conversation.token_scale)
+    return processed
+
+
+class SentWindow:
+    """One conversation's window as last prepared, extended on the next call.
+
+    Args:
+        compressor: Clears and cuts (None: nothing is).
+        preparer: Prunes old pictures.
+    """
+
+    def __init__(self, compressor: ContextCompressor | None, preparer: ImagePreparer) -> None:
+        self._compressor = compressor
+        self._preparer = preparer
+        self._key: tuple[object, ...] | None = None
+        self._sources: list[Message] = []
+        """The conversation's messages processed for good (up to a stable point)."""
+        self._sent: list[Message] = []
+        """What they (and the summary) are sent as, before pictures are pruned."""
+        self._tokens = 0
+        self._pictures: list[int] = []
+        """Positions in ``_sent`` of the messages holding pictures."""
+
+    def build(self, conversation: Conversation) -> Prepared:
+        """The window to send now.
+
+        Args:
+            conversation: The conversation (another one, such as a scratch fork, simply
+                starts afresh).
+
+        Returns:
+            The messages as sent, their estimated tokens and their pictures.
+        """
+        compressor = self._compressor
+        max_chars = (compressor.max_message_chars(conversation.token_scale)
+                     if compressor is not None else 0)
+        key = (id(conversation), conversation.summary, conversation.window_start,
+               conversation.cleared_until, max_chars)
+        messages = conversation.messages[conversation.window_start:]
+        if key != self._key or not self._still_prefix(messages):
+            self._start(key, conversation)
+        done = len(self._sources)
+        stable = done + _stable_end(messages[done:])
+        start = conversation.window_start
+        if stable > done:
+            self._add(_process(conversation, compressor, messages[done:stable], start + done))
+            self._sources.extend(messages[done:stable])
+        pending = _process(conversation, compressor, messages[stable:], start + stable)
+        return self._pruned(pending)
+
+    def _still_prefix(self, messages: Sequence[Message]) -> bool:
+        """Whether the messages processed are still the start of the window.
+
+        A window only changes at its end between compactions (an append; a replayed last
+        message taken off and put back): the first and last processed ones are checked.
+        """
+        sources = self._sources
+        if not sources:
+            return True
+        return (len(messages) >= len(sources) and messages[0] is sources[0]
+                and messages[len(sources) - 1] is sources[-1])
+
+    def _start(self, key: tuple[object, ...], conversation: Conversation) -> None:
+        self._key = key
+        self._sources = []
+        self._sent = []
+        self._tokens = 0
+        self._pictures = []
+        if conversation.summary is not None:
+            self._add(_process(conversation, self._compressor, [conversation.summary],
+                               conversation.cleared_until))
+
+    def _add(self, processed: list[Message]) -> None:
+        base = len(self._sent)
+        self._sent.extend(processed)
+        self._tokens += sum(estimate_tokens(m) for m in processed)
+        self._pictures.extend(base + i for i, m in enumerate(processed) if m.image_count)
+
+    def _pruned(self, pending: list[Message]) -> Prepared:
+        """The whole window with only the newest pictures kept."""
+        messages = [*self._sent, *pending]
+        tokens = self._tokens + sum(estimate_tokens(m) for m in pending)
+        base = len(self._sent)
+        positions = [*self._pictures, *(base + i for i, m in enumerate(pending)
+                                        if m.image_count)]
+        images = sum(messages[p].image_count for p in positions)
+        if images > self._preparer.limits.keep:
+            with_pictures = [messages[p] for p in positions]
+            # Pruning depends only on the order of the messages holding pictures.
+            for position, old, new in zip(positions, with_pictures,
+                                          self._preparer.prune(with_pictures), strict=True):
+                if new is not old:
+                    messages[position] = new
+                    tokens += estimate_tokens(new) - estimate_tokens(old)
+            images = min(images, self._preparer.limits.keep)
+        return Prepared(messages, tokens, images)
+
+
+def _stable_end(messages: Sequence[Message]) -> int:
+    """The length of the longest prefix that no tool call waiting for its results ends:
+    repair treats what comes before and after such a point separately."""
+    end = len(messages)
+    while end > 0 and messages[end - 1].role == "assistant" and messages[end - 1].tool_uses:
+        end -= 1
+    return end

@@ -1,0 +1,90 @@
+"""The loop's incremental window is, message for message, the whole pipeline run afresh."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.agent.test_image_preparer import chart
+from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.conversation import (
+    Conversation,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    estimate_tokens,
+)
+from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
+from trading_agent.agent.sent_window import SentWindow, prepare_window
+
+PICTURE = ImageBlock(chart(60, 40), description="a chart")
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("user"), st.integers(1, 3000)),
+    st.tuples(st.just("calls"), st.integers(1, 3)),
+    st.tuples(st.just("results"), st.integers(0, 4000)),
+    st.tuples(st.just("picture"), st.integers(0, 1)),
+    st.tuples(st.just("answer"), st.integers(1, 200)),
+    st.tuples(st.just("compact"), st.integers(0, 10)),
+    st.tuples(st.just("clear"), st.integers(0, 4)),
+    st.tuples(st.just("scale"), st.sampled_from([0.7, 1.0, 1.3, 2.5])),
+    st.tuples(st.just("replay"), st.just(0)),
+    st.tuples(st.just("chart"), st.integers(0, 400)),
+), min_size=1, max_size=40)
+
+
+def _shape(messages: list[Message]) -> list[tuple[object, ...]]:
+    return [(m.role, m.kind, m.id, m.content) for m in messages]
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=operations, keep_images=st.integers(1, 4))
+async def test_the_incremental_window_equals_the_whole_pipeline(
+        steps: list[tuple[str, float]], keep_images: int) -> None:
+    compressor = ContextCompressor(4000, keep_recent_tokens=400, clear_keep_rounds=1)
+    preparer = ImagePreparer(ImageLimits(keep=keep_images))
+    window = SentWindow(compressor, preparer)
+    conversation = Conversation("system")
+    calls: list[ToolUseBlock] = []
+    for number, (kind, size) in enumerate(steps):
+        if kind == "user":
+            await conversation.append(Message.user_text("u" * int(size), kind="operator"))
+        elif kind == "calls":
+            calls = [ToolUseBlock(f"c{number}-{i}", "get_candles", "{}") for i in range(
+                int(size))]
+            await conversation.append(Message(role="assistant", content=tuple(calls)))
+        elif kind in ("results", "picture") and calls:
+            extra = (PICTURE,) if kind == "picture" else ()
+            await conversation.append(Message(role="user", kind="tool_results", content=tuple(
+                ToolResultBlock(call.id, (TextBlock("r" * int(size)), *extra))
+                for call in calls)))
+            calls = []
+        elif kind == "chart":  # a call and its result with a picture, at once
+            call = ToolUseBlock(f"chart-{number}", "render_chart", "{}")
+            await conversation.append(Message(role="assistant", content=(call,)))
+            await conversation.append(Message(role="user", kind="tool_results", content=(
+                ToolResultBlock(call.id, (TextBlock("c" * int(size)), PICTURE)),)))
+        elif kind == "answer":
+            await conversation.append(Message(role="assistant",
+                                              content=(TextBlock("a" * int(size)),)))
+        elif kind == "compact" and conversation.messages:
+            cut = min(int(size), len(conversation.messages))
+            while 0 < cut < len(conversation.messages) and \
+                    conversation.messages[cut].kind == "tool_results":
+                cut -= 1
+            await conversation.compact(Message.user_text(f"summary {number}", kind="summary"),
+                                       cut)
+        elif kind == "clear":
+            compressor.clear(conversation, keep=int(size))
+        elif kind == "scale":
+            conversation.token_scale = float(size)
+        elif kind == "replay" and conversation.messages:
+            conversation.messages.append(conversation.messages.pop())
+
+        prepared = window.build(conversation)
+        expected = prepare_window(conversation, compressor, preparer)
+        assert _shape(prepared.messages) == _shape(expected)
+        assert prepared.tokens == sum(estimate_tokens(m) for m in expected)
+        assert prepared.images == sum(m.image_count for m in expected)
