@@ -83,7 +83,7 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["BacktestSpec", "Progress", "ScriptedMessage", "default_cache_dir",
-           "load_scripted_messages", "run_backtest"]
+           "load_scripted_messages", "run_backtest", "scratch_folder"]
 
 _log = structlog.get_logger(__name__)
 
@@ -316,7 +316,7 @@ async def run_backtest(spec: BacktestSpec, *,
     feed = ReplayFeed(series, timeframe=timeframe, speed=0, start=spec.start)
     async with AsyncExitStack() as stack:
         state = Path(stack.enter_context(tempfile.TemporaryDirectory(
-            prefix="backtest-", dir=_scratch_folder())))
+            prefix="backtest-", dir=scratch_folder())))
         database = state / "backtest.sqlite3"
         store = await Store.open(database, clock=lambda: feed.now().timestamp())
         stack.push_async_callback(store.close)
@@ -528,7 +528,7 @@ class _TurnNotes:
                 self.entries.append(TranscriptEntry("text", text))
 
 
-def _scratch_folder() -> str | None:
+def scratch_folder() -> str | None:
     """Where a run's store lives while it runs: in memory (``/dev/shm``) where the system has
     it, since the store is thrown away at the end and the daemon's durable commits would
     otherwise wait for the disk on every message; else the system's temporary folder."""
