@@ -1,9 +1,20 @@
 """Context growth over a simulated 500-turn desk day, with and without compaction.
 
 Every turn a 5-minute candle closes; the desk asks for a chart (a real ~90 KB PNG drawn with
-pillow) and the ticker, then answers. Measured per model request: the tokens sent (the
-loop's own estimate: characters / 4 and 800 per image, what a server would bill) and the
-bytes of the real OpenAI wire body.
+pillow) and the ticker, then answers. Measured per model request: the tokens sent, as the
+server counts them (what it bills), and the bytes of the real OpenAI wire body.
+
+**The server's tokens.** The in-process server counts like a small model's tokenizer
+(:class:`ServerTokenizer`: every digit one token, as Gemma's and Llama's tokenizers split
+numbers, the other characters four to a token, 800 per image), reports that count as the
+usage of every request, and refuses one over the window with a context overflow, as
+llama.cpp does. Prices, ids and volumes make a desk's day digit-heavy, so the loop's raw
+characters / 4 guess under-counts it; the loop calibrates its count from the reported usage.
+For each window the bench prints the error of the estimate the loop used before each
+request (``estimated_tokens`` of its ``ModelRequest`` event, calibrated) against the tokens
+the server then counted, next to the raw characters / 4 guess's error for the same requests,
+and whether any request crossed 70% (the flush mark) or 100% of the window by the server's
+count.
 
 - **Reference**: the same day with no compressor and no image pruning (every chart ever
   drawn is sent again with every request), in the same process.
@@ -21,7 +32,7 @@ Prompt caching: for each day it also prints the share of prompt tokens a provide
 automatic prefix caching (OpenAI's) would serve from cache, and the input cost with cached
 tokens at a tenth of the input price. A request's cached part is the longest prefix it shares
 with any earlier request of the day (same system prompt and tools, then the same messages,
-byte for byte on the wire), counted in the loop's token estimate, when it is at least 1,024
+byte for byte on the wire), counted in the server's tokens, when it is at least 1,024
 tokens (OpenAI's minimum); no eviction is modelled.
 
 Run: ``.venv/bin/python bench/context_growth.py [--turns 500] [--windows 32000 128000]``
@@ -52,24 +63,27 @@ from trading_agent.agent.context_compressor import (
     FLUSH_NO_OP,
     FLUSH_TRIGGER_PREFIX,
     ContextCompressor,
-    overhead_tokens,
     request_tokens,
 )
 from trading_agent.agent.conversation import (
+    IMAGE_TOKEN_COST,
     ContentBlock,
     Conversation,
     ImageBlock,
+    Message,
     TextBlock,
+    ToolResultBlock,
     ToolUseBlock,
-    estimate_tokens,
 )
-from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.event_bus import EventBus, Subscription
+from trading_agent.agent.events import ModelRequest
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolOutput, ToolRegistry
 from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend, encode_message
+from trading_agent.errors import ContextOverflowError
 
 SYSTEM_PROMPT = (
     "You are the desk alpha, trading BTC/USDT on 5-minute candles. Before each decision look "
@@ -130,6 +144,61 @@ def draw_chart(seed: int, width: int = 1200, height: int = 700, candles: int = 1
     return buffer.getvalue()
 
 
+# --------------------------------------------------------------------------- server's tokens
+
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def tokenizer_tokens(text: str) -> int:
+    """A text's tokens as a small model's tokenizer counts them: every digit one token, the
+    other characters four to a token."""
+    others = len(text.translate(_NO_DIGITS))
+    return len(text) - others + (others + 3) // 4
+
+
+class ServerTokenizer:
+    """How the bench's server counts a request: :func:`tokenizer_tokens` of the system
+    prompt, the tool definitions and every text, name and argument, four tokens of framing
+    a message and a call, 800 per image (the loop's own image cost). Memoized per message
+    object (the loop memoizes what it sends, so each is counted once)."""
+
+    def __init__(self) -> None:
+        self._messages: dict[int, tuple[Message, int]] = {}
+        self._heads: dict[str, int] = {}
+
+    def head(self, system_prompt: str, tools: Sequence[dict[str, Any]]) -> int:
+        """The request's fixed part: system prompt and tool definitions."""
+        text = system_prompt + (json.dumps(list(tools), separators=(",", ":")) if tools
+                                else "")
+        if text not in self._heads:
+            self._heads[text] = 4 + tokenizer_tokens(text)
+        return self._heads[text]
+
+    def message(self, message: Message) -> int:
+        """One message as sent."""
+        known = self._messages.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        tokens = 4
+        for block in message.content:
+            if isinstance(block, TextBlock):
+                tokens += tokenizer_tokens(block.text)
+            elif isinstance(block, ImageBlock):
+                tokens += IMAGE_TOKEN_COST
+            elif isinstance(block, ToolUseBlock):
+                tokens += 4 + tokenizer_tokens(block.name + block.arguments)
+            elif isinstance(block, ToolResultBlock):
+                tokens += tokenizer_tokens(block.text) + IMAGE_TOKEN_COST * sum(
+                    1 for b in block.content if isinstance(b, ImageBlock))
+        self._messages[id(message)] = (message, tokens)
+        return tokens
+
+    def request(self, request: ModelRequestSpec) -> int:
+        """A whole request's prompt tokens."""
+        return self.head(request.system_prompt, request.tools) + sum(
+            self.message(m) for m in request.messages)
+
+
 # --------------------------------------------------------------------------- prefix cache
 
 
@@ -137,7 +206,9 @@ class PrefixCache:
     """What an automatic prefix cache would serve: a trie of every request seen, by the wire
     bytes of its head (system prompt and tools) and then of each message."""
 
-    def __init__(self, minimum_tokens: int = CACHE_MINIMUM_TOKENS) -> None:
+    def __init__(self, tokenizer: ServerTokenizer,
+                 minimum_tokens: int = CACHE_MINIMUM_TOKENS) -> None:
+        self.tokenizer = tokenizer
         self.minimum_tokens = minimum_tokens
         self._root: dict[object, Any] = {}
 
@@ -148,14 +219,14 @@ class PrefixCache:
             ModelRequestSpec(request.system_prompt, (), request.tools)))
         node = self._root
         matched = 0
-        tokens = overhead_tokens(request.system_prompt, request.tools)
+        tokens = self.tokenizer.head(request.system_prompt, request.tools)
         still_matching = head in node
         node = node.setdefault(head, {})
         if still_matching:
             matched = tokens
         for message in request.messages:
             key = encode_message(message)  # memoized: bytes whose hash is computed once
-            tokens += estimate_tokens(message)
+            tokens += self.tokenizer.message(message)
             if still_matching and key in node:
                 matched = tokens
             else:
@@ -179,6 +250,22 @@ class RequestFigures:
     """The part of ``tokens`` a provider's automatic prefix cache would serve."""
 
 
+@dataclass(frozen=True)
+class EstimateFigures:
+    """One request's size as the loop estimated it and as the server counted it (refused
+    requests included)."""
+
+    kind: str
+    """``desk``, ``flush`` or ``summary``."""
+    server: int
+    """The prompt tokens the server counted."""
+    raw: int
+    """The raw characters / 4 guess (800 per image)."""
+    loop: int | None
+    """The estimate the loop published before it (calibrated); None for a summary request,
+    which the compressor sends without one."""
+
+
 @dataclass
 class BenchModel:
     """An in-process ModelBackend playing a disciplined desk, its memory flush and its
@@ -188,8 +275,11 @@ class BenchModel:
     context_window: int
     wire: OpenAICompatibleBackend
     summary_chars: int
+    events: Subscription
+    tokenizer: ServerTokenizer = field(default_factory=ServerTokenizer)
     figures: list[RequestFigures] = field(default_factory=list)
-    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
+    estimates: list[EstimateFigures] = field(default_factory=list)
+    prefix_cache: PrefixCache | None = None
     clock: Callable[[], float] = time.perf_counter
     _last_return: float | None = None
     _calls: int = 0
@@ -200,7 +290,13 @@ class BenchModel:
         body = self.wire.request_body(request)
         built = self.clock()
         waited = entered - self._last_return if self._last_return is not None else 0.0
-        tokens = request_tokens(request)
+        tokens = self._measure(request)
+        if tokens + (request.max_output_tokens or 0) > self.context_window:
+            self._last_return = self.clock()
+            raise ContextOverflowError(
+                f"the request needs {tokens + (request.max_output_tokens or 0):,} tokens; "
+                f"the model's context is {self.context_window:,}", status_code=400,
+                model=self.model)
         kind, content = self._answer(request)
         self.figures.append(RequestFigures(kind, tokens, len(body),
                                            waited + (built - entered)))
@@ -208,9 +304,25 @@ class BenchModel:
         if on_text is not None and text:
             on_text(text)
         # Outside the loop's measured time: the provider's work, not the loop's.
+        if self.prefix_cache is None:
+            self.prefix_cache = PrefixCache(self.tokenizer)
         self.figures[-1].cached_tokens = min(tokens, self.prefix_cache.serve(request, self.wire))
         self._last_return = self.clock()
-        return ModelReply(content, Usage(tokens, len(text) // 4 + 10))
+        return ModelReply(content, Usage(tokens, tokenizer_tokens(text) + 10))
+
+    def _measure(self, request: ModelRequestSpec) -> int:
+        """The server's count of the prompt, recorded with the loop's estimate of it: the
+        ModelRequest event published since the last request (none before a summary)."""
+        published = None
+        while (event := self.events.get_nowait()) is not None:
+            if isinstance(event, ModelRequest):
+                published = event.estimated_tokens
+        tokens = self.tokenizer.request(request)
+        kind = ("summary" if not request.tools else "flush" if any(
+            m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in request.messages) else "desk")
+        self.estimates.append(EstimateFigures(kind, tokens, request_tokens(request),
+                                              published))
+        return tokens
 
     def _answer(self, request: ModelRequestSpec) -> tuple[str, tuple[ContentBlock, ...]]:
         messages = request.messages
@@ -287,6 +399,8 @@ class Day:
     figures: list[RequestFigures]
     seconds: float
     compactions: int
+    estimates: list[EstimateFigures]
+    window: int | None
 
 
 async def run_day(label: str, turns: int, charts: Sequence[ImageBlock], *,
@@ -296,11 +410,14 @@ async def run_day(label: str, turns: int, charts: Sequence[ImageBlock], *,
                                  context_window=window or 10**9)
     async with OpenAICompatibleBackend(config) as wire:
         compressor = ContextCompressor(window) if window else None
+        bus = EventBus()
         model = BenchModel("bench", config.context_window, wire,
                            summary_chars=(compressor.summary_max_tokens * 3 if compressor
-                                          else 0))
+                                          else 0),
+                           events=bus.subscribe("bench", max_buffer=10**6,
+                                                accept=lambda e: isinstance(e, ModelRequest)))
         preparer = ImagePreparer() if window else ImagePreparer(ImageLimits(keep=10**9))
-        loop = AgentLoop("alpha", model, ToolCallExecutor(desk_tools(charts)), EventBus(),
+        loop = AgentLoop("alpha", model, ToolCallExecutor(desk_tools(charts)), bus,
                          maximum_rounds=8, compressor=compressor, image_preparer=preparer)
         conversation = Conversation(SYSTEM_PROMPT)
         started = time.perf_counter()
@@ -312,7 +429,7 @@ async def run_day(label: str, turns: int, charts: Sequence[ImageBlock], *,
                      f"volume {100 + turn % 50} BTC"))
         seconds = time.perf_counter() - started
     compactions = sum(1 for f in model.figures if f.kind == "summary")
-    return Day(label, model.figures, seconds, compactions)
+    return Day(label, model.figures, seconds, compactions, model.estimates, window)
 
 
 # --------------------------------------------------------------------------- report
@@ -363,6 +480,47 @@ async def main(turns: int, windows: Sequence[int]) -> None:
               f"tokens ({max(tokens) / window:.0%} of the window; the reference's largest is "
               f"{max(ref_tokens) / window:.1f}x the window)")
     print_cache_figures(reference, days)
+    print_estimate_figures(days)
+
+
+def _error(estimate: int, server: int) -> float:
+    return (estimate - server) / server
+
+
+def print_estimate_figures(days: Sequence[Day]) -> None:
+    """How far the loop's token estimate was from the server's count, and whether any
+    request crossed the flush mark or the window by the server's count."""
+    print()
+    print("the loop's token estimate before each request vs the tokens the server counted "
+          "(error = (estimate - server) / server; negative = under-counted; desk and "
+          "memory-flush requests, refused ones included)")
+    print(f"{'':<26} {'reqs':>5} {'calibrated: mean':>17} {'under':>7} {'over':>7} "
+          f"{'chars/4: mean':>14} {'under':>7} {'over':>7} {'>70%':>5} {'>100%':>6} "
+          f"{'max share':>10}")
+    for day in days:
+        assert day.window is not None
+        pairs = [(e.loop, e.raw, e.server) for e in day.estimates if e.loop is not None]
+        loop_errors = [_error(loop, server) for loop, _, server in pairs]
+        raw_errors = [_error(raw, server) for _, raw, server in pairs]
+        sizes = [e.server for e in day.estimates]
+        over_mark = sum(1 for s in sizes if s > 0.7 * day.window)
+        over_window = sum(1 for s in sizes if s > day.window)
+        print(f"{day.label:<26} {len(pairs):>5} {statistics.mean(loop_errors):>17.1%} "
+              f"{min(loop_errors):>7.1%} {max(loop_errors):>7.1%} "
+              f"{statistics.mean(raw_errors):>14.1%} {min(raw_errors):>7.1%} "
+              f"{max(raw_errors):>7.1%} {over_mark:>5} {over_window:>6} "
+              f"{max(sizes) / day.window:>10.0%}")
+        over = [e for e in day.estimates if e.server > 0.7 * day.window]
+        if over:
+            kinds = sorted({e.kind for e in over})
+            print("  over 70% by kind: " + ", ".join(
+                f"{kind} {sum(1 for e in over if e.kind == kind)} (largest "
+                f"{max(e.server for e in over if e.kind == kind) / day.window:.0%})"
+                for kind in kinds))
+    print("  (under / over = the worst under-count and over-count; >70% / >100% = requests "
+          "of any kind, summaries included, over that share of the window by the server's "
+          "count; the server refuses one over 100%, and the loop compacts and replays it; max "
+          "share = the largest request's)")
 
 
 def _input_cost(day: Day, *, cached: bool) -> float:

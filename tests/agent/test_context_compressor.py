@@ -426,7 +426,16 @@ async def test_when_clearing_is_not_enough_the_summary_runs(
 
 async def test_a_context_overflow_is_recovered_once_by_compaction_and_replay(
         scripted_server: ScriptedServer) -> None:
-    scripted_server.add(context_overflow(), Reply(SUMMARY_REPLY), Reply("Recovered."))
+    desk_answers = iter([context_overflow(), Reply("Recovered.")])
+
+    def respond(request: RecordedRequest) -> Step:
+        # The refusal tells the loop the server counts more than estimated: the summary is
+        # written in chunks sized for that, as many as it takes.
+        if kind_of(request.json) == "summary":
+            return Reply(SUMMARY_REPLY)
+        return next(desk_answers)
+
+    scripted_server.responder = respond
     async with running_desk(scripted_server, window=8000, messages=history(8, 800)) as desk:
         result = await desk.turn("tick")
         assert result.text == "Recovered."
@@ -435,12 +444,11 @@ async def test_a_context_overflow_is_recovered_once_by_compaction_and_replay(
         [started] = desk.of(CompactionStarted)
         assert started.reason == "overflow"
         assert not desk.of(ErrorEvent)
-    first, summary, replay = scripted_server.requests
-    assert kind_of(summary.json) == "summary"
+    first, *summaries, replay = scripted_server.requests
+    assert summaries and all(kind_of(s.json) == "summary" for s in summaries)
     assert text_of(replay.messages[1]).startswith(SUMMARY_HEADER)
     assert wire_tokens(replay.json) < wire_tokens(first.json)
     assert replay.messages[-1] == first.messages[-1]  # the same request, compacted
-    scripted_server.assert_complete()
 
 
 async def test_an_overflow_that_compacting_cannot_cure_ends_the_turn_with_a_clear_error(
@@ -679,7 +687,7 @@ def test_find_cut_keeps_a_call_with_its_results_and_always_makes_progress() -> N
     messages = [Message.user_text("a" * 400), call, results]
     assert find_cut(messages, estimate_tokens(results)) == 1  # pulled back to the call
     assert find_cut(messages, 10_000) == 0  # everything fits: nothing to summarize
-    assert find_cut(messages, 10) == 3  # not even the newest fits: summarize it all
+    assert find_cut(messages, 10) == 1  # not even the newest fits: all the model answered
 
 
 @pytest.mark.parametrize("arguments", [

@@ -1,33 +1,52 @@
-"""Orphans are impossible and pictures stay few, across 1,000 randomized desk conversations.
+"""Orphans are impossible, pictures stay few and no desk wedges, across 1,000 randomized
+desk conversations.
 
 A scenario is a desk's day in miniature: turns opened by ticks and operator messages (some
-with a picture), the model's answers drawn at random (tool calls for a ticker, a chart image,
-huge candle dumps, the memory tool, a tool during which an operator writes or the turn is
-cancelled; final answers, some written while an operator writes; transient failures and
-context overflows), and between turns a ``/compact`` or a simulated crash that lost the last
-tool results. The window is small, so compactions (with memory flushes) happen all the time.
+with a picture, some a paste several times the window), the model's answers drawn at random
+(tool calls for a ticker, a chart image, huge candle dumps, a trade export several times the
+window, the memory tool, a tool during which an operator writes, briefly or at great length,
+or the turn is cancelled; final answers, some written while an operator writes; transient
+failures and context overflows), and between turns a ``/compact`` or a simulated crash that
+lost the last tool results. The window is small, so compactions (with memory flushes) happen
+all the time.
+
+The server counts tokens as a small model's tokenizer does (:func:`text_tokens`: every digit
+one token, the rest about four characters a token), so the digit-heavy pastes, exports and
+candles weigh about three times what the loop's characters / 4 estimate says. The server
+refuses a request over the window with the context-overflow error, as llama.cpp and OpenAI
+do, and reports the prompt tokens it counted in the usage of every request it accepts: the
+loop has to calibrate its counts from them and recover from the refusals.
 
 - :func:`test_every_request_is_valid_in_process`: 1,000 examples (``max_examples=1000``,
   deadline None) drive the real :class:`AgentLoop` (executor, compressor, steering inbox,
   image preparer, event bus) through :class:`ScriptedModel`, an in-process scripted
   :class:`~trading_agent.agent.backend.ModelBackend` that checks every request it receives:
   each tool call answered by exactly one result right after it, no result without its call,
-  at most four images, nothing over the window (a summary request with its answer), and a
-  retried request byte-identical (OpenAI wire encoding) to the one that failed.
+  at most four images, and a retried request byte-identical (OpenAI wire encoding) to the
+  one that failed; one over the window (a summary request with its answer) is refused.
 - :func:`test_every_request_is_valid_over_http`: 40 examples of the same scenarios through
   the real :class:`OpenAICompatibleBackend` and the scripted HTTP server, checking the bodies
   the server received: every assistant ``tool_call`` id followed by exactly one ``tool``
   message with that id, no ``tool`` message without its call, at most four ``image_url``
-  parts, nothing over the window.
+  parts; a body over the window is refused with OpenAI's ``context_length_exceeded``.
 
-After each scenario: no steering message lost or delivered twice, the flush turn silent and
-absent from the transcript, and the transcript append-only (compaction changes only what
-is sent). Plus two small properties: ``repair`` is idempotent and always valid, and
-``find_cut`` never separates a call from its results.
+So every request the server accepts fits the window. After each scenario: every turn ended
+with an answer (or was cancelled, or met four scripted 503s in a row); one may end with a
+:class:`ContextOverflowError`, but then the next turn that meets no scripted failure is
+answered (a last such turn ends every scenario), so the desk never wedges; no steering
+message lost or delivered twice, the flush turn silent and absent from the transcript, and
+the transcript append-only (compaction changes only what is sent). Plus
+:func:`test_a_digit_heavy_paste_is_calibrated_and_answered` (a fixed day: the paste is cut
+in what is sent, the loop learns the server's count, the next message is answered);
+:func:`test_an_operators_message_reaches_the_model_before_any_summary`, days the property
+found where an operator's message was summarized before the model read it (``find_cut`` now
+keeps what the model has not answered); and two small properties: ``repair`` is idempotent and
+always valid, and ``find_cut`` never separates a call from its results.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
@@ -39,7 +58,7 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from pydantic import BaseModel
@@ -60,7 +79,6 @@ from trading_agent.agent.context_compressor import (
     FLUSH_TRIGGER_PREFIX,
     ContextCompressor,
     find_cut,
-    request_tokens,
 )
 from trading_agent.agent.conversation import (
     IMAGE_TOKEN_COST,
@@ -144,9 +162,42 @@ def image_count(messages: Sequence[Message]) -> int:
     return sum(message.image_count for message in messages)
 
 
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def text_tokens(text: str) -> int:
+    """A text's size as the scripted server's tokenizer counts it: every digit one token (as
+    Gemma's and Llama's tokenizers split numbers), the other characters four to a token."""
+    others = len(text.translate(_NO_DIGITS))
+    return len(text) - others + (others + 3) // 4
+
+
+def server_tokens(request: ModelRequestSpec) -> int:
+    """An in-process request's size as the server counts it: :func:`text_tokens` of the
+    system prompt, the tool definitions and every text, name and argument, four tokens of
+    framing a message and a call, a fixed cost per image."""
+    tokens = text_tokens(request.system_prompt) + 4
+    if request.tools:
+        tokens += text_tokens(json.dumps(list(request.tools), separators=(",", ":")))
+    for message in request.messages:
+        tokens += 4
+        for block in message.content:
+            if isinstance(block, TextBlock):
+                tokens += text_tokens(block.text)
+            elif isinstance(block, ImageBlock):
+                tokens += IMAGE_TOKEN_COST
+            elif isinstance(block, ToolUseBlock):
+                tokens += 4 + text_tokens(block.name) + text_tokens(block.arguments)
+            else:
+                tokens += text_tokens(block.text) + IMAGE_TOKEN_COST * sum(
+                    1 for b in block.content if isinstance(b, ImageBlock))
+    return tokens
+
+
 def wire_tokens(body: dict[str, Any]) -> int:
-    """A request body's size as the scripted server counts it: characters / 4 of every text,
-    name and argument (16 characters of framing a message), a fixed cost per image."""
+    """A request body's size as characters / 4 of every text, name and argument (16
+    characters of framing a message), a fixed cost per image: what the loop's own estimate
+    would say (other tests' servers count so)."""
     chars, images = len(json.dumps(body.get("tools") or [], separators=(",", ":"))), 0
     for message in body["messages"]:
         chars += 16
@@ -164,16 +215,63 @@ def wire_tokens(body: dict[str, Any]) -> int:
     return chars // 4 + images * IMAGE_TOKEN_COST
 
 
+def server_wire_tokens(body: dict[str, Any]) -> int:
+    """A request body's size as the scripted server of these properties counts it:
+    :func:`text_tokens` of every text, name and argument and of the tool definitions, four
+    tokens of framing a message and a call, a fixed cost per image."""
+    tokens = text_tokens(json.dumps(body.get("tools") or [], separators=(",", ":")))
+    for message in body["messages"]:
+        tokens += 4
+        content = message.get("content")
+        if isinstance(content, str):
+            tokens += text_tokens(content)
+        elif isinstance(content, list):
+            for part in content:
+                if part.get("type") == "text":
+                    tokens += text_tokens(part["text"])
+                else:
+                    tokens += IMAGE_TOKEN_COST
+        for call in message.get("tool_calls") or ():
+            tokens += (4 + text_tokens(call["function"]["name"])
+                       + text_tokens(call["function"]["arguments"]))
+    return tokens
+
+
+@functools.cache
+def digit_paste(tokens: int, salt: int) -> str:
+    """A pasted export of about ``tokens`` tokens as the server counts them: lines of
+    ids, prices, sizes, almost all digits, so the loop's characters / 4 estimate takes it
+    for about a quarter of its size (different for each ``salt``)."""
+    lines: list[str] = []
+    counted = 0
+    number = 0
+    while counted < tokens:
+        line = (f"{salt:04d}-{number:05d},{64000 + (number * 37 + salt) % 997}."
+                f"{number % 100:02d},{(number * 7919 + salt) % 100000:05d},"
+                f"0.{(number * 31 + salt) % 10000:04d}")
+        lines.append(line)
+        counted += text_tokens(line) + 1
+        number += 1
+    return "\n".join(lines)
+
+
 def wire_images(body: dict[str, Any]) -> int:
     """How many ``image_url`` parts a request body holds."""
     return sum(1 for message in body["messages"] if isinstance(message.get("content"), list)
                for part in message["content"] if part.get("type") == "image_url")
 
 
-def wire_problems(body: dict[str, Any], window: int) -> list[str]:
+def wire_size(body: dict[str, Any]) -> int:
+    """What a request body needs of the window, as the server counts: its tokens
+    (:func:`server_wire_tokens`) and its answer's cap."""
+    return server_wire_tokens(body) + int(body.get("max_tokens") or 0)
+
+
+def wire_problems(body: dict[str, Any], window: int | None = None) -> list[str]:
     """What is wrong with a request body: every assistant tool_call id must be followed by
     exactly one tool message with that id, no tool message may come without its call, at
-    most four images, nothing over the window (a summary request with its answer's cap)."""
+    most four images; with ``window``, nothing over it by :func:`wire_tokens` (a summary
+    request with its answer's cap)."""
     problems: list[str] = []
     messages = body["messages"]
     index = 0
@@ -195,28 +293,43 @@ def wire_problems(body: dict[str, Any], window: int) -> list[str]:
     if wire_images(body) > 4:
         problems.append(f"{wire_images(body)} images sent")
     size = wire_tokens(body) + int(body.get("max_tokens") or 0)
-    if size > window:
+    if window is not None and size > window:
         problems.append(f"{size} tokens sent to a {window}-token window")
     return problems
 
 
 # --------------------------------------------------------------------------- scenarios
 
+PASTE_WINDOWS = st.sampled_from([2, 3, 5])
+"""How many windows long an over-long message or result is (as the server counts it)."""
+
+_SALTS = 5
+"""Pastes cycle through this many variants, so :func:`digit_paste` computes each once."""
+
 
 @dataclass(frozen=True)
 class Call:
-    """One tool call the model makes."""
+    """One tool call the model makes.
 
-    name: Literal["get_ticker", "get_chart", "get_candles", "hold", "remember"]
+    ``size`` is the candles of ``get_candles`` and the windows of ``export_trades``; with
+    ``steer``, an operator writes during ``hold``: a line, or a paste of ``paste`` windows.
+    """
+
+    name: Literal["get_ticker", "get_chart", "get_candles", "export_trades", "hold",
+                  "remember"]
     size: int = 0
     steer: bool = False
     cancel: bool = False
+    paste: int = 0
 
-    def arguments(self) -> dict[str, Any]:
+    def arguments(self, window: int) -> dict[str, Any]:
         if self.name == "get_candles":
             return {"count": self.size}
+        if self.name == "export_trades":
+            return {"tokens": self.size * window}
         if self.name == "hold":
-            return {"steer": self.steer, "cancel": self.cancel}
+            return {"steer": self.steer, "cancel": self.cancel,
+                    "paste_tokens": self.paste * window}
         if self.name == "remember":
             return {"note": "long 0.1 BTC from 64000, stop 62000"}
         return {"symbol": "BTC/USDT"}
@@ -224,10 +337,12 @@ class Call:
 
 @dataclass(frozen=True)
 class Answer:
-    """A final answer; with ``steer``, an operator writes while it is being written."""
+    """A final answer; with ``steer``, an operator writes while it is being written (a line,
+    or a paste of ``paste`` windows, which then opens the next turn)."""
 
     length: int
     steer: bool = False
+    paste: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,10 +357,12 @@ ModelStep = tuple[Call, ...] | Answer | Failure
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """One trigger, and what happens just before it."""
+    """One trigger, and what happens just before it; an operator's message may be a paste
+    of ``paste`` windows."""
 
     kind: Literal["tick", "operator", "operator_image"]
     before: Literal["nothing", "compact", "crash"] = "nothing"
+    paste: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,28 +374,47 @@ class Scenario:
     steps: tuple[ModelStep, ...]
 
 
+_steer_paste = st.sampled_from([0, 0, 0, 2, 5])
 _calls = st.one_of(
     st.builds(Call, st.just("get_ticker")),
     st.builds(Call, st.just("get_chart")),
     st.builds(Call, st.just("get_candles"),
               size=st.one_of(st.integers(1, 60), st.integers(1, 60), st.integers(1, 2500))),
+    st.builds(Call, st.just("export_trades"), size=PASTE_WINDOWS),
     st.builds(Call, st.just("remember")),
     st.builds(Call, st.just("hold"), steer=st.booleans(),
-              cancel=st.sampled_from([False, False, False, False, True])),
+              cancel=st.sampled_from([False, False, False, False, True]), paste=_steer_paste),
 )
 _steps: st.SearchStrategy[ModelStep] = st.one_of(
     st.lists(_calls, min_size=1, max_size=3).map(tuple),
     st.lists(_calls, min_size=1, max_size=3).map(tuple),
-    st.builds(Answer, st.integers(0, 4000), st.booleans()),
+    st.builds(Answer, st.integers(0, 4000), st.booleans(), _steer_paste),
     st.builds(Failure, st.sampled_from(["transient", "transient", "overflow"])),
 )
+_before = st.sampled_from(["nothing"] * 6 + ["compact", "crash"])
+_plain_turn = st.builds(TurnPlan, st.sampled_from(["tick", "operator", "operator_image"]),
+                        _before)
 scenarios = st.builds(
     Scenario,
     window=st.sampled_from([3_500, 5_000, 8_000]),
-    turns=st.lists(st.builds(TurnPlan, st.sampled_from(["tick", "operator", "operator_image"]),
-                             st.sampled_from(["nothing"] * 6 + ["compact", "crash"])),
+    turns=st.lists(st.one_of(_plain_turn, _plain_turn, _plain_turn,
+                             st.builds(TurnPlan, st.just("operator"), _before,
+                                       paste=PASTE_WINDOWS)),
                    min_size=1, max_size=10).map(tuple),
     steps=st.lists(_steps, max_size=30).map(tuple),
+)
+
+# Each kind of over-long text, every run: an operator's paste, then a normal message; an
+# export and a pasted steering message mid-turn, a paste written during an answer (it opens
+# the next turn); pastes in a row with a picture after them.
+OVER_LONG = (
+    Scenario(3_500, (TurnPlan("operator", paste=5), TurnPlan("tick")), ()),
+    Scenario(3_500, (TurnPlan("tick"), TurnPlan("operator")), (
+        (Call("export_trades", 3),), Answer(200),
+        (Call("hold", steer=True, paste=5),), Answer(100, steer=True, paste=3))),
+    Scenario(5_000, (TurnPlan("operator", paste=3), TurnPlan("operator", "compact", paste=2),
+                     TurnPlan("operator", paste=5), TurnPlan("operator_image")),
+             ((Call("get_chart"), Call("export_trades", 2)), Answer(40))),
 )
 
 
@@ -286,15 +422,33 @@ class Brain:
     """What the model answers: summaries and flushes by rule, the rest from the scenario."""
 
     def __init__(self, scenario: Scenario) -> None:
+        self.window = scenario.window
         self.steps: deque[ModelStep] = deque(scenario.steps)
-        self.steer_after_reply = 0
+        self.late_steering: list[str] = []
         self.texts = itertools.count(1)
+        self.pastes = itertools.count(1)
+        self.transients = 0
+        self.overflows = 0
 
     def desk_step(self) -> ModelStep:
         step = self.steps.popleft() if self.steps else Answer(40)
         if isinstance(step, Answer) and step.steer:
-            self.steer_after_reply += 1
+            self.late_steering.append(self.paste(step.paste) if step.paste
+                                      else "written while you answered")
+        elif isinstance(step, Failure):
+            if step.kind == "transient":
+                self.transients += 1
+            else:
+                self.overflows += 1
         return step
+
+    def paste(self, windows: int) -> str:
+        return "Look at this:\n" + digit_paste(windows * self.window, next(self.pastes) % _SALTS)
+
+    def take_late_steering(self) -> list[str]:
+        """What operators wrote during the answer just given."""
+        texts, self.late_steering = self.late_steering, []
+        return texts
 
     @staticmethod
     def flush_step(answered_already: bool) -> ModelStep:
@@ -309,7 +463,8 @@ class Brain:
 
 class ScriptedModel:
     """An in-process :class:`ModelBackend` that answers from a :class:`Brain` and checks
-    every request it receives (see the module docstring)."""
+    every request it receives (see the module docstring); it refuses one over the window
+    by :func:`server_tokens` and reports that count as the prompt's usage."""
 
     model = "in-process"
 
@@ -321,6 +476,9 @@ class ScriptedModel:
         self.steering = steering
         self.requests: list[ModelRequestSpec] = []
         self.problems: list[str] = []
+        self.refusals = 0
+        self.seen: set[str] = set()
+        """The ids of the messages in every desk request the model answered."""
         self.ids = itertools.count(1)
         self._failed_wire: list[bytes] | None = None
         self._failures_in_row = 0
@@ -339,13 +497,16 @@ class ScriptedModel:
         self.problems += message_problems(messages)
         if image_count(messages) > 4:
             self.problems.append(f"{image_count(messages)} images sent")
-        tokens = request_tokens(request)
+        tokens = server_tokens(request)
         if tokens + (request.max_output_tokens or 0) > self.context_window:
-            self.problems.append(f"{tokens} tokens sent to a {self.context_window} window")
-            raise ContextOverflowError("the prompt is too long", status_code=400)
+            self.refusals += 1
+            raise ContextOverflowError(
+                f"the request needs {tokens + (request.max_output_tokens or 0)} tokens; the "
+                f"model's context is {self.context_window}", status_code=400)
         if request.system_prompt.startswith(SUMMARY_MARK):
             return ModelReply((TextBlock(SUMMARY_REPLY),), Usage(tokens, 60))
-        if any(m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in messages):
+        flush = any(m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in messages)
+        if flush:
             step = self.brain.flush_step(messages[-1].kind == "tool_results")
         else:
             step = self.brain.desk_step()
@@ -355,17 +516,19 @@ class ScriptedModel:
                 self._failures_in_row = failures + 1
                 raise TransientBackendError("scripted 503", status_code=503)
             raise ContextOverflowError("scripted overflow", status_code=400)
+        if not flush:
+            self.seen.update(m.id for m in messages)
         if isinstance(step, Answer):
             text = self.brain.text(step)
             if on_text is not None and text:
                 on_text(text[: len(text) // 2])
                 on_text(text[len(text) // 2:])
-            while self.brain.steer_after_reply:
-                self.brain.steer_after_reply -= 1
-                self.inbox.put(self.steering("written while you answered"))
+            for late in self.brain.take_late_steering():
+                self.inbox.put(self.steering(late))
             return ModelReply((TextBlock(text),), Usage(tokens, len(text) // 4 + 1))
         calls: list[ContentBlock] = [
-            ToolUseBlock(f"c{next(self.ids)}", call.name, json.dumps(call.arguments()))
+            ToolUseBlock(f"c{next(self.ids)}", call.name,
+                         json.dumps(call.arguments(self.brain.window)))
             for call in step]
         return ModelReply(tuple(calls), Usage(tokens, 20), "tool_calls")
 
@@ -385,20 +548,27 @@ class WireDesk:
     async def complete(self, request: ModelRequestSpec,
                        on_text: Callable[[str], None] | None = None) -> ModelReply:
         reply = await self.inner.complete(request, on_text)
-        while self.brain.steer_after_reply:
-            self.brain.steer_after_reply -= 1
-            self.inbox.put(self.steering("written while you answered"))
+        for late in self.brain.take_late_steering():
+            self.inbox.put(self.steering(late))
         return reply
 
 
-def wire_responder(brain: Brain, window: int, problems: list[str]) -> Callable[
-        [RecordedRequest], Step]:
-    """The scripted server's answers for a scenario, checking every body it receives."""
+def wire_responder(brain: Brain, window: int, problems: list[str],
+                   refusals: list[int] | None = None) -> Callable[[RecordedRequest], Step]:
+    """The scripted server's answers for a scenario, checking every body it receives and
+    refusing (``refusals`` gets its size) one over the window."""
 
     def respond(request: RecordedRequest) -> Step:
         body = request.json
-        problems.extend(wire_problems(body, window))
-        usage = (wire_tokens(body), 20)
+        problems.extend(wire_problems(body))
+        size = wire_size(body)
+        if size > window:
+            if refusals is not None:
+                refusals.append(size)
+            return context_overflow(
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {size} tokens. Please reduce the length of the messages.")
+        usage = (server_wire_tokens(body), 20)
         messages = body["messages"]
         if str(messages[0]["content"]).startswith(SUMMARY_MARK):
             return Reply(SUMMARY_REPLY, usage=usage)
@@ -410,7 +580,8 @@ def wire_responder(brain: Brain, window: int, problems: list[str]) -> Callable[
             return server_error(503) if step.kind == "transient" else context_overflow()
         if isinstance(step, Answer):
             return Reply(brain.text(step), text_chunks=2, usage=usage)
-        return Reply(tool_calls=[ToolCall(c.name, c.arguments()) for c in step], usage=usage)
+        return Reply(tool_calls=[ToolCall(c.name, c.arguments(window)) for c in step],
+                     usage=usage)
 
     return respond
 
@@ -426,9 +597,14 @@ class CandleArguments(BaseModel):
     count: int
 
 
+class ExportArguments(BaseModel):
+    tokens: int
+
+
 class HoldArguments(BaseModel):
     steer: bool = False
     cancel: bool = False
+    paste_tokens: int = 0
 
 
 class NoteArguments(BaseModel):
@@ -459,6 +635,7 @@ class DeskRig:
     notes: list[str] = field(default_factory=list)
     scope: anyio.CancelScope | None = None
     charts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    exports: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def steering(self, text: str) -> SteeringMessage:
         message = SteeringMessage(f"{text} ({len(self.put_ids) + 1})", "ana")
@@ -484,10 +661,16 @@ class DeskRig:
             return "\n".join(f"2024-05-01T{i % 24:02d}:00 o 64000 h 64100 l 63900 c 64050"
                              for i in range(arguments.count))
 
+        @registry.tool(description="Every trade of the day, as CSV.")
+        async def export_trades(arguments: ExportArguments, context: ToolContext) -> str:
+            return digit_paste(arguments.tokens, next(self.exports) % _SALTS)
+
         @registry.tool(description="Waits on something slow.")
         async def hold(arguments: HoldArguments, context: ToolContext) -> str:
             if arguments.steer:
-                self.inbox.put(self.steering("written during a tool call"))
+                self.inbox.put(self.steering(
+                    "Pasted:\n" + digit_paste(arguments.paste_tokens, len(self.put_ids) % _SALTS)
+                    if arguments.paste_tokens else "written during a tool call"))
             if arguments.cancel and self.scope is not None:
                 self.scope.cancel()
             await anyio.lowlevel.checkpoint()
@@ -501,12 +684,15 @@ class DeskRig:
         return registry
 
 
-def trigger_for(plan: TurnPlan, number: int) -> Trigger:
+def trigger_for(plan: TurnPlan, number: int, window: int) -> Trigger:
     if plan.kind == "tick":
         return Trigger(kind="tick", text=f"BTC/USDT moved 0.{number}%", source="BTC/USDT")
     images = ((ImageBlock(CHART.data, CHART.media_type, f"operator screenshot {number}"),)
               if plan.kind == "operator_image" else ())
-    return Trigger(kind="operator", text=f"What now? ({number})", source="ana", images=images)
+    text = (f"What now? ({number}) My fills:\n" + digit_paste(plan.paste * window,
+                                                             number % _SALTS)
+            if plan.paste else f"What now? ({number})")
+    return Trigger(kind="operator", text=text, source="ana", images=images)
 
 
 def crashed(conversation: Conversation, store: RecordingStore) -> Conversation:
@@ -534,8 +720,49 @@ async def _no_sleep(delay: float) -> None:
     await anyio.lowlevel.checkpoint()
 
 
-async def run_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend) -> list[str]:
-    """Plays a scenario on a real AgentLoop; returns what went wrong around the requests."""
+Ending = Literal["answered", "cancelled", "overflow", "unavailable"]
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How one turn of a scenario ended, and the scripted failures it met."""
+
+    number: int
+    ended: Ending
+    transients: int
+    overflows: int
+    said: tuple[str, ...] = ()
+    """The ids of the operators' messages (the trigger, steering) that joined the turn."""
+
+
+@dataclass
+class Run:
+    """What a scenario left: the problems found, each turn's outcome, the conversation and
+    what the store was given."""
+
+    problems: list[str]
+    outcomes: list[TurnOutcome]
+    conversation: Conversation
+    store: RecordingStore
+
+
+LAST_TURN = TurnPlan("operator")
+"""Ends every scenario, with no scripted failure left: it must be answered."""
+
+
+async def run_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend,
+                       brain: Brain | None = None) -> list[str]:
+    """Plays a scenario on a real AgentLoop; returns what went wrong around the requests
+    (see :func:`play_scenario`)."""
+    return (await play_scenario(scenario, rig, backend, brain)).problems
+
+
+async def play_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend,
+                        brain: Brain | None) -> Run:
+    """Plays a scenario on a real AgentLoop and reports what went wrong around the
+    requests. With the ``brain`` that answers it, :data:`LAST_TURN` follows the scenario
+    and each turn's ending is checked (:func:`outcome_problems`); without it (the brain is
+    out of reach, behind a server), only what is kept and delivered is checked."""
     bus = EventBus()
     subscription = bus.subscribe("test", max_buffer=1_000_000)
     window = scenario.window
@@ -547,7 +774,15 @@ async def run_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend) 
     store = RecordingStore()
     conversation = Conversation(SYSTEM_PROMPT, observer=store)
     problems: list[str] = []
-    for number, plan in enumerate(scenario.turns, 1):
+    outcomes: list[TurnOutcome] = []
+    plans = scenario.turns if brain is None else (*scenario.turns, LAST_TURN)
+    for number, plan in enumerate(plans, 1):
+        if brain is not None and number == len(plans) and plan is LAST_TURN:
+            brain.steps.clear()
+        transients, overflows = (0, 0) if brain is None else (brain.transients,
+                                                              brain.overflows)
+        before = {m.id for m in store.appended}
+        ended: Ending = "answered"
         try:
             with anyio.CancelScope() as scope:
                 rig.scope = scope
@@ -555,12 +790,48 @@ async def run_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend) 
                     await loop.compact(conversation, Trigger(kind="command", text="/compact"))
                 elif plan.before == "crash":
                     conversation = crashed(conversation, store)
-                await loop.run_turn(conversation, trigger_for(plan, number))
-            if not scope.cancelled_caught and rig.inbox.pending:
+                await loop.run_turn(conversation, trigger_for(plan, number, window))
+            if scope.cancelled_caught:
+                ended = "cancelled"
+            elif rig.inbox.pending:
                 problems.append("a steering message still waits after run_turn returned")
-        except (ContextOverflowError, BackendUnavailableError):
-            pass  # a scripted overflow with nothing left to compact, or four 503s in a row
-    return problems + scenario_problems(drain(subscription), rig, conversation, store)
+        except ContextOverflowError:
+            ended = "overflow"
+        except BackendUnavailableError:
+            ended = "unavailable"
+        said = tuple(m.id for m in store.appended
+                     if m.kind in ("operator", "steering") and m.id not in before)
+        if brain is not None:
+            transients, overflows = (brain.transients - transients,
+                                     brain.overflows - overflows)
+        outcomes.append(TurnOutcome(number, ended, transients, overflows, said))
+    if brain is not None:
+        problems += outcome_problems(outcomes, loop.retry_policy.max_retries + 1)
+    problems += scenario_problems(drain(subscription), rig, conversation, store)
+    return Run(problems, outcomes, conversation, store)
+
+
+def outcome_problems(outcomes: Sequence[TurnOutcome], attempts: int) -> list[str]:
+    """Every turn answered, cancelled, or given up after ``attempts`` scripted 503s; one
+    may end in a context overflow, but then the next turn that meets no scripted failure is
+    answered: a desk never wedges."""
+    problems: list[str] = []
+    owed: int | None = None  # the overflowed turn that still waits for an answered one
+    for outcome in outcomes:
+        if outcome.ended == "unavailable" and outcome.transients < attempts:
+            problems.append(f"turn {outcome.number}: 'unavailable' after only "
+                            f"{outcome.transients} scripted 503s")
+        if outcome.ended in ("answered", "cancelled"):
+            owed = None
+        elif owed is not None and outcome.transients + outcome.overflows == 0:
+            problems.append(f"turn {outcome.number} ended in {outcome.ended} after turn "
+                            f"{owed} overflowed: the desk is wedged")
+        elif outcome.ended == "overflow" and owed is None:
+            owed = outcome.number
+    if outcomes and outcomes[-1].ended != "answered":
+        problems.append(f"the last turn, with no scripted failure, ended in "
+                        f"{outcomes[-1].ended}")
+    return problems
 
 
 def scenario_problems(events: list[Event], rig: DeskRig, conversation: Conversation,
@@ -574,8 +845,8 @@ def scenario_problems(events: list[Event], rig: DeskRig, conversation: Conversat
     delivered = [e.message_id for e in events if isinstance(e, SteeringDelivered)]
     waiting = [m.id for m in rig.inbox.take_all()]
     if sorted(delivered + waiting) != sorted(rig.put_ids):
-        problems.append(f"steering lost or repeated: put {rig.put_ids}, delivered "
-                        f"{delivered}, waiting {waiting}")
+        problems.append(f"steering lost or repeated: put {len(rig.put_ids)}, delivered "
+                        f"{len(delivered)}, waiting {len(waiting)}")
     if any(m.id.startswith(FLUSH_TRIGGER_PREFIX) for m in conversation.messages):
         problems.append("the flush turn reached the transcript")
     # The store has every message; memory, only those since the last compaction.
@@ -589,24 +860,50 @@ def scenario_problems(events: list[Event], rig: DeskRig, conversation: Conversat
     return problems
 
 
+def unseen_problems(outcomes: Sequence[TurnOutcome], seen: set[str]) -> list[str]:
+    """Every operator's message, however long, reaches the model (cut to fit, head and
+    tail kept) in a request it answers, in each turn answered without a scripted failure
+    (those force compactions that may summarize it first)."""
+    return [f"turn {o.number}: an operator's message never reached the model (it was "
+            "summarized before any request the model answered carried it)"
+            for o in outcomes if o.ended == "answered" and o.transients + o.overflows == 0
+            and any(said not in seen for said in o.said)]
+
+
+def _note(run: Run, refusals: int) -> None:
+    """Hypothesis statistics (``--hypothesis-show-statistics``): how often the server
+    refused, and how turns ended."""
+    event("server refused a request" if refusals else "server refused nothing")
+    for ended in sorted({o.ended for o in run.outcomes}):
+        event(f"a turn ended: {ended}")
+
+
 # --------------------------------------------------------------------------- properties
+
+
+def _with_over_long_examples(test: Any) -> Any:
+    for scenario in OVER_LONG:
+        test = example(scenario=scenario)(test)
+    return test
 
 
 @settings(max_examples=1000, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario=scenarios)
+@_with_over_long_examples
 @pytest.mark.slow
 def test_every_request_is_valid_in_process(scenario: Scenario) -> None:
     rig = DeskRig()
     brain = Brain(scenario)
     model = ScriptedModel(scenario.window, brain, rig.inbox, rig.steering)
 
-    async def main() -> list[str]:
-        return await run_scenario(scenario, rig, model)
+    async def main() -> Run:
+        return await play_scenario(scenario, rig, model, brain)
 
-    problems = anyio.run(main, backend="asyncio")
+    run = anyio.run(main, backend="asyncio")
+    _note(run, model.refusals)
     assert model.problems == []
-    assert problems == []
+    assert run.problems == []
     assert model.requests, "the scenario never reached the model"
 
 
@@ -614,27 +911,86 @@ def test_every_request_is_valid_in_process(scenario: Scenario) -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios)
+@_with_over_long_examples
 @pytest.mark.slow
 def test_every_request_is_valid_over_http(scenario: Scenario,
                                           scripted_server: ScriptedServer) -> None:
     rig = DeskRig()
     brain = Brain(scenario)
     wire: list[str] = []
-    scripted_server.responder = wire_responder(brain, scenario.window, wire)
+    refusals: list[int] = []
+    scripted_server.responder = wire_responder(brain, scenario.window, wire, refusals)
     first_request = len(scripted_server.requests)
 
-    async def main() -> list[str]:
+    async def main() -> Run:
         config = OpenAIBackendConfig(base_url=scripted_server.base_url, model="scripted-model",
                                      context_window=scenario.window, request_timeout=10)
         async with OpenAICompatibleBackend(config) as inner:
-            return await run_scenario(scenario, rig, WireDesk(inner, brain, rig.inbox,
-                                                              rig.steering))
+            return await play_scenario(scenario, rig, WireDesk(inner, brain, rig.inbox,
+                                                               rig.steering), brain)
 
-    problems = anyio.run(main, backend="asyncio")
+    run = anyio.run(main, backend="asyncio")
+    _note(run, len(refusals))
     assert wire == []
-    assert problems == []
+    assert run.problems == []
     assert len(scripted_server.requests) > first_request
     assert scripted_server.unexpected == []
+
+
+def test_a_digit_heavy_paste_is_calibrated_and_answered() -> None:
+    """An operator pastes five windows of digits into a 3,500-token desk: the paste is cut
+    in what is sent, the loop learns from the server's usage that this conversation counts
+    more tokens than characters / 4 says, and both that turn and the next are answered."""
+    scenario = OVER_LONG[0]
+    rig = DeskRig()
+    brain = Brain(scenario)
+    model = ScriptedModel(scenario.window, brain, rig.inbox, rig.steering)
+
+    async def main() -> Run:
+        return await play_scenario(scenario, rig, model, brain)
+
+    run = anyio.run(main, backend="asyncio")
+    assert model.problems == []
+    assert run.problems == []
+    assert [o.ended for o in run.outcomes] == ["answered"] * 3
+    first = model.requests[0].messages[0].text
+    assert "characters of this message were cut here" in first
+    # The characters / 4 guess is a scale of 1; the server counts about twice that here.
+    assert run.conversation.token_scale > 1.5
+    assert max(server_tokens(r) for r in model.requests) <= scenario.window
+    assert text_tokens(run.store.appended[0].text) > 4 * scenario.window  # stored whole
+
+
+# Days the property found where an operator's message is summarized before the model ever
+# reads it: a screenshot that arrives when the window is full of charts (the message with its
+# picture costs more than the recent budget, so find_cut summarizes it all); two pasted
+# steering messages delivered together (only one fits the recent budget); a paste refused by
+# the server, whose cut text is a little over the halved recent budget of the replay.
+UNSEEN = (
+    Scenario(3_500, (TurnPlan("tick"), TurnPlan("operator_image")),
+             ((Call("get_chart"), Call("get_chart"), Call("get_chart")),)),
+    Scenario(3_500, (TurnPlan("tick"),),
+             ((Call("hold", steer=True, paste=2), Call("hold", steer=True, paste=2)),)),
+    Scenario(3_500, (TurnPlan("operator", paste=2), TurnPlan("operator_image"),
+                     TurnPlan("operator", "crash", paste=2)), ()),
+)
+
+
+@pytest.mark.parametrize("scenario", UNSEEN, ids=["screenshot", "two-pastes", "replay"])
+def test_an_operators_message_reaches_the_model_before_any_summary(scenario: Scenario) -> None:
+    """Every operator's message, however long, is read by the model (cut to fit) in a
+    request it answers, before a summary may replace it."""
+    rig = DeskRig()
+    brain = Brain(scenario)
+    model = ScriptedModel(scenario.window, brain, rig.inbox, rig.steering)
+
+    async def main() -> Run:
+        return await play_scenario(scenario, rig, model, brain)
+
+    run = anyio.run(main, backend="asyncio")
+    assert model.problems == []
+    assert run.problems == []
+    assert unseen_problems(run.outcomes, model.seen) == []
 
 
 # --------------------------------------------------------------------------- repair and cut

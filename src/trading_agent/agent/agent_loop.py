@@ -418,14 +418,13 @@ class AgentLoop:
         images = self._image_tokens(conversation)
         if tokens - images < mark * window and tokens < compressor.hard_threshold * window:
             return True  # only pictures are over the mark, and the request still fits
-        enough = tokens - int(0.8 * mark * window)
-        freed_enough = compressor.clear(conversation, enough=enough)
+        compressor.clear(conversation, enough=tokens - int(0.8 * mark * window))
         after = self._context_tokens(conversation)
+        enough = after < mark * window  # measured as the next request will be
         if after < tokens:
             self._publish(turn, ContextCleared(
-                desk=self.desk_name, tokens_before=tokens, tokens_after=after,
-                enough=freed_enough))
-        return freed_enough
+                desk=self.desk_name, tokens_before=tokens, tokens_after=after, enough=enough))
+        return enough
 
     def _image_tokens(self, conversation: Conversation) -> int:
         """What the pictures sent with the next request count for (at most the preparer's

@@ -184,8 +184,9 @@ def find_cut(messages: Sequence[Message], keep_recent_tokens: int,
 
     The newest messages worth ``keep_recent_tokens`` are kept; then the cut moves back so it
     never falls between a tool call and its results (a kept results message keeps its call).
-    When even the newest message does not fit the budget, everything is summarized: a
-    compaction always makes progress.
+    When even the newest message does not fit the budget, everything the model has answered
+    is summarized; what it has not answered yet (the messages after its last one) is always
+    kept, cut to fit in what is sent.
 
     Args:
         messages: The window's messages (without the summary), oldest first.
@@ -203,6 +204,11 @@ def find_cut(messages: Sequence[Message], keep_recent_tokens: int,
             break
         budget -= price
         cut -= 1
+    # What the model has not answered yet (a trigger, an operator's message, steering) is
+    # sent, cut to fit, never only summarized: it is what the next answer must read.
+    unanswered = next((index + 1 for index in range(len(messages) - 1, -1, -1)
+                       if messages[index].role == "assistant"), 0)
+    cut = min(cut, unanswered)
     while 0 < cut < len(messages) and messages[cut].kind == "tool_results":
         cut -= 1
     return cut
@@ -462,7 +468,7 @@ class ContextCompressor:
         before = measure()
         events.publish(CompactionStarted(desk=desk, reason=reason, tokens_before=before))
         summary_text = await self._summarize(ask, conversation.summary, window[:cut],
-                                             summary_tokens)
+                                             summary_tokens, scale)
         summary = Message(role="user", kind="summary",
                           content=(TextBlock(SUMMARY_HEADER + summary_text),))
         await conversation.compact(summary, start + cut)
@@ -483,11 +489,14 @@ class ContextCompressor:
         return keep, max(32, min(self.summary_max_tokens, room - keep))
 
     async def _summarize(self, ask: AskModel, previous: Message | None,
-                         messages: Sequence[Message], max_tokens: int | None = None) -> str:
-        """Folds the messages, chunk by chunk, into the previous summary."""
+                         messages: Sequence[Message], max_tokens: int | None = None,
+                         scale: float = 1.0) -> str:
+        """Folds the messages, chunk by chunk (sized at the conversation's token scale),
+        into the previous summary."""
         max_tokens = max_tokens or self.summary_max_tokens
         summary = _summary_body(previous)
-        pending = deque(_chunks([_render(m) for m in messages], self._chunk_chars))
+        chunk_chars = max(_MIN_CHUNK_CHARS, int(self._chunk_chars / max(scale, 1.0)))
+        pending = deque(_chunks([_render(m) for m in messages], chunk_chars))
         while pending:
             chunk = pending.popleft()
             prompt = (f"Previous summary:\n{summary or '(none yet: this is the first one)'}\n\n"
