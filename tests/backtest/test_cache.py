@@ -6,9 +6,14 @@ server's request log proves which requests reached the model and which were repl
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import subprocess
+import sys
 import tempfile
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +35,7 @@ from tests.agent.test_randomized_conversations import (
     wire_responder,
 )
 from tests.scripted_server import (
+    RecordedRequest,
     Reply,
     ScriptedServer,
     ToolCall,
@@ -215,7 +221,7 @@ async def test_the_file_keeps_each_message_once(
     # Each answer names only the messages the one before did not have.
     assert [(a["keep"], len(a["messages"])) for a in answers] == [(0, 1), (1, 2), (3, 2),
                                                                   (5, 2)]
-    assert all(line["v"] == 1 for line in lines)
+    assert all(line["v"] == 2 for line in lines)
 
 
 # --------------------------------------------------------------------------- strict misses
@@ -455,9 +461,10 @@ async def test_a_transient_failure_is_not_recorded(
 @pytest.mark.parametrize(("bad_line", "why"), [
     (b"this is not json", "not JSON"),
     (b"[1, 2]", "not a JSON object"),
-    (b'{"v": 2, "kind": "message"}', "format version 2"),
-    (b'{"v": 1, "kind": "answer", "key": "k"}', '"system" is missing'),
-    (b'{"v": 1, "kind": "mystery"}', "unknown line kind 'mystery'"),
+    (b'{"v": 3, "kind": "message"}', "format version 3; this program reads version 2"),
+    (b'{"v": 1, "kind": "message"}', "format version 1 (written by an older trading-agent"),
+    (b'{"v": 2, "kind": "answer", "key": "k"}', '"system" is missing'),
+    (b'{"v": 2, "kind": "mystery"}', "unknown line kind 'mystery'"),
 ])
 async def test_an_unreadable_line_names_the_file_and_the_line(
         backend: OpenAICompatibleBackend, scripted_server: ScriptedServer, cache_file: Path,
@@ -661,3 +668,231 @@ def test_the_key_depends_on_what_is_sent_and_nothing_else(texts: list[str], erro
     assert cache.key_of(build(texts, error, call_id + "x")) != key
     assert cache.key_of(build([*texts[:-1], texts[-1] + "."], error, call_id)) != key
     assert cache.key_of(build(texts[1:], error, call_id)) != key
+
+
+def fixed_request() -> ModelRequestSpec:
+    """A request of every kind of block, built afresh (new objects) on each call."""
+    call = ToolUseBlock("call_7", "get_ticker", '{"symbol": "BTC/USDT"}')
+    return ModelRequestSpec(SYSTEM, [
+        Message.user_text("[tick: BTC/USDT]\nBTC/USDT moved 1.2% \u00e9\u20ac"),
+        Message(role="assistant", content=(TextBlock("Let me look."), call)),
+        Message(role="user", kind="tool_results", content=(ToolResultBlock(
+            "call_7", (TextBlock("BTC/USDT last 64,000.50"),
+                       ImageBlock(bytes(range(256)) * 4, "image/png", "chart"))),)),
+        Message(role="assistant", content=(TextBlock("Holding."),)),
+    ], TOOLS, max_output_tokens=400)
+
+
+FIXED_KEY = "8598af57b0289be04855f88aa5c729a17a85928eb9b00306e67e75181c40ae8d"
+"""The key of :func:`fixed_request` under format version 2. It changes only with the
+format version: a change of the key's recipe that keeps the version would silently turn
+every recorded file into misses."""
+
+
+class NoModel:
+    """A backend for keys alone: it answers nothing."""
+
+    model = "m"
+    context_window = 1000
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+        raise AssertionError("a key is computed without asking the model")
+
+
+def test_the_key_is_the_same_in_another_process() -> None:
+    """A re-run is a new process, with other hash seeds and other objects: it must hit."""
+    script = ("from pathlib import Path\n"
+              "from tests.backtest.test_cache import NoModel, fixed_request\n"
+              "from trading_agent.backtest.cache import ResponseCache\n"
+              "print(ResponseCache(NoModel(), Path('unused.jsonl'), 'off')"
+              ".key_of(fixed_request()))\n")
+    root = Path(__file__).resolve().parents[2]
+    keys = {subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=50,
+                           capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+            for seed in ("1", "2")}
+
+    # Here the key comes by the short way: the request before it shared its first messages
+    # as the same objects, so only the last one is hashed.
+    cache = ResponseCache(NoModel(), Path("unused.jsonl"), "off")
+    request = fixed_request()
+    cache.key_of(replace(request, messages=list(request.messages[:3])))
+    assert keys == {cache.key_of(request)} == {FIXED_KEY}
+
+
+@dataclass
+class Edit:
+    """One change to a conversation between two requests."""
+
+    kind: str  # append, same_copy, replace, drop_front, summary_front
+    position: int
+    text: str
+
+
+edits = st.builds(Edit, st.sampled_from(["append", "append", "same_copy", "replace",
+                                         "drop_front", "summary_front"]),
+                  st.integers(0, 40), st.text(max_size=12))
+
+
+def fresh(message: Message) -> Message:
+    """The same message as a new object, with a new id and time."""
+    return Message(role=message.role, content=message.content, kind=message.kind)
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(edits, min_size=1, max_size=30))
+def test_a_key_by_the_short_way_equals_the_key_from_scratch(steps: list[Edit]) -> None:
+    """Whatever happens to the conversation between requests (messages added, rewritten,
+    copied as new objects, dropped by a compaction), the key a cache computes from its last
+    requests equals the key a new cache computes from new objects of the same content."""
+    warm = ResponseCache(NoModel(), Path("unused.jsonl"), "off")
+    conversation = [Message.user_text("[tick]")]
+    for number, step in enumerate(steps):
+        at = step.position % len(conversation)
+        if step.kind == "append":
+            conversation.append(Message.user_text(step.text or f"tick {number}"))
+        elif step.kind == "same_copy":
+            conversation[at] = fresh(conversation[at])
+        elif step.kind == "replace":
+            conversation[at] = Message.user_text(f"{step.text} rewritten {number}")
+        elif step.kind == "drop_front" and len(conversation) > 1:
+            del conversation[:at or 1]
+        elif step.kind == "summary_front":
+            conversation[:at] = [Message.user_text(f"summary {number}", kind="summary")]
+        request = ModelRequestSpec(SYSTEM, list(conversation), TOOLS)
+        cold = ResponseCache(NoModel(), Path("unused.jsonl"), "off")
+        copy = replace(request, messages=[fresh(m) for m in conversation])
+        assert warm.key_of(request) == cold.key_of(copy)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def held_by(cache: ResponseCache) -> tuple[list[object], list[Message]]:
+    """What the cache holds, object by object, apart from the model it wraps and files; and
+    the messages it holds (the caller's objects, not followed)."""
+    seen: set[int] = set()
+    held: list[object] = []
+    messages: list[Message] = []
+    stack: list[object] = [v for k, v in vars(cache).items() if k != "backend"]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, Message):
+            messages.append(item)
+            continue
+        held.append(item)
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset | deque):
+            stack += list(item)
+        elif dataclasses.is_dataclass(item):
+            stack += [getattr(item, f.name) for f in dataclasses.fields(item)]
+    return held, messages
+
+
+def held_size(cache: ResponseCache) -> int:
+    return sum(sys.getsizeof(item) for item in held_by(cache)[0])
+
+
+def tick(number: int, move: str = "quiet tape") -> Message:
+    """A trigger of about a thousand characters, as a desk's candle summary is."""
+    return Message.user_text(f"[tick: BTC/USDT #{number}]\n" + f"{move}; " * 90)
+
+
+def holding(request: RecordedRequest) -> Reply:
+    return Reply(f"Holding, having read {len(request.messages)} messages. " * 4)
+
+
+async def test_a_long_recording_holds_hashes_not_message_bodies(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
+        cache_file: Path) -> None:
+    """Recording keeps each body in the file and only its hash in memory: what the cache
+    holds grows by far less than a body per message, and holds no message text at all but
+    the last few requests' message objects (the caller's, compared by identity)."""
+    scripted_server.responder = holding
+    requests: list[list[Message]] = []
+    sizes: dict[int, int] = {}
+    async with ResponseCache(backend, cache_file) as recording:
+        conversation = [tick(0)]
+        for number in range(1, 241):
+            requests.append(list(conversation))
+            reply = await recording.complete(ModelRequestSpec(SYSTEM, requests[-1], TOOLS))
+            conversation += [Message(role="assistant", content=reply.content), tick(number)]
+            if len(conversation) > 40:  # a compaction: a summary and the newest messages
+                conversation = [Message.user_text(f"Summary {number}.", kind="summary"),
+                                *conversation[-10:]]
+            if number in (120, 240):
+                sizes[number] = held_size(recording)
+        held, messages = held_by(recording)
+
+    text = [item if isinstance(item, str) else item.decode("latin-1")
+            for item in held if isinstance(item, str | bytes)]
+    assert not [t for t in text if "quiet tape" in t or "Holding" in t]
+    last_requests = {id(m) for request in requests[-4:] for m in request}
+    assert messages and {id(m) for m in messages} <= last_requests
+    # 240 new messages of over 900 characters each in the second half.
+    assert (sizes[240] - sizes[120]) / 240 < 300
+    # All of it is in the file, each body once (a reply can repeat after a compaction).
+    kinds = [line["kind"] for line in lines_of(cache_file)]
+    assert kinds.count("answer") == 240
+    assert kinds.count("message") == len({(m.role, m.text) for r in requests for m in r})
+
+
+async def test_a_strict_miss_after_a_reopen_reads_both_texts_back_from_the_file(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
+        cache_file: Path) -> None:
+    scripted_server.responder = holding
+    async with ResponseCache(backend, cache_file) as recording:
+        conversation = [tick(0)]
+        for number in range(1, 21):
+            reply = await recording.complete(ModelRequestSpec(SYSTEM, list(conversation),
+                                                              TOOLS))
+            conversation += [Message(role="assistant", content=reply.content), tick(number)]
+
+    edited = [fresh(m) for m in conversation[:-1]]
+    edited[10] = tick(5, move="sharp drop")  # message 11 of 40, tick 5
+    async with ResponseCache(backend, cache_file, "strict") as strict:
+        held, _ = held_by(strict)
+        assert not [t for t in held if isinstance(t, str) and "quiet tape" in t]
+        with pytest.raises(CacheMissError) as caught:
+            await strict.complete(ModelRequestSpec(SYSTEM, edited, TOOLS))
+
+    message = str(caught.value)
+    assert message.startswith("no recorded answer for request 1 (strict cache): message 11 of "
+                              "40 (user, text) differs from the recording: ")
+    assert 'recorded "[tick: BTC/USDT #5]\\nquiet tape; quiet tape; ' in message
+    assert 'now "[tick: BTC/USDT #5]\\nsharp drop; sharp drop; ' in message
+    assert len(scripted_server.requests) == 20
+
+
+async def test_a_file_of_the_previous_format_is_refused_on_its_first_line(
+        backend: OpenAICompatibleBackend, cache_file: Path) -> None:
+    cache_file.parent.mkdir(parents=True)
+    old = (b'{"hash":"41d8","kind":"system","text":"You run the BTC desk.","v":1}\n'
+           b'{"hash":"c0ff","kind":"tools","tools":[],"v":1}\n')
+    write(cache_file, old)
+    for mode in ("record", "strict"):
+        with pytest.raises(CacheFileError) as caught:
+            await ResponseCache(backend, cache_file, mode).open()
+        assert str(caught.value) == (
+            f"{cache_file}, line 1: unreadable response cache line: format version 1 (written "
+            "by an older trading-agent, whose request keys differ); this program reads "
+            "version 2. Delete the file to record afresh, or run with `--cache off`")
+    assert read(cache_file) == old
+
+
+async def test_a_file_changed_under_a_strict_run_is_reported(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
+        cache_file: Path) -> None:
+    scripted_server.add(*desk_script())
+    async with ResponseCache(backend, cache_file) as recording:
+        await play(recording)
+    data = read(cache_file)
+    async with ResponseCache(backend, cache_file, "strict") as strict:
+        write(cache_file, b"\n" * len(data))  # the same size, none of the answers
+        with pytest.raises(CacheFileError, match="changed while this run used it"):
+            await play(strict)

@@ -8,6 +8,13 @@ blocks (an image by its media type and a hash of its bytes). Message ids, creati
 other bookkeeping never sent are left out, so a re-run with fresh ids still hits, and editing
 a prompt invalidates only the requests from the first one that changed.
 
+The messages enter the key as a hash chain: each link hashes the link before it with the next
+message's body hash, so the last link stands for the whole list. A request that repeats the
+previous one's messages (the same objects, as every request of a turn does) and adds two
+costs two links: the cache keeps its last few requests with their chains, finds how many
+leading messages are the same objects (a C-speed list comparison), and hashes only the rest.
+The links depend on content alone, so any process computes the same key for the same request.
+
 Modes:
 
 - ``record`` (the default): a hit replays the recorded answer; a miss asks the wrapped
@@ -26,14 +33,20 @@ answer being written (a last line without its newline is dropped and cut off bef
 append). Each distinct message body, system prompt and tool list is written once, under its
 hash; an answer's line names them by hash and shares its leading messages with an earlier
 answer (``base``, ``keep``), so the file grows with what is new, not with the history. Every
-line carries the format version (``"v": 1``)::
+line carries the format version (``"v": 2``); a file of another version, such as one written
+before the keys were chained (version 1), is refused::
 
-    {"v":1,"kind":"message","hash":"9f2c…","body":{"role":"user","content":[…]}}
-    {"v":1,"kind":"system","hash":"41d8…","text":"You are the desk alpha…"}
-    {"v":1,"kind":"tools","hash":"c0ff…","tools":[…]}
-    {"v":1,"kind":"answer","key":"e3b0…","model":"m","sampling":{},"max_output_tokens":null,
+    {"v":2,"kind":"message","hash":"9f2c…","body":{"role":"user","content":[…]}}
+    {"v":2,"kind":"system","hash":"41d8…","text":"You are the desk alpha…"}
+    {"v":2,"kind":"tools","hash":"c0ff…","tools":[…]}
+    {"v":2,"kind":"answer","key":"e3b0…","model":"m","sampling":{},"max_output_tokens":null,
      "system":"41d8…","tools":"c0ff…","base":11,"keep":30,"messages":["9f2c…"],
      "reply":{"content":[…],"usage":{…},"stop_reason":"stop"}}
+
+Memory stays flat over a long run: the cache holds the hashes of what the file holds, each
+recorded answer's place in the file, and its last few requests, never a body. An answer is
+read back from the file when it is replayed, and the bodies of the closest recorded request
+only when a strict miss is explained.
 
 Errors (in :mod:`trading_agent.errors`' tree)::
 
@@ -48,15 +61,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import io
 import json
 import os
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import IO, Any, Literal, get_args
 
 import anyio
 
@@ -76,15 +89,21 @@ __all__ = ["FORMAT_VERSION", "CacheFileError", "CacheMissError", "CacheMode", "R
 CacheMode = Literal["record", "strict", "off"]
 """``record`` asks the model on a miss, ``strict`` fails on one, ``off`` never caches."""
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """The version of the file format and of the request key; a line of another version is
-refused, and a key never matches one made under another version."""
+refused, and a key never matches one made under another version (version 1 hashed the
+messages' hashes side by side, not as a chain)."""
 
 _MODES: tuple[str, ...] = get_args(CacheMode)
-_MEMO = "response_cache"
-"""The key of a message's hash in ``Message.cache`` (the per-message memo of derived values)."""
-_RECENT_BASES = 4
-"""How many recent answers a new one may share its leading messages with."""
+_DIGEST = "response_cache.digest"
+"""The key of a message's body hash in ``Message.cache`` (the per-message memo of derived
+values): messages are immutable, so each is hashed once in its life."""
+_LINK = "response_cache.link"
+"""The key of a message's last chain link in ``Message.cache``: (the link before it, its
+link). It spares the hashing when the same objects follow a message that differs only in
+being a new object (a repair made afresh for each request)."""
+_RECENT = 4
+"""How many recent requests a new one may share its leading messages with."""
 _EXCERPT = 80
 """Characters of each text a miss message shows."""
 
@@ -135,26 +154,82 @@ def _message_body(message: Message) -> dict[str, Any]:
     return {"role": message.role, "content": [_request_block(b) for b in message.content]}
 
 
-def _message_hash(message: Message) -> str:
-    """A message's hash, computed once in its life: messages are immutable, and every request
-    of a turn sends the same objects again (the conversation, repair, the image preparer and
-    the compressor all reuse them), so a replayed request hashes only its new messages."""
-    cached = message.cache.get(_MEMO)
+def _message_digest(message: Message) -> bytes:
+    """A message's body hash (32 bytes), computed once in its life."""
+    cached = message.cache.get(_DIGEST)
     if cached is None:
-        cached = _digest(_canonical(_message_body(message)))
-        message.cache[_MEMO] = cached
-    return str(cached)
+        cached = hashlib.sha256(_canonical(_message_body(message)).encode("ascii")).digest()
+        message.cache[_DIGEST] = cached
+    return bytes(cached)
+
+
+def _link(previous: bytes, message: Message) -> bytes:
+    """The chain link after ``previous``: the hash of the messages up to ``message``."""
+    memo = message.cache.get(_LINK)
+    if memo is not None and memo[0] == previous:
+        return bytes(memo[1])
+    link = hashlib.sha256(previous + _message_digest(message)).digest()
+    message.cache[_LINK] = (previous, link)
+    return link
+
+
+def _same_objects(recent: list[Message], now: list[Message]) -> int:
+    """How many leading messages two requests share as the same objects.
+
+    List equality runs in C and tests identity before ``__eq__`` (and a message compares by
+    identity), so the common case, the whole of ``recent`` at the start of ``now``, costs one
+    comparison of pointers; otherwise a binary search over slices finds the first difference.
+    """
+    low, high = 0, min(len(recent), len(now))
+    if (recent if high == len(recent) else recent[:high]) == (
+            now if high == len(now) else now[:high]):
+        return high
+    while high - low > 1:  # the first `low` are the same; a difference lies before `high`
+        middle = (low + high) // 2
+        if recent[low:middle] == now[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _same_content(recent: list[bytes], now: list[bytes]) -> int:
+    """How many leading messages two chains share: the largest n whose n-th links are equal
+    (a link stands for every message up to it, so a binary search finds it)."""
+    low, high = 0, min(len(recent), len(now))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if recent[middle - 1] == now[middle - 1]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass(eq=False)
+class _Sent:
+    """A recent request as the key saw it.
+
+    Attributes:
+        messages: Its messages (a copy of the list; the same objects).
+        chain: ``chain[i]`` is the link of ``messages[i]``: the hash of the first ``i + 1``.
+        entry: The recorded answer it was given or recorded as (a base for the next answer).
+    """
+
+    messages: list[Message]
+    chain: list[bytes]
+    entry: int | None = None
 
 
 @dataclass(frozen=True)
 class _Parts:
     """A request's key and the hashes it is made of."""
 
-    key: str
+    key: bytes
     head: str
     system: str
     tools: str
-    messages: list[str]
+    sent: _Sent
 
 
 # --------------------------------------------------------------------------- replies
@@ -257,56 +332,78 @@ def _read_outcome(line: Mapping[str, Any]) -> _Outcome:
 # --------------------------------------------------------------------------- the recording
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One recorded answer's request, its messages shared with an earlier entry's.
+def _place(entry: int, offset: int, length: int) -> int:
+    """An answer's entry number and line (offset and length in the file) packed in one int:
+    one small object per recorded answer, as a long run holds hundreds of thousands. An entry
+    number and a line length each fit in 32 bits (a line of 4 GiB is not an answer)."""
+    return (offset << 64) | (entry << 32) | length
 
-    The messages are ``entries[base]``'s first ``keep``, then ``added``.
-    """
 
-    key: str
-    head: str
-    system: str
-    tools: str
-    base: int | None
-    keep: int
-    added: tuple[str, ...]
+def _unplace(place: int) -> tuple[int, int, int]:
+    """``(entry, offset, length)`` of :func:`_place`."""
+    return (place >> 32) & 0xFFFFFFFF, place >> 64, place & 0xFFFFFFFF
 
-    @property
-    def length(self) -> int:
-        return self.keep + len(self.added)
+
+def _hex_digest(value: Any) -> bytes | None:
+    """A SHA-256 in hex as its 32 bytes, or None for anything else."""
+    if not isinstance(value, str) or len(value) != 64:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    """One line of the file, as an object of this format version."""
+    try:
+        line = json.loads(raw)
+    except ValueError as exc:
+        raise _BadLine(f"not JSON ({exc})") from None
+    if not isinstance(line, dict):
+        raise _BadLine("not a JSON object")
+    version = line.get("v")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        older = (" (written by an older trading-agent, whose request keys differ)"
+                 if type(version) is int and 0 < version < FORMAT_VERSION else "")
+        raise _BadLine(f"format version {version!r}{older}; this program reads version "
+                       f"{FORMAT_VERSION}")
+    return line
+
+
+def _head(line: Mapping[str, Any]) -> str:
+    """What an answer's line says of the model and the sampling, as the key spells it."""
+    return _canonical({"format": FORMAT_VERSION, "model": _field(line, "model", str),
+                       "sampling": _field(line, "sampling", dict),
+                       "max_output_tokens": _field(line, "max_output_tokens", int,
+                                                   optional=True)})
 
 
 @dataclass
 class _Recording:
-    """What the cache file holds, as loaded (and as appended since)."""
+    """What replay and recording need of the cache file: hashes and places, never a body.
 
-    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    systems: dict[str, str] = field(default_factory=dict)
-    tools: dict[str, list[Any]] = field(default_factory=dict)
-    entries: list[_Entry] = field(default_factory=list)
-    answers: dict[str, list[tuple[int, _Outcome]]] = field(default_factory=dict)
+    Attributes:
+        messages: The hashes of the message bodies the file holds (so each is written once).
+        systems: The hashes of its system prompts.
+        tools: The hashes of its tool lists.
+        lengths: Each answer's message count, in the file's order (to check a ``base``).
+        answers: For each key, the places (:func:`_place`) of its answers as loaded, in order.
+        size: The length of the file's whole lines.
+        torn_at: The offset of a last line without its newline (a torn write), to cut off.
+    """
+
+    messages: set[bytes] = field(default_factory=set)
+    systems: set[str] = field(default_factory=set)
+    tools: set[str] = field(default_factory=set)
+    lengths: array[int] = field(default_factory=lambda: array("q"))
+    answers: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    size: int = 0
     torn_at: int | None = None
-    """The offset of a last line without its newline (a torn write), to cut off."""
 
-    def add_entry(self, entry: _Entry, outcome: _Outcome) -> int:
-        index = len(self.entries)
-        self.entries.append(entry)
-        self.answers.setdefault(entry.key, []).append((index, outcome))
-        return index
-
-    def take(self, raw: bytes) -> None:
-        """Reads one line of the file into the recording."""
-        try:
-            line = json.loads(raw)
-        except ValueError as exc:
-            raise _BadLine(f"not JSON ({exc})") from None
-        if not isinstance(line, dict):
-            raise _BadLine("not a JSON object")
-        version = line.get("v")
-        if version != FORMAT_VERSION or isinstance(version, bool):
-            raise _BadLine(f"format version {version!r}; this program reads version "
-                           f"{FORMAT_VERSION}")
+    def take(self, raw: bytes, offset: int) -> None:
+        """Reads one line of the file, found at ``offset``, into the recording."""
+        line = _parse(raw)
         kind = line.get("kind")
         if kind == "message":
             body = _field(line, "body", dict)
@@ -314,94 +411,178 @@ class _Recording:
                 raise _BadLine(f"unknown role {body['role']!r}")
             if not all(isinstance(b, dict) for b in _field(body, "content", list)):
                 raise _BadLine("a content block is not an object")
-            self.messages[_field(line, "hash", str)] = body
+            digest = _hex_digest(_field(line, "hash", str))
+            if digest is None:
+                raise _BadLine('"hash" is not a SHA-256 in hex')
+            self.messages.add(digest)
         elif kind == "system":
-            self.systems[_field(line, "hash", str)] = _field(line, "text", str)
+            _field(line, "text", str)
+            self.systems.add(_field(line, "hash", str))
         elif kind == "tools":
-            self.tools[_field(line, "hash", str)] = _field(line, "tools", list)
+            _field(line, "tools", list)
+            self.tools.add(_field(line, "hash", str))
         elif kind == "answer":
-            self.add_entry(self._entry(line), _read_outcome(line))
+            self._answer(line, offset, len(raw))
         else:
             raise _BadLine(f"unknown line kind {kind!r}")
 
-    def _entry(self, line: Mapping[str, Any]) -> _Entry:
+    def _answer(self, line: Mapping[str, Any], offset: int, length: int) -> None:
         system = _field(line, "system", str)
         tools = _field(line, "tools", str)
         if system not in self.systems or tools not in self.tools:
             raise _BadLine("names a system prompt or tool list written nowhere before it")
         added = _field(line, "messages", list)
-        if not all(isinstance(h, str) and h in self.messages for h in added):
+        if not all(_hex_digest(h) in self.messages for h in added):
             raise _BadLine("names a message written nowhere before it")
         base = _field(line, "base", int, optional=True)
         keep = _field(line, "keep", int)
         limit = 0 if base is None else (
-            self.entries[base].length if 0 <= base < len(self.entries) else -1)
+            self.lengths[base] if 0 <= base < len(self.lengths) else -1)
         if limit < 0:
             raise _BadLine(f'"base" {base} is not an earlier answer')
         if not 0 <= keep <= limit:
             raise _BadLine(f'"keep" {keep} is outside 0..{limit}')
-        head = _canonical({"format": FORMAT_VERSION, "model": _field(line, "model", str),
-                           "sampling": _field(line, "sampling", dict),
-                           "max_output_tokens": _field(line, "max_output_tokens", int,
-                                                       optional=True)})
-        return _Entry(_field(line, "key", str), head, system, tools, base, keep,
-                      tuple(added))
-
-    def message_at(self, index: int, position: int) -> str:
-        """The hash of message ``position`` of entry ``index``, following the bases."""
-        entry = self.entries[index]
-        while position < entry.keep:
-            assert entry.base is not None  # keep is 0 without a base (checked on load)
-            entry = self.entries[entry.base]
-        return entry.added[position - entry.keep]
-
-    def prefix_lengths(self, now: Sequence[str]) -> list[int]:
-        """For each entry, how many leading messages it shares with ``now``.
-
-        Linear in the file: an entry starts as its base's prefix, so only its own messages
-        are compared.
-        """
-        lengths: list[int] = []
-        for entry in self.entries:
-            inherited = lengths[entry.base] if entry.base is not None else 0
-            if inherited < entry.keep:
-                lengths.append(inherited)
-                continue
-            common = entry.keep
-            for recorded, asked in zip(entry.added, now[entry.keep:], strict=False):
-                if recorded != asked:
-                    break
-                common += 1
-            lengths.append(common)
-        return lengths
+        _head(line)
+        key = _hex_digest(_field(line, "key", str))
+        if key is None:
+            raise _BadLine('"key" is not a SHA-256 in hex')
+        _read_outcome(line)  # checked now, read again when replayed
+        entry = len(self.lengths)
+        self.lengths.append(keep + len(added))
+        self.answers[key] = (*self.answers.get(key, ()), _place(entry, offset, length))
 
 
-def _load(path: Path) -> _Recording:
-    """Reads the whole cache file (run in a thread)."""
+def _load(path: Path) -> tuple[_Recording, IO[bytes] | None]:
+    """Reads the cache file line by line (run in a thread).
+
+    Returns:
+        The recording, and the file left open to read answers back when it holds any.
+    """
     recording = _Recording()
     try:
-        data = path.read_bytes()
+        file = open(path, "rb")  # noqa: SIM115  (kept open for replays, closed by aclose)
     except FileNotFoundError:
-        return recording
+        return recording, None
     except OSError as exc:
         raise CacheFileError(f"{path}: the response cache cannot be read ({exc}); fix it, "
                              "delete the file, or run with `--cache off`") from None
-    lines = data.split(b"\n")
-    tail = lines.pop()
-    if tail:
-        recording.torn_at = len(data) - len(tail)
-    for number, raw in enumerate(lines, 1):
-        try:
-            recording.take(raw)
-        except _BadLine as exc:
-            raise CacheFileError(
-                f"{path}, line {number}: unreadable response cache line: {exc}. Delete the "
-                "file to record afresh, or run with `--cache off`") from None
-    return recording
+    try:
+        offset = 0
+        for number, raw in enumerate(file, 1):
+            if not raw.endswith(b"\n"):
+                recording.torn_at = offset
+                break
+            try:
+                recording.take(raw, offset)
+            except _BadLine as exc:
+                raise CacheFileError(
+                    f"{path}, line {number}: unreadable response cache line: {exc}. Delete "
+                    "the file to record afresh, or run with `--cache off`") from None
+            offset += len(raw)
+        recording.size = offset
+    except OSError as exc:
+        file.close()
+        raise CacheFileError(f"{path}: the response cache cannot be read ({exc}); fix it, "
+                             "delete the file, or run with `--cache off`") from None
+    except BaseException:
+        file.close()
+        raise
+    if not recording.answers:
+        file.close()
+        return recording, None
+    return recording, file
 
 
 # --------------------------------------------------------------------------- misses
 
+
+@dataclass
+class _Closest:
+    """The recorded request closest to a missed one, with the bodies a miss message shows.
+
+    Attributes:
+        system: The hash of its system prompt, and the prompt.
+        tools: The hash of its tool list, and the list.
+        head: Its model and sampling settings, as the key spells them.
+        common: How many leading messages it shares with the missed request.
+        length: How many messages it has.
+        message: Its message after the common ones (its body), if it goes on.
+    """
+
+    system: tuple[str, str]
+    tools: tuple[str, list[Any]]
+    head: str
+    common: int
+    length: int
+    message: dict[str, Any] | None
+
+
+def _closest(path: Path, size: int, now: Sequence[str], system: str, tools: str,
+             head: str) -> _Closest:
+    """Finds the recorded request closest to ``now`` (message hashes in hex) in the file.
+
+    The closest has the same system prompt, tools and settings if any has, then the most
+    leading messages in common, then is the latest. One pass over the file (run in a thread),
+    linear in it: an answer's common prefix starts as its base's, so only its own messages are
+    compared. The bodies the miss message shows are then read back by their place.
+
+    Raises:
+        _BadLine: The file no longer holds what was loaded.
+        OSError: The file cannot be read.
+    """
+    places: dict[tuple[str, str], tuple[int, int]] = {}
+    commons: list[int] = []
+    nexts: list[str | None] = []  # each answer's message after its common ones (a hash)
+    best: tuple[tuple[bool, bool, bool, int], int, int, str, str, str] | None = None
+    with open(path, "rb") as file:
+        offset = 0
+        for raw in file:
+            if offset + len(raw) > size:
+                break  # appended since it was loaded (strict never writes, but someone may)
+            line = _parse(raw)
+            kind = _field(line, "kind", str)
+            if kind != "answer":
+                places[kind, _field(line, "hash", str)] = (offset, len(raw))
+                offset += len(raw)
+                continue
+            offset += len(raw)
+            base = _field(line, "base", int, optional=True)
+            keep = _field(line, "keep", int)
+            added: list[str] = _field(line, "messages", list)
+            if base is not None and commons[base] < keep:
+                # It parts from the missed request inside the part it shares with its base.
+                common, following = commons[base], nexts[base]
+            else:
+                common = keep
+                for recorded in added:
+                    if common >= len(now) or recorded != now[common]:
+                        break
+                    common += 1
+                following = added[common - keep] if common - keep < len(added) else None
+            commons.append(common)
+            nexts.append(following)
+            entry = (_field(line, "system", str), _field(line, "tools", str), _head(line))
+            score = (entry[0] == system, entry[1] == tools, entry[2] == head, common)
+            if best is None or score >= best[0]:
+                best = (score, len(commons) - 1, keep + len(added), *entry)
+        if best is None:
+            raise _BadLine("it holds no answer")
+        score, index, length, best_system, best_tools, best_head = best
+
+        def line_of(kind: str, digest: str) -> dict[str, Any]:
+            where = places.get((kind, digest))
+            if where is None:
+                raise _BadLine(f"no {kind} line of hash {digest}")
+            file.seek(where[0])
+            return _parse(file.read(where[1]))
+
+        following = nexts[index]
+        return _Closest(
+            (best_system, _field(line_of("system", best_system), "text", str)),
+            (best_tools, _field(line_of("tools", best_tools), "tools", list)),
+            best_head, score[3], length,
+            None if following is None else _field(line_of("message", following), "body",
+                                                   dict))
 
 def _render_block(block: Any) -> str:
     if not isinstance(block, Mapping):
@@ -520,9 +701,12 @@ class ResponseCache:
         self._system_memo: tuple[str, str] | None = None
         self._tools_memo: tuple[tuple[Mapping[str, Any], ...], str] | None = None
         self._recording: _Recording | None = None
-        self._used: dict[str, int] = {}
-        self._recent: deque[tuple[int, list[str]]] = deque(maxlen=_RECENT_BASES)
-        self._file: io.FileIO | None = None
+        self._used: dict[bytes, int] = {}
+        """How many of a loaded key's answers this run replayed (only loaded keys: an answer
+        recorded in this run is never replayed in it, the next asking being a miss anyway)."""
+        self._recent: deque[_Sent] = deque(maxlen=_RECENT)
+        self._reader: IO[bytes] | None = None
+        self._file: IO[bytes] | None = None
         self._write_lock: anyio.Lock | None = None
 
     def __repr__(self) -> str:
@@ -538,12 +722,16 @@ class ResponseCache:
         """
         if self._recording is None and self.mode != "off":
             self._write_lock = anyio.Lock()
-            self._recording = await anyio.to_thread.run_sync(_load, self.path)
+            recording, self._reader = await anyio.to_thread.run_sync(_load, self.path)
+            if self.mode == "strict":
+                recording.messages = set()  # only a recording run writes bodies
+            self._recording = recording
 
     async def aclose(self) -> None:
         """Closes the file (the wrapped backend is the caller's to close)."""
-        if self._file is not None:
-            file, self._file = self._file, None
+        files = [file for file in (self._file, self._reader) if file is not None]
+        self._file = self._reader = None
+        for file in files:
             await anyio.to_thread.run_sync(file.close)
 
     async def __aenter__(self) -> ResponseCache:
@@ -565,7 +753,7 @@ class ResponseCache:
         Returns:
             A SHA-256, in hex.
         """
-        return self._parts(request).key
+        return self._parts(request).key.hex()
 
     def _parts(self, request: ModelRequestSpec) -> _Parts:
         head = self._heads.get(request.max_output_tokens)
@@ -576,10 +764,34 @@ class ResponseCache:
             self._heads[request.max_output_tokens] = head
         system = self._system_hash(request.system_prompt)
         tools = self._tools_hash(request.tools)
-        messages = [_message_hash(m) for m in request.messages]
-        digest = hashlib.sha256(f"{head}\n{system}\n{tools}\n{len(messages)}\n".encode("ascii"))
-        digest.update("".join(messages).encode("ascii"))
-        return _Parts(digest.hexdigest(), head, system, tools, messages)
+        sent = self._chain(request.messages)
+        count = len(sent.chain)
+        digest = hashlib.sha256(f"{head}\n{system}\n{tools}\n{count}\n".encode("ascii"))
+        digest.update(sent.chain[-1] if count else b"")
+        return _Parts(digest.digest(), head, system, tools, sent)
+
+    def _chain(self, messages: Sequence[Message]) -> _Sent:
+        """The request's chain: the recent request sharing the most leading message objects
+        gives its links for them; only the messages after those are linked."""
+        now = list(messages)  # a copy: the caller's list may change after the request
+        closest: _Sent | None = None
+        shared = 0
+        for sent in reversed(self._recent):  # the newest first: it is usually the closest
+            # Only one whose next message is also the same object can share more.
+            if len(sent.messages) > shared < len(now) and sent.messages[shared] is now[shared]:
+                common = _same_objects(sent.messages, now)
+                if common > shared:
+                    closest, shared = sent, common
+        if closest is not None and shared == len(now) == len(closest.messages):
+            return closest  # the same request again (its key asked, then the request itself)
+        chain = closest.chain[:shared] if closest is not None else []
+        link = chain[-1] if chain else b""
+        for message in now[shared:]:
+            link = _link(link, message)
+            chain.append(link)
+        sent = _Sent(now, chain)
+        self._recent.append(sent)
+        return sent
 
     def _system_hash(self, prompt: str) -> str:
         memo = self._system_memo
@@ -621,7 +833,8 @@ class ResponseCache:
                 recorded).
             TransientBackendError: From the wrapped backend, on a miss.
             BackendError: From the wrapped backend, on a miss.
-            CacheFileError: The answer could not be appended to the file.
+            CacheFileError: The answer could not be appended to the file, or read back from
+                it.
             RuntimeError: The cache was not opened.
         """
         self.requests += 1
@@ -632,16 +845,19 @@ class ResponseCache:
         if recording is None:
             raise RuntimeError("open the ResponseCache before use (async with, or open())")
         parts = self._parts(request)
+        places = recording.answers.get(parts.key)
         used = self._used.get(parts.key, 0)
-        answers = recording.answers.get(parts.key)
-        if answers is not None and used < len(answers):
+        if places is not None and used < len(places):
+            entry, outcome = self._read_answer(places[used], parts.key)
             self._used[parts.key] = used + 1
             self.cache_hits += 1
-            index, outcome = answers[used]
-            self._recent.append((index, parts.messages))
+            parts.sent.entry = entry
             return self._replay(outcome, on_text)
         if self.mode == "strict":
-            raise CacheMissError(self._explain_miss(request, parts), model=self.model)
+            message = await anyio.to_thread.run_sync(self._explain_miss, request, parts,
+                                                     [_message_digest(m).hex()
+                                                      for m in parts.sent.messages])
+            raise CacheMissError(message, model=self.model)
         self.model_calls += 1
         try:
             reply = await self.backend.complete(request, on_text)
@@ -653,6 +869,27 @@ class ResponseCache:
         with anyio.CancelScope(shield=True):
             await self._record(request, parts, reply)
         return reply
+
+    def _read_answer(self, place: int, key: bytes) -> tuple[int, _Outcome]:
+        """Reads a recorded answer back from the file: its entry number and its outcome.
+
+        One line of a few hundred bytes that the load just read (so in the page cache):
+        read here, as a hop to a worker thread would cost more than the read.
+        """
+        entry, offset, length = _unplace(place)
+        try:
+            if self._reader is None:  # used again after aclose: the load's file is closed
+                self._reader = open(self.path, "rb")  # noqa: SIM115  (closed by aclose)
+            raw = os.pread(self._reader.fileno(), length, offset)
+            line = _parse(raw)
+            if line.get("kind") != "answer" or line.get("key") != key.hex():
+                raise _BadLine("not the answer loaded there")
+            return entry, _read_outcome(line)
+        except (OSError, _BadLine) as exc:
+            raise CacheFileError(
+                f"{self.path}: the response cache changed while this run used it (the answer "
+                f"at byte {offset}: {exc}); run again, or delete the file to record afresh"
+            ) from None
 
     def _replay(self, outcome: _Outcome, on_text: Callable[[str], None] | None) -> ModelReply:
         if isinstance(outcome, _Overflow):
@@ -679,24 +916,26 @@ class ResponseCache:
             if system is not None:
                 lines.append({"v": FORMAT_VERSION, "kind": "system", "hash": parts.system,
                               "text": system})
-            tools: list[Any] | None = None
-            if parts.tools not in recording.tools:
-                tools = json.loads(_canonical([dict(t) for t in request.tools]))
+            new_tools = parts.tools not in recording.tools
+            if new_tools:
                 lines.append({"v": FORMAT_VERSION, "kind": "tools", "hash": parts.tools,
-                              "tools": tools})
-            base, keep = self._base_for(parts.messages)
-            added = parts.messages[keep:]
-            bodies: dict[str, dict[str, Any]] = {}
-            for message, digest in zip(request.messages[keep:], added, strict=True):
-                if digest not in recording.messages and digest not in bodies:
-                    bodies[digest] = _message_body(message)
-                    lines.append({"v": FORMAT_VERSION, "kind": "message", "hash": digest,
-                                  "body": bodies[digest]})
+                              "tools": json.loads(_canonical([dict(t) for t in request.tools]))})
+            messages = parts.sent.messages
+            base, keep = self._base_for(parts.sent)
+            added: list[str] = []
+            written: set[bytes] = set()
+            for message in messages[keep:]:
+                digest = _message_digest(message)
+                added.append(digest.hex())
+                if digest not in recording.messages and digest not in written:
+                    written.add(digest)
+                    lines.append({"v": FORMAT_VERSION, "kind": "message", "hash": added[-1],
+                                  "body": _message_body(message)})
             answer: dict[str, Any] = {
-                "v": FORMAT_VERSION, "kind": "answer", "key": parts.key, "model": self.model,
-                "sampling": self._sampling, "max_output_tokens": request.max_output_tokens,
-                "system": parts.system, "tools": parts.tools, "base": base, "keep": keep,
-                "messages": added}
+                "v": FORMAT_VERSION, "kind": "answer", "key": parts.key.hex(),
+                "model": self.model, "sampling": self._sampling,
+                "max_output_tokens": request.max_output_tokens, "system": parts.system,
+                "tools": parts.tools, "base": base, "keep": keep, "messages": added}
             if isinstance(outcome, _Overflow):
                 answer["error"] = {"kind": "context_overflow", "message": outcome.message,
                                    "status_code": outcome.status_code}
@@ -707,26 +946,23 @@ class ResponseCache:
             await anyio.to_thread.run_sync(self._append, data)
 
             if system is not None:
-                recording.systems[parts.system] = system
-            if tools is not None:
-                recording.tools[parts.tools] = tools
-            recording.messages.update(bodies)
-            index = recording.add_entry(_Entry(parts.key, parts.head, parts.system,
-                                               parts.tools, base, keep, tuple(added)), outcome)
-            self._used[parts.key] = self._used.get(parts.key, 0) + 1
-            self._recent.append((index, parts.messages))
+                recording.systems.add(parts.system)
+            if new_tools:
+                recording.tools.add(parts.tools)
+            recording.messages.update(written)
+            recording.size += len(data)
+            parts.sent.entry = len(recording.lengths)
+            recording.lengths.append(len(messages))
 
-    def _base_for(self, messages: list[str]) -> tuple[int | None, int]:
-        """The recent answer sharing the most leading messages, and how many it shares."""
+    def _base_for(self, sent: _Sent) -> tuple[int | None, int]:
+        """The recent answer sharing the most leading messages, and how many it shares: a
+        binary search over each recent chain, so it costs no more than a few comparisons."""
         best: tuple[int | None, int] = (None, 0)
-        for index, recorded in self._recent:
-            common = 0
-            for a, b in zip(recorded, messages, strict=False):
-                if a != b:
-                    break
-                common += 1
-            if common > best[1]:
-                best = (index, common)
+        for recent in self._recent:
+            if recent.entry is not None:
+                common = _same_content(recent.chain, sent.chain)
+                if common > best[1]:
+                    best = (recent.entry, common)
         return best
 
     def _append(self, data: bytes) -> None:
@@ -749,47 +985,53 @@ class ResponseCache:
 
     # ------------------------------------------------------------------ misses
 
-    def _explain_miss(self, request: ModelRequestSpec, parts: _Parts) -> str:
-        """Why a strict request has no answer, against the closest recorded request."""
+    def _explain_miss(self, request: ModelRequestSpec, parts: _Parts, now: list[str]) -> str:
+        """Why a strict request has no answer, against the closest recorded request (run in
+        a thread: it reads the file again, as the bodies are not kept in memory).
+
+        Args:
+            request: The request.
+            parts: Its key and hashes.
+            now: Its messages' hashes, in hex.
+        """
         recording = self._recording
         assert recording is not None
         start = f"no recorded answer for request {self.requests} (strict cache)"
-        if not recording.entries:
+        if not recording.lengths:
             return (f"{start}: the cache file {self.path} is empty or missing; run with "
                     "`--cache record` first to record the model's answers")
         recorded_times = len(recording.answers.get(parts.key, ()))
         if recorded_times:
             return (f"{start}: this exact request was recorded {recorded_times} time(s) and "
                     f"this run asks it once more; the recording stops here")
-        lengths = recording.prefix_lengths(parts.messages)
-        best = max(range(len(recording.entries)), key=lambda i: (
-            recording.entries[i].system == parts.system, recording.entries[i].tools ==
-            parts.tools, recording.entries[i].head == parts.head, lengths[i], i))
-        entry = recording.entries[best]
-        if entry.system != parts.system:
-            before, after = _excerpts(recording.systems[entry.system], request.system_prompt)
+        try:
+            closest = _closest(self.path, recording.size, now, parts.system, parts.tools,
+                               parts.head)
+        except (OSError, _BadLine, LookupError) as exc:
+            return (f"{start}; the closest recorded request cannot be shown, as the cache file "
+                    f"{self.path} changed while this run used it ({exc})")
+        if closest.system[0] != parts.system:
+            before, after = _excerpts(closest.system[1], request.system_prompt)
             return f"{start}: the system prompt changed: recorded {before}, now {after}"
-        if entry.tools != parts.tools:
-            change = _tools_change(recording.tools[entry.tools],
-                                   [dict(t) for t in request.tools])
+        if closest.tools[0] != parts.tools:
+            change = _tools_change(closest.tools[1], [dict(t) for t in request.tools])
             return f"{start}: the tools changed ({change})"
-        if entry.head != parts.head:
+        if closest.head != parts.head:
             return (f"{start}: the model or sampling settings changed: recorded "
-                    f"{entry.head}, now {parts.head}")
-        common = lengths[best]
-        count = len(parts.messages)
-        now = _message_body(request.messages[common]) if common < count else None
-        then = (recording.messages[recording.message_at(best, common)]
-                if common < entry.length else None)
-        if now is not None and then is not None:
-            before, after = _excerpts(_render(then), _render(now))
-            was = "" if _describe(then) == _describe(now) else f"({_describe(then)}) "
-            return (f"{start}: message {common + 1} of {count} ({_describe(now)}) differs from "
-                    f"the recording: recorded {was}{before}, now {after}")
-        if now is not None:
-            _, after = _excerpts("", _render(now))
-            return (f"{start}: message {common + 1} of {count} ({_describe(now)}) is new: the "
-                    f"closest recorded request ends after message {common}; now {after}")
+                    f"{closest.head}, now {parts.head}")
+        common = closest.common
+        count = len(now)
+        current = (_message_body(parts.sent.messages[common]) if common < count else None)
+        then = closest.message
+        if current is not None and then is not None:
+            before, after = _excerpts(_render(then), _render(current))
+            was = "" if _describe(then) == _describe(current) else f"({_describe(then)}) "
+            return (f"{start}: message {common + 1} of {count} ({_describe(current)}) differs "
+                    f"from the recording: recorded {was}{before}, now {after}")
+        if current is not None:
+            _, after = _excerpts("", _render(current))
+            return (f"{start}: message {common + 1} of {count} ({_describe(current)}) is new: "
+                    f"the closest recorded request ends after message {common}; now {after}")
         if then is not None:
             before, _ = _excerpts(_render(then), "")
             return (f"{start}: the request ends after message {count}, where the closest "
