@@ -132,3 +132,15 @@ keep_recent_tokens = 100
         'symbols = ["BTC/USDT"]', 'symbols = ["BTC/USDT"]\ntools = ["get_ticker", '
         '"get_balance", "place_order"]'))
     assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 0
+
+
+async def test_a_server_without_a_tokenizer_is_asked_once_for_every_desk(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, scripted_server.base_url))
+
+    async with open_daemon(settings):
+        pass
+
+    asked = [r.path for r in scripted_server.other_requests if "tokenize" in r.path]
+    # Two desks share one backend: both routes tried once, then the estimate is used.
+    assert sorted(asked) == ["/extras/tokenize", "/tokenize"]

@@ -446,6 +446,8 @@ class OpenAICompatibleBackend:
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
         self._call_numbers = itertools.count(1)
+        self._tokenize_route: tuple[str, str] | bool | None = None
+        """The server's tokenize route once found; False when it has none (asked once)."""
 
     @staticmethod
     def _read_key(config: OpenAIBackendConfig, environ: Mapping[str, str]) -> str:
@@ -480,18 +482,25 @@ class OpenAICompatibleBackend:
         Args:
             text: The text to measure.
         """
+        if self._tokenize_route is False:
+            return None  # asked before: the server has no tokenize route
         root = self.config.base_url.rstrip("/").removesuffix("/v1")
-        routes = (("/tokenize", {"content": text}), ("/extras/tokenize", {"input": text}))
+        routes = [("/tokenize", "content"), ("/extras/tokenize", "input")]
+        if isinstance(self._tokenize_route, tuple):
+            routes = [self._tokenize_route]
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
-            for route, body in routes:
+            for route, field in routes:
                 try:
-                    answer = await client.post(root + route, json=body, headers=headers)
+                    answer = await client.post(root + route, json={field: text},
+                                               headers=headers)
                     tokens = answer.json().get("tokens") if answer.status_code == 200 else None
                 except (httpx.HTTPError, ValueError, AttributeError):
                     continue
                 if isinstance(tokens, list):
+                    self._tokenize_route = (route, field)
                     return len(tokens)
+        self._tokenize_route = False
         return None
 
     # ------------------------------------------------------------------ request body
