@@ -42,10 +42,12 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
+from trading_agent.daemon.wiring import Daemon, open_daemon
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.client import StreamEvent, parse_sse
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
+from trading_agent.settings import load_settings
 
 __all__ = [
     "LoopDesk",
@@ -346,3 +348,26 @@ async def collect_events(client: httpx.AsyncClient, *, until: Any,
                 if until(events):
                     break
     return events
+
+
+@dataclass
+class InProcessDaemon:
+    """A daemon opened by the wiring ``trading-agent run`` uses, running in this process."""
+
+    daemon: Daemon
+    endpoints: OperatorEndpoints
+
+
+@contextlib.asynccontextmanager
+async def in_process_daemon(config: Path) -> AsyncIterator[InProcessDaemon]:
+    """The daemon's store, desks and API running, as ``run`` runs them (without signals)."""
+    async with open_daemon(load_settings(config), environ={}) as daemon, \
+            anyio.create_task_group() as group:
+        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+        assert daemon.serve_api is not None
+        endpoints = await group.start(daemon.serve_api)
+        await group.start(daemon.supervisor.run)
+        try:
+            yield InProcessDaemon(daemon, endpoints)
+        finally:
+            group.cancel_scope.cancel()

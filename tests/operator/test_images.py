@@ -15,8 +15,6 @@ import io
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,9 @@ from PIL import Image
 
 from tests.agent.test_image_preparer import chart, noise
 from tests.agent.test_randomized_conversations import wire_images
-from tests.operator.harness import uds_client
+from tests.operator.harness import InProcessDaemon, in_process_daemon, uds_client
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, ToolCall
-from trading_agent.daemon.wiring import Daemon, open_daemon
 from trading_agent.operator.client import ImageAttachment, OperatorClient
-from trading_agent.operator.server import OperatorEndpoints
-from trading_agent.settings import load_settings
 
 MAX_SIDE = 320
 MAX_BYTES = 60_000
@@ -68,25 +63,10 @@ max_bytes = {MAX_BYTES}
     return path
 
 
-@dataclass
-class _Running:
-    daemon: Daemon
-    endpoints: OperatorEndpoints
-
-
-@contextlib.asynccontextmanager
-async def _running(folder: Path, base_url: str) -> AsyncIterator[_Running]:
+def _running(folder: Path, base_url: str) -> contextlib.AbstractAsyncContextManager[
+        InProcessDaemon]:
     """The daemon's store, desks and API running, as ``run`` runs them (without signals)."""
-    settings = load_settings(_config(folder, base_url))
-    async with open_daemon(settings, environ={}) as daemon, anyio.create_task_group() as group:
-        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
-        assert daemon.serve_api is not None
-        endpoints = await group.start(daemon.serve_api)
-        await group.start(daemon.supervisor.run)
-        try:
-            yield _Running(daemon, endpoints)
-        finally:
-            group.cancel_scope.cancel()
+    return in_process_daemon(_config(folder, base_url))
 
 
 def _png(width: int, height: int, seed: int = 1) -> bytes:

@@ -16,12 +16,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.operator.harness import in_process_daemon
 from tests.operator.test_images import _read_until, _type, _wait_turn_end
 from tests.scripted_server import Reply, ScriptedServer
-from trading_agent.daemon.wiring import open_daemon
 from trading_agent.operator.client import OperatorClient
 from trading_agent.operator.server import OperatorEndpoints
-from trading_agent.settings import load_settings
 
 
 @contextlib.asynccontextmanager
@@ -44,16 +43,8 @@ system_prompt = "You are alpha."
 symbols = ["BTC/USDT"]
 tools = ["get_ticker"]
 """)
-    async with open_daemon(load_settings(path), environ={}) as daemon, \
-            anyio.create_task_group() as group:
-        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
-        assert daemon.serve_api is not None
-        endpoints = await group.start(daemon.serve_api)
-        await group.start(daemon.supervisor.run)
-        try:
-            yield endpoints
-        finally:
-            group.cancel_scope.cancel()
+    async with in_process_daemon(path) as running:
+        yield running.endpoints
 
 
 @pytest.mark.parametrize("size", [300, 7000])
