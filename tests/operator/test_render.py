@@ -57,3 +57,13 @@ def test_a_lone_surrogate_prints_as_a_replacement_character() -> None:
 def test_styles_still_colour_a_line() -> None:
     line = describe_event({"type": "error", "error_type": "E", "message": "boom"}, Style(True))
     assert line is not None and line.startswith("\x1b[31m")
+
+
+def test_a_clearing_says_what_it_freed_and_whether_a_summary_follows() -> None:
+    enough = describe_event({"type": "context_cleared", "tokens_before": 5600,
+                             "tokens_after": 2100, "enough": True}, Style(False))
+    short = describe_event({"type": "context_cleared", "tokens_before": 5600,
+                            "tokens_after": 5100, "enough": False}, Style(False))
+    assert enough == "⇣ old tool results cleared: 5,600 → 2,100 tokens"
+    assert short == ("⇣ old tool results cleared: 5,600 → 5,100 tokens; not enough, "
+                     "summarizing next")

@@ -414,6 +414,9 @@
         }
         break;
       }
+      case "context_cleared":
+        addNote(`Old tool results cleared: ${Number(data.tokens_before).toLocaleString("en-US")} → ${Number(data.tokens_after).toLocaleString("en-US")} tokens${data.enough ? "" : "; not enough, summarizing next"}.`, "compact", data.at);
+        break;
       case "compaction_end":
         addNote(`Compacted: ${Number(data.tokens_before).toLocaleString("en-US")} → ${Number(data.tokens_after).toLocaleString("en-US")} tokens, ${data.messages_summarized} messages summarized.`, "compact", data.at);
         break;
