@@ -119,3 +119,20 @@ def test_a_messages_file_is_read_in_time_order_with_its_line_breaks(tmp_path: Pa
     path.write_text("2023-01-06T05:00 Later.\n2023-01-06T03:00 Earlier.\n")
     with pytest.raises(ConfigError, match=r"messages.txt:2: the messages must be in time"):
         load_scripted_messages(path)
+
+
+def test_transcripts_wait_for_the_report_in_a_file_not_in_memory() -> None:
+    from trading_agent.backtest.record import TranscriptEntry, TranscriptSpool
+
+    spool = TranscriptSpool()
+    entries = [TranscriptEntry("trigger", "Hourly check."),
+               TranscriptEntry("tool_result", "BTC/USDT last 16,819.90 · 24h +0.99% ✓", True),
+               TranscriptEntry("text", "half an emoji \ud83d")]
+    spooled = spool.add(entries)
+    other = spool.add([TranscriptEntry("text", "another decision")])
+
+    assert not isinstance(spooled, tuple) and len(spooled) == 3
+    assert "16,819.90" not in repr(vars(spooled))  # held: a place in the file, no text
+    assert list(spooled) == entries and spooled[1].is_error
+    assert [e.text for e in other] == ["another decision"]
+    spool.close()

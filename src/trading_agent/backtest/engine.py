@@ -71,7 +71,9 @@ from trading_agent.backtest.record import (
     ModelUsage,
     TradeRecord,
     TranscriptEntry,
+    TranscriptSpool,
 )
+from trading_agent.blocking import blocking_inline
 from trading_agent.daemon.wiring import DeskParts, ModelBackends, build_desk
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
@@ -314,6 +316,15 @@ async def run_backtest(spec: BacktestSpec, *,
     config = desk_settings(spec)
     series, timeframe = load_history(spec, config)
     feed = ReplayFeed(series, timeframe=timeframe, speed=0, start=spec.start)
+    # One desk on a loop of its own, its store in memory: SQLite writes run inline, not each
+    # handed to a worker thread and back (blocking.py).
+    with blocking_inline():
+        return await _run(spec, config, feed, backend_factory, on_progress)
+
+
+async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
+               backend_factory: BackendFactory | None,
+               on_progress: Callable[[Progress], None] | None) -> BacktestRecord:
     async with AsyncExitStack() as stack:
         state = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="backtest-", dir=scratch_folder())))
@@ -360,6 +371,8 @@ class _Run:
             desk=spec.desk, model=cache.model, start=feed.now(), end=feed.now(),
             timeframe=feed.timeframe, quote_currency=self.quote, candles={},
             starting_equity=Decimal(0))
+        self.spool = TranscriptSpool()
+        """Where decisions' transcripts wait for the report, out of memory."""
         self._turns: dict[str, _TurnNotes] = {}
         self._orders: dict[str, str] = {}
         """Client order id → the turn that placed it."""
@@ -484,8 +497,8 @@ class _Run:
     def _decide(self, notes: _TurnNotes, final_text: str) -> None:
         self.record.decisions.append(Decision(
             index=len(self.record.decisions) + 1, at=notes.at, trigger=notes.kind,
-            final_text=final_text, transcript=tuple(notes.entries), orders=tuple(notes.orders),
-            model_calls=notes.model_calls))
+            final_text=final_text, transcript=self.spool.add(notes.entries),
+            orders=tuple(notes.orders), model_calls=notes.model_calls))
         notes.decision = len(self.record.decisions)
         notes.entries = []  # kept once, in the decision
 

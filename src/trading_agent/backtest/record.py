@@ -7,16 +7,20 @@ and the candles (and can be checked by hand on a record made up in a test).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import IO, Literal, overload
 
 from trading_agent.trading.exchange import Candle
 
 __all__ = ["BacktestRecord", "Decision", "EquityPoint", "ModelUsage", "TradeRecord",
-           "TranscriptEntry"]
+           "TranscriptEntry", "TranscriptSpool"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,78 @@ class TranscriptEntry:
     kind: str
     text: str
     is_error: bool = False
+
+
+class TranscriptSpool:
+    """Decisions' transcripts kept in an anonymous temporary file, not in memory: a year of
+    decisions would otherwise hold every tool result of the run until the report is written.
+
+    :meth:`add` writes one transcript and returns a sequence that reads it back when asked
+    (the report reads each once). The file disappears when the spool is closed or dropped.
+    """
+
+    def __init__(self) -> None:
+        # Held open for the record's life: the file has no name and goes when it closes.
+        self._file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self._lock = threading.Lock()
+        self._end = 0
+        # Closed with the last decision that reads from it (or at exit), never left to the
+        # file object's own finalizer, which would warn.
+        self._closer = weakref.finalize(self, self._file.close)
+
+    def add(self, entries: Sequence[TranscriptEntry]) -> Sequence[TranscriptEntry]:
+        """Writes a transcript; returns it as a sequence read from the file on demand."""
+        line = json.dumps([[e.kind, e.text, e.is_error] for e in entries],
+                          ensure_ascii=False).encode("utf-8", "surrogatepass")
+        with self._lock:
+            self._file.seek(self._end)
+            self._file.write(line)
+            start, self._end = self._end, self._end + len(line)
+        return _SpooledTranscript(self, start, len(line), len(entries))
+
+    def read(self, start: int, size: int) -> tuple[TranscriptEntry, ...]:
+        """One transcript, as written."""
+        with self._lock:
+            self._file.seek(start)
+            raw = self._file.read(size)
+        return tuple(TranscriptEntry(kind, text, is_error)
+                     for kind, text, is_error in json.loads(raw.decode("utf-8",
+                                                                       "surrogatepass")))
+
+    def close(self) -> None:
+        """Removes the file now (else it goes with the last decision that reads from it)."""
+        self._closer()
+
+
+class _SpooledTranscript(Sequence[TranscriptEntry]):
+    """A transcript in a :class:`TranscriptSpool`, read when it is looked at."""
+
+    def __init__(self, spool: TranscriptSpool, start: int, size: int, count: int) -> None:
+        self._spool = spool
+        self._start = start
+        self._size = size
+        self._count = count
+
+    def _entries(self) -> tuple[TranscriptEntry, ...]:
+        return self._spool.read(self._start, self._size)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> TranscriptEntry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[TranscriptEntry]: ...
+
+    def __getitem__(self, index: int | slice) -> TranscriptEntry | Sequence[TranscriptEntry]:
+        return self._entries()[index]
+
+    def __iter__(self) -> Iterator[TranscriptEntry]:
+        return iter(self._entries())
+
+    def __repr__(self) -> str:
+        return f"<transcript of {self._count} entries, spooled>"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
+from trading_agent.blocking import run_blocking
 from trading_agent.errors import StoreError
 
 __all__ = ["Database", "Migration", "transaction"]
@@ -95,7 +96,7 @@ class _Connection:
             if self._closed:
                 raise StoreError(f"the store {self._path} is closed")
             try:
-                return await anyio.to_thread.run_sync(call, self._connection)
+                return await run_blocking(call, self._connection)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self._path}: {exc}") from exc
 

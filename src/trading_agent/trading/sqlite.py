@@ -16,6 +16,7 @@ from typing import Literal, TypeVar
 
 import anyio
 
+from trading_agent.blocking import run_blocking
 from trading_agent.errors import StoreError
 
 __all__ = ["SqliteDatabase"]
@@ -73,7 +74,7 @@ class SqliteDatabase:
             if self._closed:
                 raise StoreError(f"the database {self.path} is closed")
             try:
-                return await anyio.to_thread.run_sync(call, self._connection)
+                return await run_blocking(call, self._connection)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
 
