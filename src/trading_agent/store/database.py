@@ -12,7 +12,8 @@ commit that holds its write has returned, so "the await returned" still means "i
 disk"; a write that fails rolls back to its savepoint and raises to its own caller only.
 Hundreds of desks starting their turns at once thus cost a few commits, not hundreds.
 
-Each connection runs one call at a time in a worker thread (``anyio.to_thread``). A write
+Each connection runs one call at a time in a worker thread (``anyio.to_thread``; inline in a
+backtest, see :mod:`trading_agent.blocking`). A write
 that is cancelled once its batch has started still runs to its end (the thread is never
 abandoned), so a transaction is never cut in half; one cancelled while still queued is
 dropped. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a second process or

@@ -2,7 +2,8 @@
 
 One connection per component (the paper ledger, the order journal, the risk journal, the
 desk's notes), in WAL mode so readers never block the writer. Calls run one at a time in a
-worker thread (``anyio.to_thread``); a call that is cancelled still finishes its transaction,
+worker thread (``anyio.to_thread``; inline in a backtest, see :mod:`trading_agent.blocking`);
+a call that is cancelled still finishes its transaction,
 so the file never holds half an order. Tables are appended to or updated row by row, never
 rewritten whole.
 """
