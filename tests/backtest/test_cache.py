@@ -34,6 +34,7 @@ from tests.agent.test_randomized_conversations import (
     scenarios,
     wire_responder,
 )
+from tests.backends.test_openai_compatible import TOOLS
 from tests.scripted_server import (
     RecordedRequest,
     Reply,
@@ -66,13 +67,6 @@ from trading_agent.errors import (
 )
 
 SYSTEM = "You run the BTC desk. Trade BTC/USDT with care."
-TOOLS: list[dict[str, Any]] = [{
-    "type": "function",
-    "function": {"name": "get_ticker", "description": "Last price of a market.",
-                 "parameters": {"type": "object",
-                                "properties": {"symbol": {"type": "string"}},
-                                "required": ["symbol"]}},
-}]
 
 
 @pytest.fixture

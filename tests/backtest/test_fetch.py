@@ -21,6 +21,7 @@ from trading_agent.trading.config import CcxtExchangeConfig
 from trading_agent.trading.exchange import Candle
 
 from ..trading.binance_server import FakeBinance
+from ..trading.conftest import fake_binance_config
 
 KLINES = "/api/v3/klines"
 T0 = datetime(2023, 1, 3, tzinfo=UTC)
@@ -75,24 +76,13 @@ async def binance() -> AsyncIterator[FakeBinance]:
         await server.stop()
 
 
-def exchange_config(binance: FakeBinance) -> CcxtExchangeConfig:
-    return CcxtExchangeConfig(
-        exchange_id="binance",
-        # Spot only, no margin or currency endpoints: the fake serves the spot API.
-        options={"fetchMarkets": {"types": ["spot"]}, "fetchCurrencies": False,
-                 "fetchMargins": False},
-        api_urls=binance.api_urls(),
-        client_settings={"timeout_on_exit": 0},
-        timeout_seconds=1.0,
-        enable_rate_limit=True,
-        read_attempts=2,
-        backoff_seconds=0.0,
-    )
-
-
 @pytest.fixture
 def config(binance: FakeBinance) -> CcxtExchangeConfig:
-    return exchange_config(binance)
+    """The trading tests' Binance on the fake server, without credentials (candles are
+    public) and with ccxt's own rate limiting on, as a fetch runs."""
+    return fake_binance_config(binance).model_copy(update={
+        "api_key_env": None, "secret_env": None, "timeout_seconds": 1.0,
+        "enable_rate_limit": True, "read_attempts": 2, "backoff_seconds": 0.0})
 
 
 async def fetch(config: CcxtExchangeConfig, data_dir: Path, start: datetime, end: datetime,

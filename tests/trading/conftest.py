@@ -67,6 +67,11 @@ async def binance() -> AsyncIterator[FakeBinance]:
 @pytest.fixture
 def ccxt_config(binance: FakeBinance) -> CcxtExchangeConfig:
     """Binance spot, pointed at the fake server, fast timeouts, no ccxt throttling."""
+    return fake_binance_config(binance)
+
+
+def fake_binance_config(binance: FakeBinance) -> CcxtExchangeConfig:
+    """Binance spot, pointed at the fake server, fast timeouts, no ccxt throttling."""
     return CcxtExchangeConfig(
         exchange_id="binance",
         api_key_env="FAKE_BINANCE_KEY",

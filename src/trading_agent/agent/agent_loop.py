@@ -418,7 +418,9 @@ class AgentLoop:
         images = self._image_tokens(conversation)
         if tokens - images < mark * window and tokens < compressor.hard_threshold * window:
             return True  # only pictures are over the mark, and the request still fits
-        compressor.clear(conversation, enough=tokens - int(0.8 * mark * window))
+        # Enough or not is judged on the window measured again, as the next request will be
+        # estimated, not on the compressor's count of what the stubs freed.
+        compressor.clear(conversation)
         after = self._context_tokens(conversation)
         enough = after < mark * window  # measured as the next request will be
         if after < tokens:

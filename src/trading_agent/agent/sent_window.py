@@ -48,15 +48,16 @@ def prepare_window(conversation: Conversation, compressor: ContextCompressor | N
     Returns:
         The messages to send.
     """
-    return preparer.prune(_process(conversation, compressor, conversation.window(), 0))
+    return preparer.prune(_process(conversation, compressor, conversation.window(),
+                                   clearable=True))
 
 
 def _process(conversation: Conversation, compressor: ContextCompressor | None,
-             messages: Sequence[Message], first: int) -> list[Message]:
-    """Clear, repair and cut ``messages``: a run of the window that no tool call straddles,
-    starting at index ``first`` of the conversation's messages."""
+             messages: Sequence[Message], *, clearable: bool) -> list[Message]:
+    """Clear, repair and cut ``messages``: a run of the window that no tool call straddles
+    (``clearable`` when it starts before the conversation's ``cleared_until``)."""
     processed = list(messages)
-    if compressor is not None and first < conversation.cleared_until:
+    if compressor is not None and clearable:
         processed = compressor.cleared(conversation, processed)
     processed = repair(processed)
     if compressor is not None:
@@ -104,11 +105,12 @@ class SentWindow:
             self._start(key, conversation)
         done = len(self._sources)
         stable = done + _stable_end(messages[done:])
-        start = conversation.window_start
+        until = conversation.cleared_until - conversation.window_start
         if stable > done:
-            self._add(_process(conversation, compressor, messages[done:stable], start + done))
+            self._add(_process(conversation, compressor, messages[done:stable],
+                               clearable=done < until))
             self._sources.extend(messages[done:stable])
-        pending = _process(conversation, compressor, messages[stable:], start + stable)
+        pending = _process(conversation, compressor, messages[stable:], clearable=stable < until)
         return self._pruned(pending)
 
     def _still_prefix(self, messages: Sequence[Message]) -> bool:
@@ -131,7 +133,7 @@ class SentWindow:
         self._pictures = []
         if conversation.summary is not None:
             self._add(_process(conversation, self._compressor, [conversation.summary],
-                               conversation.cleared_until))
+                               clearable=False))
 
     def _add(self, processed: list[Message]) -> None:
         base = len(self._sent)

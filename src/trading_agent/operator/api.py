@@ -382,10 +382,9 @@ async def _post_message(request: Request) -> Response:
     return json_response(answer, 202)
 
 
-def _shortened(control: Any, desk: str, text: str) -> dict[str, Any] | None:
+def _shortened(control: DeskControl, desk: str, text: str) -> dict[str, Any] | None:
     """Whether the desk's model reads the message whole; if not, what it reads and why."""
-    limit_of = getattr(control, "message_limit", None)
-    limit = limit_of(desk) if limit_of is not None else None
+    limit = control.message_limit(desk)
     if limit is None or len(text) + _OPERATOR_FRAME_CHARS <= limit:
         return None
     return {"message_chars": len(text), "limit_chars": limit,
