@@ -64,6 +64,7 @@ class FakeBinance:
         self.requests: list[Recorded] = []
         self.orders: dict[int, dict[str, Any]] = {}
         self.klines: list[list[Any]] = fixture("klines")
+        self.account: dict[str, Any] = fixture("account")
         self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
         self._errors = fixture("errors")
         self._release = asyncio.Event()
@@ -105,6 +106,33 @@ class FakeBinance:
             self._history = {}
         self._history[(symbol, interval)] = klines
         self._history_page = page_limit
+
+    def set_balance(self, asset: str, free: str, locked: str = "0.00000000") -> None:
+        """Sets one asset's balance, as a deposit, a withdrawal or a trade elsewhere would."""
+        balances = [b for b in self.account["balances"] if b["asset"] != asset]
+        self.account = self.account | {
+            "balances": [*balances, {"asset": asset, "free": free, "locked": locked}]}
+
+    def place_directly(self, client_order_id: str, *, side: str = "BUY", quantity: str = "0.01",
+                       price: str = "15000.00000000", symbol: str = "BTCUSDT") -> int:
+        """Rests a limit order on the book that did not come through ccxt (a person on the
+        exchange's site, another program); returns its order id."""
+        order_id = 28_000 + len(self.orders) + 1
+        self.orders[order_id] = fixture("order_template") | {
+            "symbol": symbol, "orderId": order_id, "clientOrderId": client_order_id,
+            "side": side, "type": "LIMIT", "origQty": quantity, "price": price}
+        return order_id
+
+    def fill(self, order_id: int) -> None:
+        """Fills a resting order in full at its price (while nobody watches)."""
+        order = self.orders[order_id]
+        quantity, price = float(order["origQty"]), float(order["price"])
+        order |= {"status": "FILLED", "executedQty": order["origQty"],
+                  "cummulativeQuoteQty": f"{quantity * price:.8f}"}
+
+    def forget(self, order_id: int) -> None:
+        """Drops an order, as if the exchange never had it."""
+        del self.orders[order_id]
 
     def api_urls(self) -> dict[str, str]:
         """``urls['api']`` entries that point ccxt's spot endpoints here."""
@@ -221,7 +249,7 @@ class FakeBinance:
         return 200, fixture("depth")
 
     def _account(self, params: dict[str, str]) -> tuple[int, Any]:
-        return 200, fixture("account")
+        return 200, self.account
 
     def _create_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order_id = 28_000 + len(self.orders) + 1

@@ -42,15 +42,18 @@ from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
+from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
+from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.errors import BackendError, ConfigError, TradingAgentError
 from trading_agent.operator.approvals import ApprovalBook
+from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
 from trading_agent.store.store import Store, database_path
@@ -59,6 +62,7 @@ from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
+from trading_agent.trading.order_outcomes import OrderOutcomes
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
@@ -129,6 +133,7 @@ async def open_daemon(settings: Settings, *,
     state_dir = settings.state_directory(environ)
     state_dir.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
+        stack.enter_context(hold_state_lock(state_dir))  # one daemon per state directory
         database = database_path(state_dir)
         store = await Store.open(database)
         stack.push_async_callback(store.close)
@@ -152,10 +157,14 @@ async def open_daemon(settings: Settings, *,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
                 feed=feed))
             venues[name] = venue
+            # A call cut off by a crash is looked up on restore: the desk reads what happened.
+            store.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
-            runtimes.append(await _build_desk(
+            runtime = await _build_desk(
                 name, desk_settings, venue, backend, stack=stack, database=database,
-                store=store, bus=bus, approvals=approvals, settings=settings))
+                store=store, bus=bus, approvals=approvals, settings=settings)
+            runtimes.append(runtime)
+            await _reconcile(name, venue, bus, runtime.desk)
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
@@ -169,6 +178,27 @@ async def open_daemon(settings: Settings, *,
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues)
+
+
+async def _reconcile(name: str, venue: TradingVenue, bus: EventBus, desk: Desk) -> None:
+    """Compares a live desk's exchange with its order journal before its first turn: every
+    difference goes to the operators as an event and to the desk as its next turn."""
+    if venue.mode != "live":
+        return
+    from trading_agent.trading.ccxt_exchange import CcxtExchange
+    from trading_agent.trading.reconciliation import reconcile
+
+    exchange = venue.exchange
+    if not isinstance(exchange, CcxtExchange) or exchange.order_journal is None:
+        return
+    report = await reconcile(exchange)
+    notice = report.notice()
+    if notice is None:
+        return
+    bus.publish(ReconciliationReported(desk=name, exchange=report.exchange,
+                                       differences=tuple(report.differences),
+                                       adopted=tuple(o.id for o in report.adopted)))
+    desk.fire(Trigger(kind="command", text=notice, source="reconciliation"))
 
 
 def _backoff(settings: Settings) -> Backoff:

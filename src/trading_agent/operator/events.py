@@ -12,7 +12,8 @@ from typing import ClassVar, Literal
 
 from trading_agent.agent.events import Event
 
-__all__ = ["ApprovalOutcome", "ApprovalRequested", "ApprovalResolved"]
+__all__ = ["ApprovalOutcome", "ApprovalRequested", "ApprovalResolved",
+           "ReconciliationReported"]
 
 ApprovalOutcome = Literal["approved", "denied", "timed_out", "cancelled"]
 
@@ -61,3 +62,20 @@ class ApprovalResolved(Event):
     outcome: ApprovalOutcome
     operator: str = ""
     note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconciliationReported(Event):
+    """On start, a live exchange's open orders and balances differed from the journal
+    (``trading.reconciliation``); the desk reads the same in its next turn.
+
+    Attributes:
+        exchange: The exchange's name.
+        differences: Each difference, one readable line.
+        adopted: The exchange ids of orders with our client id prefix now in the journal.
+    """
+
+    type: ClassVar[str] = "reconciliation"
+    exchange: str
+    differences: tuple[str, ...]
+    adopted: tuple[str, ...] = ()

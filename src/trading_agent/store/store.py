@@ -11,9 +11,18 @@ How the daemon uses it::
     store = await Store.open(database_path(settings.state_directory()))
     bus = EventBus(first_id=await store.last_event_id() + 1)
     group.start_soon(store.persist_events, bus.subscribe("store", max_buffer=50_000))
+    store.set_call_outcomes("alpha", order_outcomes)  # real outcomes of cut-off calls
     conversation = await store.restore_conversation("alpha", system_prompt)  # stores itself
     for message in await store.undelivered_operator_messages("alpha"):
         ...  # queue it again, with the same id
+
+A tool call the daemon never answered (a ``kill -9`` mid tool round) is answered on restore.
+By default the answer says it was interrupted and may or may not have taken effect; a
+resolver registered for the desk (:meth:`Store.set_call_outcomes`, e.g. the trading layer's
+``OrderOutcomes``) may look the call up and say what really happened instead. The store
+gives it what the stored messages and events tell about the call (:class:`InterruptedCall`:
+its turn, whether it waited for an operator's approval) and imports nothing of the trading
+layer.
 """
 
 from __future__ import annotations
@@ -34,11 +43,14 @@ import anyio
 import structlog
 
 from trading_agent.agent.conversation import (
+    ContentBlock,
     Conversation,
     ConversationObserver,
     ImageBlock,
     Message,
     TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
     repair,
 )
 from trading_agent.agent.event_bus import Subscription
@@ -59,8 +71,12 @@ __all__ = [
     "DATABASE_NAME",
     "DEFAULT_SKIPPED_EVENTS",
     "INTERRUPTED_NOTICE",
+    "LOOKED_UP_NOTE",
+    "CallOutcome",
+    "CallOutcomes",
     "DailyUsage",
     "DeskConversationStore",
+    "InterruptedCall",
     "Store",
     "SubagentOrigin",
     "database_path",
@@ -82,6 +98,11 @@ INTERRUPTED_NOTICE = (
 stop or crash of the daemon, or by a turn that failed in a running one (the model
 unavailable, an error). When the caller of :meth:`Store.restore_conversation` knows which, the
 notice goes on with ``"\nWhy it stopped: "`` and its reason."""
+
+LOOKED_UP_NOTE = (
+    "Some of those calls were looked up after the restart: their results above say what "
+    "really happened, and only what they leave uncertain needs checking.")
+"""Added to the notice when a resolver said what became of an interrupted call."""
 
 _IN_CHUNK = 500
 """The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
@@ -117,6 +138,51 @@ class SubagentOrigin(Protocol):
     def task(self) -> str: ...
     @property
     def tools(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class InterruptedCall:
+    """A tool call of a desk that never got its result (the daemon stopped during it).
+
+    Attributes:
+        desk: The desk.
+        tool: The tool's name.
+        arguments: The arguments, as the raw JSON text the model wrote.
+        call_id: The call's id.
+        turn_id: The id of the turn it was made in, as the stored events tell; None when
+            they do not (the events were lost).
+        approval: None when the call was never held for an operator's approval;
+            ``"pending"`` when it was still waiting for one when the daemon stopped; else
+            the approval's outcome (``approved``, ``denied``, ``timed_out``, ``cancelled``).
+    """
+
+    desk: str
+    tool: str
+    arguments: str
+    call_id: str
+    turn_id: str | None
+    approval: str | None = None
+
+
+class CallOutcome(Protocol):
+    """What became of an interrupted call (``trading.order_outcomes.OrderOutcome`` has this
+    shape; the store does not import the trading layer)."""
+
+    @property
+    def text(self) -> str:
+        """The tool result the model reads."""
+        ...
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the result reports that the call did not do what it was asked."""
+        ...
+
+
+CallOutcomes = Callable[[InterruptedCall], Awaitable[CallOutcome | None]]
+"""Says what became of an interrupted call, or None to leave it to the default answer (it
+may or may not have taken effect). It must not raise (the store logs and ignores it if it
+does) and should bound its own time: the desk waits for it before its first turn."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +276,7 @@ class Store:
     def __init__(self, database: Database, *, clock: Callable[[], float] = time.time) -> None:
         self._db = database
         self._clock = clock
+        self._call_outcomes: dict[str, CallOutcomes] = {}
         self.events_not_stored = 0
         """Events :meth:`persist_events` dropped because SQLite refused them twice."""
 
@@ -406,16 +473,34 @@ class Store:
 
         await self._db.write(write)
 
+    def set_call_outcomes(self, desk: str, outcomes: CallOutcomes | None) -> None:
+        """Registers what looks up a desk's interrupted calls on restore (None removes it).
+
+        Args:
+            desk: The desk.
+            outcomes: Called for each tool call a restore finds without its result; see
+                :data:`CallOutcomes`.
+        """
+        if outcomes is None:
+            self._call_outcomes.pop(desk, None)
+        else:
+            self._call_outcomes[desk] = outcomes
+
     async def restore_conversation(self, desk: str, system_prompt: str,
-                                   reason: str | None = None) -> Conversation:
+                                   reason: str | None = None, *,
+                                   outcomes: CallOutcomes | None = None) -> Conversation:
         """A desk's conversation as it was: the latest summary and the messages after it.
 
         A turn that was cut off (its last message a tool call, a tool result, or a trigger
         nobody answered; a turn that ended at its round limit does not count) is repaired so
-        the next request is valid (each unanswered call gets an "interrupted" result), and the
-        desk is told, with :data:`INTERRUPTED_NOTICE` followed by ``reason`` when one is
-        given. Both are appended and stored; nothing stored is rewritten. A conversation
-        that already ends with a notice is not cut off, so restoring it again adds no second
+        the next request is valid, and the desk is told, with :data:`INTERRUPTED_NOTICE`
+        followed by ``reason`` when one is given. Each unanswered call gets the result the
+        desk's resolver gives (``outcomes``, else the one registered with
+        :meth:`set_call_outcomes`): what really became of it; without one, or when it has no
+        answer, a call that was waiting for an operator's approval is answered that it never
+        ran, and any other that it was interrupted and may or may not have taken effect.
+        Both are appended and stored; nothing stored is rewritten. A conversation that
+        already ends with a notice is not cut off, so restoring it again adds no second
         notice (whatever the reason). The conversation stores itself from then on.
 
         Args:
@@ -424,6 +509,8 @@ class Store:
             reason: Why the turn stopped, when the caller knows (``"the model was
                 unavailable: ..."``); it must hold no secret. None after a restart of the
                 daemon, when nobody knows.
+            outcomes: Says what became of each interrupted call; the registered one when
+                None.
 
         Returns:
             The conversation, with the store as its observer.
@@ -468,16 +555,54 @@ class Store:
         conversation = Conversation(system_prompt, repaired[:tail], summary=summary,
                                     observer=self.observer(desk))
         added = repaired[tail:]
+        looked_up = 0
+        if added and messages and messages[-1].role == "assistant":
+            # Only the last message's calls can be answered here: earlier repairs are fixes
+            # inside the history, made again on every restore and never stored.
+            added[0], looked_up = await self._answer_interrupted(
+                desk, messages[-1], added[0], outcomes or self._call_outcomes.get(desk))
         for message in added:
             await conversation.append(Message(role=message.role, content=message.content,
                                               kind=message.kind, created_at=self._clock()))
         if added or _cut_off(messages, round_limit_end):
+            text = _notice(reason) + (f"\n{LOOKED_UP_NOTE}" if looked_up else "")
             await conversation.append(Message(role="user", kind="notice",
-                                              content=(TextBlock(_notice(reason)),),
+                                              content=(TextBlock(text),),
                                               created_at=self._clock()))
             _log.warning("turn_interrupted", desk=desk, repaired_messages=len(added),
-                         reason=reason)
+                         looked_up=looked_up, reason=reason)
         return conversation
+
+    async def _answer_interrupted(self, desk: str, calls_message: Message, answer: Message,
+                                  outcomes: CallOutcomes | None) -> tuple[Message, int]:
+        """``answer`` (repair's results for ``calls_message``'s calls, none of which had
+        one) with each call's real outcome where it is known, and how many were known."""
+        calls = {call.id: call for call in calls_message.tool_uses}
+        if not calls:
+            return answer, 0
+        facts = await self._db.read(
+            lambda connection: _interrupted_facts(connection, desk, calls_message))
+        content: list[ContentBlock] = []
+        looked_up = 0
+        for block in answer.content:
+            call = calls.get(block.tool_use_id) if isinstance(block, ToolResultBlock) else None
+            if call is None:
+                content.append(block)
+                continue
+            turn_id, approval = facts.get(call.id, (None, None))
+            interrupted = InterruptedCall(desk, call.name, call.arguments, call.id, turn_id,
+                                          approval)
+            outcome = await _look_up(outcomes, interrupted) if outcomes is not None else None
+            if outcome is not None:
+                looked_up += 1
+                content.append(ToolResultBlock(call.id, (TextBlock(outcome.text),),
+                                               is_error=outcome.is_error))
+            elif approval is not None and approval != "approved":
+                content.append(_never_ran(call, approval))
+            else:
+                content.append(block)
+        return Message(role=answer.role, content=tuple(content), kind=answer.kind,
+                       id=answer.id, created_at=answer.created_at), looked_up
 
     async def transcript(self, desk: str, before_seq: int | None = None, limit: int = 50, *,
                          include_subagents: bool = True) -> list[dict[str, Any]]:
@@ -836,6 +961,87 @@ def _cut_off(messages: Sequence[Message], round_limit_end: float | None) -> bool
     if last.kind == "tool_results" and round_limit_end is not None:
         return round_limit_end < last.created_at
     return last.kind in ("trigger", "operator", "steering", "tool_results")
+
+
+async def _look_up(outcomes: CallOutcomes, call: InterruptedCall) -> CallOutcome | None:
+    """The resolver's answer; a resolver that fails leaves the default answer."""
+    try:
+        return await outcomes(call)
+    except Exception as exc:  # a lookup must never keep a desk from restoring
+        _log.exception("call_outcome_failed", desk=call.desk, tool=call.tool,
+                       call_id=call.call_id, error=repr(exc))
+        return None
+
+
+_NOT_APPROVED = {
+    "pending": "was waiting for an operator's approval when the daemon stopped",
+    "denied": "was denied by an operator",
+    "timed_out": "timed out waiting for an operator's approval",
+    "cancelled": "had its approval cancelled",
+}
+
+
+def _never_ran(call: ToolUseBlock, approval: str) -> ToolResultBlock:
+    """The result of a held call that was never approved: a held call runs only once
+    approved, so it never ran."""
+    why = _NOT_APPROVED.get(approval, f"was not approved ({approval})")
+    return ToolResultBlock(call.id, (TextBlock(
+        f"Error: the call to {call.name} {why}, so it never ran. Make it again if it is "
+        "still wanted (it will wait for approval again)."),), is_error=True)
+
+
+_DESK_OWN_EVENTS = "desk = ? AND json_extract(data, '$.subagent') IS NULL"
+"""The desk's own events (not its subagents')."""
+
+
+def _interrupted_facts(connection: sqlite3.Connection, desk: str,
+                       calls_message: Message) -> dict[str, tuple[str | None, str | None]]:
+    """What the events tell of each call of ``calls_message``: its turn and approval.
+
+    A call's own ``tool_call`` event, published after the message was made, names its turn.
+    When it was not stored (events are written in batches), the turn is the desk's last real
+    turn (not a subagent's, not the silent memory flush) that started at or before the
+    message was made, since a desk's turns run one at a time; unless that turn ended (a
+    turn whose calls went unanswered never did), which means the start of the right one was
+    lost too: the turn is then unknown rather than guessed.
+    """
+    row = connection.execute(
+        f"SELECT turn FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'turn_start' "
+        "AND turn IS NOT NULL AND NOT COALESCE(json_extract(data, '$.silent'), 0) "
+        "AND at <= ? ORDER BY id DESC LIMIT 1", (desk, calls_message.created_at)).fetchone()
+    turn: str | None = None if row is None else str(row[0])
+    if turn is not None and connection.execute(
+            f"SELECT 1 FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'turn_end' AND turn = ? "
+            "LIMIT 1", (desk, turn)).fetchone() is not None:
+        turn = None
+    facts: dict[str, tuple[str | None, str | None]] = {}
+    for call in calls_message.tool_uses:
+        found = connection.execute(
+            f"SELECT turn FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'tool_call' "
+            "AND json_extract(data, '$.call_id') = ? AND at >= ? AND turn IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1", (desk, call.id, calls_message.created_at)).fetchone()
+        call_turn = turn if found is None else str(found[0])
+        facts[call.id] = (call_turn, _approval(connection, desk, call_turn, call.id))
+    return facts
+
+
+def _approval(connection: sqlite3.Connection, desk: str, turn: str | None,
+              call_id: str) -> str | None:
+    """None when the call was never held; ``pending`` when it still waited; else how its
+    approval was resolved."""
+    if turn is None:
+        return None
+    requested = connection.execute(
+        f"SELECT json_extract(data, '$.approval_id') FROM events WHERE {_DESK_OWN_EVENTS} "
+        "AND turn = ? AND type = 'approval_requested' AND json_extract(data, '$.call_id') = ? "
+        "ORDER BY id DESC LIMIT 1", (desk, turn, call_id)).fetchone()
+    if requested is None:
+        return None
+    resolved = connection.execute(
+        f"SELECT json_extract(data, '$.outcome') FROM events WHERE {_DESK_OWN_EVENTS} "
+        "AND type = 'approval_resolved' AND json_extract(data, '$.approval_id') = ? "
+        "ORDER BY id DESC LIMIT 1", (desk, requested[0])).fetchone()
+    return "pending" if resolved is None or resolved[0] is None else str(resolved[0])
 
 
 def _round_limit_end(connection: sqlite3.Connection, desk: str) -> float | None:

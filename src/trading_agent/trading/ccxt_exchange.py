@@ -12,6 +12,8 @@
   answer is lost the order is looked up by that id, not sent again.
 - Orders are refused unless the exchange was built with ``allow_orders=True``, which
   :func:`~trading_agent.trading.factory.open_exchange` does only in live mode.
+- With a journal, each of our orders' status and the account's balances are noted as they
+  are seen, for :mod:`~trading_agent.trading.reconciliation` on the next start.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from typing import Any, Literal, TypeVar, cast
 import anyio
 import ccxt
 import ccxt.async_support as ccxt_async
+import structlog
 
 from trading_agent.errors import (
     ConfigError,
     ExchangeError,
     ExchangeUnavailableError,
     OrderRejectedError,
+    StoreError,
 )
 from trading_agent.trading.ccxt_errors import is_transient, scrub, translate
 from trading_agent.trading.config import CcxtExchangeConfig
@@ -56,6 +60,8 @@ from trading_agent.trading.timing import Clock, Sleep, from_millis, to_millis, u
 __all__ = ["CcxtExchange"]
 
 T = TypeVar("T")
+
+_log = structlog.get_logger(__name__)
 
 _STATUSES: dict[str, OrderStatus] = {
     "open": "open", "closed": "closed", "canceled": "canceled", "cancelled": "canceled",
@@ -135,6 +141,7 @@ class CcxtExchange:
         self._client = self._build_client(credentials)
         self._client.logger = _RedactingLogger(logging.getLogger("ccxt"), self._secrets)
         self._markets: dict[str, Market] = {}
+        self._balances_noted: Mapping[str, Balance] | None = None
 
     def _credentials(self, environ: Mapping[str, str]) -> dict[str, str]:
         config = self._config
@@ -318,6 +325,11 @@ class CcxtExchange:
         """The wall clock."""
         return self._clock()
 
+    @property
+    def order_journal(self) -> OrderJournal | None:
+        """The client order id journal orders are written to (None for market data only)."""
+        return self._journal
+
     async def markets(self) -> Mapping[str, Market]:
         """The markets loaded when the exchange was opened."""
         return self._markets
@@ -399,6 +411,7 @@ class CcxtExchange:
                               _decimal(used.get(currency)) or Decimal(0))
             if balance.total:
                 balances[currency] = balance
+        await self._note_balances(balances)
         return balances
 
     async def fetch_positions(self, symbols: Sequence[str] | None = None) -> Sequence[Position]:
@@ -457,7 +470,7 @@ class CcxtExchange:
         self._require_market(symbol)
         raw = await self._read(f"fetch order {order_id}",
                                lambda: self._client.fetch_order(order_id, symbol))
-        return self._order(raw)
+        return await self._noted(self._order(raw))
 
     async def fetch_order_by_client_id(self, client_order_id: str, symbol: str) -> Order:
         """An order by our client order id.
@@ -469,7 +482,7 @@ class CcxtExchange:
         raw = await self._read(
             f"look up order {client_order_id}",
             lambda: self._client.fetch_order(None, symbol, {"clientOrderId": client_order_id}))
-        return self._order(raw)
+        return await self._noted(self._order(raw))
 
     # -- orders --------------------------------------------------------------------------
 
@@ -510,7 +523,7 @@ class CcxtExchange:
         order = self._order(raw, request)
         await self._journal.mark(request.client_order_id, "placed", self._clock(),
                                  exchange_order_id=order.id)
-        return order
+        return await self._noted(order)
 
     async def _find_after_lost_answer(self, request: OrderRequest, exc: Exception,
                                       action: str) -> Order:
@@ -528,7 +541,7 @@ class CcxtExchange:
             order = self._order(raw, request)
             await self._journal.mark(request.client_order_id, "placed", self._clock(),
                                      exchange_order_id=order.id)
-            return order
+            return await self._noted(order)
         cause = self._translate(exc, action)
         message = (f"{cause}; no order with client id {request.client_order_id} was found "
                    f"afterwards. It was NOT sent again. Check the open orders before placing "
@@ -610,7 +623,29 @@ class CcxtExchange:
         except ccxt.BaseError as exc:
             raise self._translate(exc, action) from exc
         order = self._order(raw)
-        return replace(order, status="canceled") if order.status == "open" else order
+        return await self._noted(replace(order, status="canceled")
+                                 if order.status == "open" else order)
+
+    async def _noted(self, order: Order) -> Order:
+        """``order``, its status noted in the journal (one of ours only) for the next
+        reconciliation; a journal that fails to note it does not fail the call."""
+        if self._journal is not None:
+            try:
+                await self._journal.note_status(order, self._clock())
+            except StoreError as exc:
+                _log.warning("order_status_not_noted", exchange=self._name, error=str(exc))
+        return order
+
+    async def _note_balances(self, balances: Mapping[str, Balance]) -> None:
+        """Remembers the balances as last seen (orders enabled only; when they changed)."""
+        if self._journal is None or not self._allow_orders or balances == self._balances_noted:
+            return
+        try:
+            await self._journal.record_balances(self._name, balances, self._clock())
+        except StoreError as exc:
+            _log.warning("balances_not_noted", exchange=self._name, error=str(exc))
+            return
+        self._balances_noted = dict(balances)
 
     async def close(self) -> None:
         """Closes the HTTP client (idempotent)."""

@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "CLIENT_ORDER_ID_PREFIX",
     "Balance",
     "Candle",
     "Exchange",
@@ -33,6 +34,7 @@ __all__ = [
     "Position",
     "Ticker",
     "client_order_id_for",
+    "is_own_client_order_id",
     "new_client_order_id",
     "timeframe_delta",
 ]
@@ -71,6 +73,31 @@ def client_order_id_for(*parts: str) -> str:
     """
     digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
     return "ta" + digest[:30]
+
+
+CLIENT_ORDER_ID_PREFIX = "ta"
+"""How every client order id this project makes begins (:func:`new_client_order_id`,
+:func:`client_order_id_for`): 32 characters, this prefix, then lowercase hex."""
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_own_client_order_id(client_order_id: str,
+                           prefix: str = CLIENT_ORDER_ID_PREFIX) -> bool:
+    """Whether ``client_order_id`` has the shape of the ids this project makes with
+    ``prefix``: 32 characters, the prefix, then lowercase hex (an order a person placed on
+    the exchange's site has another shape).
+
+    Args:
+        client_order_id: The id an exchange reports for an order.
+        prefix: The prefix our ids carry.
+
+    Returns:
+        True for one of ours (or one made the same way).
+    """
+    rest = client_order_id[len(prefix):]
+    return (len(client_order_id) == 32 and client_order_id.startswith(prefix)
+            and bool(rest) and set(rest) <= _HEX)
 
 
 @dataclass(frozen=True, slots=True)

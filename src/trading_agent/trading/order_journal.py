@@ -8,11 +8,19 @@ States: ``sending`` (committed, request in flight or its answer lost), ``placed`
 exchange has it), ``rejected`` (the exchange refused it), ``unknown`` (no answer, and a lookup
 did not find it yet), ``lost`` (still not found at the exchange long after it was sent:
 taken as never placed, so it no longer holds up new orders).
+
+For reconciliation on start (:mod:`~trading_agent.trading.reconciliation`) the journal also
+keeps each placed order's status as last seen (``open``, ``closed``...), so an order believed
+open that is no longer on the book is looked up, and the account's balances as last seen,
+so a change made while the daemon was away is reported. Both are tables of their own, added
+to an older file as it is opened.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -20,10 +28,17 @@ from pathlib import Path
 from typing import Literal, cast
 
 from trading_agent.errors import StoreError
-from trading_agent.trading.exchange import OrderRequest, OrderSide, OrderType
+from trading_agent.trading.exchange import (
+    Balance,
+    Order,
+    OrderRequest,
+    OrderSide,
+    OrderStatus,
+    OrderType,
+)
 from trading_agent.trading.sqlite import SqliteDatabase
 
-__all__ = ["IntentState", "OrderIntent", "OrderJournal"]
+__all__ = ["IntentState", "OrderIntent", "OrderJournal", "SeenBalances"]
 
 IntentState = Literal["sending", "placed", "rejected", "unknown", "lost"]
 
@@ -43,6 +58,17 @@ CREATE TABLE IF NOT EXISTS order_intents (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS order_intents_state ON order_intents (state);
+CREATE TABLE IF NOT EXISTS order_status (
+    client_order_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    filled TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS balances_seen (
+    exchange TEXT PRIMARY KEY,
+    balances TEXT NOT NULL,
+    seen_at TEXT NOT NULL
+);
 """
 
 _COLUMNS = ("client_order_id, exchange, symbol, side, type, amount, price, state, "
@@ -78,6 +104,19 @@ def _intent(row: tuple[str, ...]) -> OrderIntent:
                            client_order_id)
     return OrderIntent(request, exchange, cast(IntentState, state), exchange_order_id, error,
                        datetime.fromisoformat(created_at))
+
+
+@dataclass(frozen=True)
+class SeenBalances:
+    """An account's balances as the daemon last saw them.
+
+    Attributes:
+        balances: The non-zero balances, by currency.
+        seen_at: When they were seen.
+    """
+
+    balances: dict[str, Balance]
+    seen_at: datetime
 
 
 class OrderJournal:
@@ -153,6 +192,115 @@ class OrderJournal:
             return [_intent(row) for row in connection.execute(
                 f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
                 "AND state IN ('sending', 'unknown') ORDER BY created_at", (exchange,))]
+
+        return await self._database.run(read)
+
+    async def get_by_exchange_order_id(self, exchange: str,
+                                       exchange_order_id: str) -> OrderIntent | None:
+        """The intent of ``exchange`` the exchange knows by ``exchange_order_id``, or None."""
+
+        def read(connection: sqlite3.Connection) -> OrderIntent | None:
+            row = connection.execute(
+                f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
+                "AND exchange_order_id = ?", (exchange, exchange_order_id)).fetchone()
+            return None if row is None else _intent(row)
+
+        return await self._database.run(read)
+
+    async def note_status(self, order: Order, at: datetime) -> None:
+        """Remembers an order's status as just seen; ignored for an order not in the
+        journal (someone else's)."""
+        row = (order.client_order_id, order.status, str(order.filled), at.isoformat(),
+               order.client_order_id)
+
+        def write(connection: sqlite3.Connection) -> None:
+            with connection:
+                connection.execute(
+                    "INSERT INTO order_status (client_order_id, status, filled, updated_at) "
+                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM order_intents "
+                    "WHERE client_order_id = ?) ON CONFLICT (client_order_id) DO UPDATE SET "
+                    "status = excluded.status, filled = excluded.filled, "
+                    "updated_at = excluded.updated_at", row)
+
+        await self._database.run(write)
+
+    async def last_status(self, client_order_id: str) -> OrderStatus | None:
+        """The order's status when last seen, or None when never noted."""
+
+        def read(connection: sqlite3.Connection) -> OrderStatus | None:
+            row = connection.execute("SELECT status FROM order_status WHERE client_order_id = ?",
+                                     (client_order_id,)).fetchone()
+            return None if row is None else cast(OrderStatus, row[0])
+
+        return await self._database.run(read)
+
+    async def believed_open(self, exchange: str) -> list[OrderIntent]:
+        """Intents of ``exchange`` that may still be on the book: unresolved ones
+        (``sending``, ``unknown``) and placed ones last seen open or never seen since,
+        oldest first."""
+
+        def read(connection: sqlite3.Connection) -> list[OrderIntent]:
+            columns = ", ".join(f"i.{name.strip()}" for name in _COLUMNS.split(","))
+            return [_intent(row) for row in connection.execute(
+                f"SELECT {columns} FROM order_intents AS i LEFT JOIN order_status AS s "
+                "ON s.client_order_id = i.client_order_id WHERE i.exchange = ? AND ("
+                "i.state IN ('sending', 'unknown') OR (i.state = 'placed' AND "
+                "COALESCE(s.status, 'open') = 'open')) ORDER BY i.created_at", (exchange,))]
+
+        return await self._database.run(read)
+
+    async def adopt(self, order: Order, exchange: str, at: datetime) -> bool:
+        """Records an order found on the exchange that the journal did not know (placed with
+        our client id by an earlier run whose journal entry is gone) as placed.
+
+        Returns:
+            False when the journal already had its client order id.
+        """
+        price = None if order.price is None else str(order.price)
+        intent = (order.client_order_id, exchange, order.symbol, order.side, order.type,
+                  str(order.amount), price, "placed", order.id, at.isoformat(), at.isoformat())
+        status = (order.client_order_id, order.status, str(order.filled), at.isoformat())
+
+        def write(connection: sqlite3.Connection) -> bool:
+            with connection:
+                added = connection.execute(
+                    "INSERT OR IGNORE INTO order_intents (client_order_id, exchange, symbol, "
+                    "side, type, amount, price, state, exchange_order_id, created_at, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", intent).rowcount
+                if added:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO order_status (client_order_id, status, filled, "
+                        "updated_at) VALUES (?, ?, ?, ?)", status)
+                return bool(added)
+
+        return await self._database.run(write)
+
+    async def record_balances(self, exchange: str, balances: Mapping[str, Balance],
+                              at: datetime) -> None:
+        """Remembers the account's balances on ``exchange`` as seen at ``at``."""
+        data = json.dumps({currency: [str(b.free), str(b.used)]
+                           for currency, b in sorted(balances.items())})
+
+        def write(connection: sqlite3.Connection) -> None:
+            with connection:
+                connection.execute(
+                    "INSERT INTO balances_seen (exchange, balances, seen_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (exchange) DO UPDATE SET balances = excluded.balances, "
+                    "seen_at = excluded.seen_at", (exchange, data, at.isoformat()))
+
+        await self._database.run(write)
+
+    async def last_balances(self, exchange: str) -> SeenBalances | None:
+        """The balances last recorded for ``exchange``, or None when never."""
+
+        def read(connection: sqlite3.Connection) -> SeenBalances | None:
+            row = connection.execute("SELECT balances, seen_at FROM balances_seen "
+                                     "WHERE exchange = ?", (exchange,)).fetchone()
+            if row is None:
+                return None
+            balances = {currency: Balance(currency, Decimal(free), Decimal(used))
+                        for currency, (free, used) in json.loads(row[0]).items()}
+            return SeenBalances(balances, datetime.fromisoformat(row[1]))
 
         return await self._database.run(read)
 

@@ -273,6 +273,30 @@ class PaperExchange:
             raise OrderRejectedError(f"{self._name} has no order {order_id}")
         return paper.order
 
+    async def fetch_order_by_client_id(self, client_order_id: str,
+                                       symbol: str | None = None) -> Order:
+        """An order by our client order id, as the books hold it now (after matching).
+
+        Args:
+            client_order_id: The id the order was placed with.
+            symbol: Unused (the books know each order's market); accepted so the call reads
+                as the ccxt exchange's.
+
+        Raises:
+            OrderRejectedError: The books hold no order with that client id: it was never
+                placed (refused orders leave no record).
+        """
+        await self.sync()
+        resting = next((p.order for p in self._open.values()
+                        if p.order.client_order_id == client_order_id), None)
+        if resting is not None:
+            return resting
+        paper = await self._ledger.find_order(client_order_id=client_order_id)
+        if paper is None:
+            raise OrderRejectedError(f"{self._name} has no order with client id "
+                                     f"{client_order_id}")
+        return paper.order
+
     async def fills(self, order_id: str | None = None) -> list[Fill]:
         """Fills of the account (of one order if given), oldest first."""
         return await self._ledger.fills(order_id)
