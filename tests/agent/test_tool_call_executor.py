@@ -10,7 +10,7 @@ from trading_agent.agent.conversation import ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ToolCallStarted, ToolHeartbeat, ToolResultReady
 from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
-from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
+from trading_agent.agent.tool_registry import Tool, ToolContext, ToolRegistry
 from trading_agent.errors import ToolError
 
 
@@ -115,3 +115,89 @@ async def test_a_failing_approval_gate_becomes_an_error_result_not_a_crash() -> 
     assert all(r.result.is_error for r in results)
     assert texts[0] == ("Error: the approval gate failed: RuntimeError: price lookup exploded; "
                         "get_price was not run.")
+
+
+# --------------------------------------------------------------------------- prechecks
+
+
+class TransferArguments(BaseModel):
+    amount: float
+
+
+class RecordingGate:
+    """An approval gate that lets every call run and remembers what it was asked."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    async def review(self, tool: Tool, arguments: BaseModel,
+                     context: ToolContext) -> str | None:
+        self.log.append(f"gate {tool.name} {context.call_id}")
+        return None
+
+
+def _checked_registry(log: list[str], timeout_seconds: float = 30.0) -> ToolRegistry:
+    """``transfer`` (dangerous): its precheck refuses amounts over 100, fails on 13 and
+    stalls on 7."""
+    registry = ToolRegistry()
+
+    async def check_transfer(arguments: TransferArguments, context: ToolContext) -> None:
+        log.append(f"precheck {arguments.amount:g} {context.call_id}")
+        if arguments.amount == 13:
+            raise RuntimeError("limits unreadable")
+        if arguments.amount == 7:
+            await anyio.sleep(10)
+        if arguments.amount > 100:
+            raise ToolError(f"Refused: {arguments.amount:g} is over the limit of 100.")
+
+    @registry.tool(description="Moves money.", dangerous=True, precheck=check_transfer,
+                   timeout_seconds=timeout_seconds)
+    async def transfer(arguments: TransferArguments, context: ToolContext) -> str:
+        log.append(f"run {arguments.amount:g}")
+        return f"moved {arguments.amount:g}"
+
+    return registry
+
+
+async def test_a_precheck_refusal_ends_the_call_before_the_gate_is_asked() -> None:
+    log: list[str] = []
+    executor = ToolCallExecutor(_checked_registry(log), approval_gate=RecordingGate(log))
+    [executed] = await _run([ToolUseBlock(id="t1", name="transfer",
+                                          arguments='{"amount": 250}')], executor)
+    assert executed.result.is_error
+    assert executed.result.text == "Error: Refused: 250 is over the limit of 100."
+    assert log == ["precheck 250 t1"]  # neither the gate nor the tool was reached
+
+
+async def test_a_call_its_precheck_passes_goes_to_the_gate_then_runs() -> None:
+    log: list[str] = []
+    executor = ToolCallExecutor(_checked_registry(log), approval_gate=RecordingGate(log))
+    [executed] = await _run([ToolUseBlock(id="t1", name="transfer",
+                                          arguments='{"amount": "40"}')], executor)
+    assert not executed.result.is_error and executed.result.text == "moved 40"
+    # The precheck got the validated arguments (a float, not the string sent).
+    assert log == ["precheck 40 t1", "gate transfer t1", "run 40"]
+
+
+@pytest.mark.parametrize(("amount", "expected"), [
+    (13, "Error: the checks of transfer failed: RuntimeError: limits unreadable; transfer "
+         "was not run."),
+    (7, "Error: the checks of transfer did not finish within 0.2 s; transfer was not run."),
+])
+async def test_a_precheck_that_fails_or_stalls_fails_closed(amount: int, expected: str) -> None:
+    log: list[str] = []
+    executor = ToolCallExecutor(_checked_registry(log, timeout_seconds=0.2),
+                                approval_gate=RecordingGate(log))
+    [executed] = await _run([ToolUseBlock(id="t1", name="transfer",
+                                          arguments=f'{{"amount": {amount}}}')], executor)
+    assert executed.result.is_error and executed.result.text == expected
+    assert log == [f"precheck {amount} t1"]
+
+
+async def test_without_a_gate_there_is_nothing_to_spare_and_the_tool_decides() -> None:
+    log: list[str] = []
+    [executed] = await _run([ToolUseBlock(id="t1", name="transfer",
+                                          arguments='{"amount": 250}')],
+                            ToolCallExecutor(_checked_registry(log)))
+    assert executed.result.text == "moved 250"  # this tool does not check by itself
+    assert log == ["run 250"]

@@ -10,7 +10,13 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from tests.operator.harness import build_control, collect_events, running_api, uds_client
+from tests.operator.harness import (
+    build_control,
+    collect_events,
+    in_process_daemon,
+    running_api,
+    uds_client,
+)
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_registry import Tool, ToolContext
@@ -326,3 +332,65 @@ async def test_an_order_split_under_the_threshold_is_held_within_the_hour() -> N
                                 "last hour is above the approval threshold 1,000.00")
     now[0] += 3_601  # an hour later the first no longer counts
     assert await book.review(_order_tool(), half, _context(bus)) is None
+
+
+# --------------------------------------------------------------------------- risk comes first
+
+
+def _threshold_daemon(folder: Path, base_url: str) -> Path:
+    """A daemon with one paper desk on the replay whose orders above 1,000 USDT wait; its
+    risk limits allow 10,000 USDT an order (BTC trades near 16,600)."""
+    path = folder / "daemon.toml"
+    path.write_text(f"""
+[daemon]
+state_dir = "{folder / 'state'}"
+
+[model]
+provider = "openai"
+base_url = "{base_url}"
+model = "scripted-model"
+context_window = 32000
+request_timeout = 10
+
+[operator]
+approval_timeout_seconds = 30
+approval_notional_threshold = 1000
+
+[desks.alpha]
+system_prompt = "You are alpha."
+symbols = ["BTC/USDT"]
+tools = ["place_order"]
+
+[desks.alpha.risk]
+max_order_notional = "10000"
+""")
+    return path
+
+
+async def test_risk_refuses_before_any_approval_and_an_order_within_it_waits(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    too_large = {"symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "1"}
+    within = {**too_large, "amount": "0.1"}  # ~1,660: within the limits, above 1,000
+    scripted_server.add(Reply(tool_calls=[ToolCall("place_order", too_large)]),
+                        Reply(tool_calls=[ToolCall("place_order", within)]),
+                        Reply("Bought 0.1 BTC."))
+    async with in_process_daemon(_threshold_daemon(state_dir, scripted_server.base_url)) \
+            as running, uds_client(running.endpoints.socket_path) as client:
+        await client.post("/api/desks/alpha/messages", json={"text": "Buy bitcoin."})
+        [pending] = await _wait_pending(client)
+        # The first order never reached an operator: the model read risk's refusal at once.
+        refusal = _tool_result_sent(scripted_server, 1)
+        assert refusal.startswith("Error: Refused: order notional 16,")
+        assert refusal.endswith("exceeds max_order_notional 10,000.00 USDT.")
+        assert pending["arguments"]["amount"] == "0.1"
+        assert "above the approval threshold 1,000.00" in pending["reason"]
+        response = await client.post(f"/api/approvals/{pending['id']}/approve",
+                                     json={"operator": "alice"})
+        assert response.status_code == 200
+        events = await collect_events(client, params={"after": 0},
+                                      until=lambda es: es[-1].type == "turn_end")
+    placed = _tool_result_sent(scripted_server, 2)
+    assert placed.startswith("Order ") and "filled: bought 0.1 BTC on BTC/USDT" in placed
+    requested = [e for e in events if e.type == "approval_requested"]
+    assert len(requested) == 1 and requested[0].data["approval_id"] == pending["id"]
+    scripted_server.assert_complete()

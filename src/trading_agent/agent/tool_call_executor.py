@@ -1,8 +1,14 @@
 """Runs the model's tool calls; every failure becomes a result the model reads.
 
-Invalid JSON, arguments that fail validation, an unknown tool, a refusal by the approval
-gate, a tool that raises and a tool that outlives its timeout each come back as an error
-result naming the problem, and the turn goes on. A tool never crashes the loop.
+Invalid JSON, arguments that fail validation, an unknown tool, a refusal by a tool's
+precheck or by the approval gate, a tool that raises and a tool that outlives its timeout
+each come back as an error result naming the problem, and the turn goes on. A tool never
+crashes the loop.
+
+A call goes: validate the arguments, run the tool's precheck (when it has one and there is
+an approval gate: an order the risk limits refuse is refused here, at once, and no operator
+is asked to approve it), ask the gate (which may wait for an operator), run the handler.
+The handler checks again: what a precheck passed may have changed while the gate waited.
 
 The calls of one round run concurrently (a subagent research task need not wait for
 another); results come back in the order of the calls. Every picture a tool returns is sized
@@ -132,6 +138,10 @@ class ToolCallExecutor:
         except ValidationError as exc:
             return _error(f"Error: invalid arguments for {call.name}: {_describe(exc)}")
         if self.approval_gate is not None:
+            if tool.precheck is not None:
+                prechecked = await self._prechecked(tool, arguments, context)
+                if prechecked is not None:
+                    return prechecked
             try:
                 refusal = await self.approval_gate.review(tool, arguments, context)
             except Exception as exc:  # the gate failing must not fail the turn; fail closed
@@ -140,6 +150,27 @@ class ToolCallExecutor:
             if refusal is not None:
                 return _error(refusal)
         return await self._run_with_deadline(tool, arguments, context)
+
+    async def _prechecked(self, tool: Tool, arguments: BaseModel,
+                          context: ToolContext) -> ToolOutput | None:
+        """None when the tool's precheck lets the call go on, else the error result.
+
+        Anything but a pass ends the call unrun (fail closed): a refusal reads as the tool's
+        own would, a failure or a precheck slower than the tool's timeout says so.
+        """
+        assert tool.precheck is not None
+        try:
+            with anyio.fail_after(tool.timeout_seconds):
+                await tool.precheck(arguments, context)
+        except ToolError as exc:
+            return _error(f"Error: {exc}")
+        except TimeoutError:
+            return _error(f"Error: the checks of {tool.name} did not finish within "
+                          f"{tool.timeout_seconds:g} s; {tool.name} was not run.")
+        except Exception as exc:
+            return _error(f"Error: the checks of {tool.name} failed: {type(exc).__name__}: "
+                          f"{exc}; {tool.name} was not run.")
+        return None
 
     async def _run_with_deadline(self, tool: Tool, arguments: BaseModel,
                                  context: ToolContext) -> ToolOutput:

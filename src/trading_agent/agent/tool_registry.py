@@ -3,6 +3,12 @@
 A tool is an async function ``handler(arguments, context) -> ToolOutput | str``. It raises
 :class:`~trading_agent.errors.ToolError` to refuse with a message the model reads.
 
+A tool may also have a *precheck*, ``precheck(arguments, context) -> None``: a refusal that
+can be known before the call does anything (an order that breaks a risk limit). The executor
+runs it before it asks the approval gate, so nobody is asked to approve a call that would be
+refused anyway; it raises :class:`~trading_agent.errors.ToolError` to end the call there.
+It never replaces the handler's own check: the world may change while the gate waits.
+
 Example::
 
     registry = ToolRegistry()
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     from trading_agent.agent.event_bus import EventBus
     from trading_agent.agent.image_preparer import ImagePreparer
 
-__all__ = ["Tool", "ToolContext", "ToolHandler", "ToolOutput", "ToolRegistry"]
+__all__ = ["Tool", "ToolContext", "ToolHandler", "ToolOutput", "ToolPrecheck", "ToolRegistry"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,10 @@ class ToolOutput:
 
 ToolHandler = Callable[[Any, ToolContext], Awaitable[ToolOutput | str]]
 
+ToolPrecheck = Callable[[Any, ToolContext], Awaitable[None]]
+"""``(arguments, context) -> None``: raises :class:`~trading_agent.errors.ToolError` to refuse
+a call before the approval gate is asked."""
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -86,7 +96,10 @@ class Tool:
         arguments: The pydantic model of its arguments.
         handler: The function that runs it.
         dangerous: Whether a call must pass the approval gate first (placing an order).
-        timeout_seconds: How long a call may run before it is abandoned with an error.
+        timeout_seconds: How long a call may run before it is abandoned with an error (and,
+            separately, how long its precheck may take).
+        precheck: Refuses a call before the approval gate is asked (see the module
+            docstring); None: the gate is asked at once.
     """
 
     name: str
@@ -95,6 +108,7 @@ class Tool:
     handler: ToolHandler
     dangerous: bool = False
     timeout_seconds: float = 30.0
+    precheck: ToolPrecheck | None = None
     _definition: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def definition(self) -> dict[str, Any]:
@@ -146,6 +160,7 @@ class ToolRegistry:
         name: str | None = None,
         dangerous: bool = False,
         timeout_seconds: float = 30.0,
+        precheck: ToolPrecheck | None = None,
     ) -> Callable[[ToolHandler], ToolHandler]:
         """A decorator that registers an async function as a tool.
 
@@ -156,6 +171,7 @@ class ToolRegistry:
             name: The tool's name; the function's name by default.
             dangerous: Whether calls pass the approval gate.
             timeout_seconds: The call's time limit.
+            precheck: Refuses a call before the approval gate is asked.
         """
 
         def register(handler: ToolHandler) -> ToolHandler:
@@ -165,7 +181,7 @@ class ToolRegistry:
                 raise TypeError(f"{handler.__name__}: the first parameter must be annotated "
                                 "with a pydantic model")
             self.add(Tool(name or handler.__name__, description, first, handler,
-                          dangerous, timeout_seconds))
+                          dangerous, timeout_seconds, precheck))
             return handler
 
         return register

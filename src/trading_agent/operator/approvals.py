@@ -8,6 +8,10 @@ A held call publishes :class:`ApprovalRequested`, waits for :meth:`ApprovalBook.
 within the timeout. The model reads the outcome as the tool's result: an approved call runs;
 a denied or timed-out one comes back as an error saying so, and the turn goes on.
 
+Risk comes first: the executor runs a tool's precheck before it asks the book (for
+``place_order``, the desk's risk limits), so an order the limits refuse is never held here,
+and an approved order is checked again by the risk policy when it is sent.
+
 How the notional is computed, since the order tool's argument names are its own: the first of
 ``amount``, ``quantity``, ``qty``, ``size`` is the base amount; the first of ``price``,
 ``limit_price`` the price; a market order (no price) is valued at the last price from the

@@ -5,6 +5,11 @@ Every order goes through the desk's :class:`~trading_agent.trading.risk.RiskPoli
 checks the limits and places it under one lock. A refusal (a risk limit, the exchange)
 comes back as a :class:`~trading_agent.errors.ToolError` whose message the model reads.
 
+Risk comes before approval: ``place_order``'s precheck runs the same checks before the
+approval gate is asked, so an operator is never asked to approve an order the limits refuse
+(the model reads the refusal at once). An approved order is checked again when it is sent,
+at the prices of that moment.
+
 An order's client order id comes from the desk, turn and tool call, so the same call run
 twice places one order; ``place_order``'s timeout exceeds the longest the risk policy can
 take, so an order is never abandoned while the exchange may be taking it.
@@ -84,6 +89,13 @@ def _placed(order: Order) -> str:
     return f"Order {order.id} is {order.status}: {describe_order(order)}."
 
 
+def _order_request(arguments: OrderArguments, context: ToolContext) -> OrderRequest:
+    """The order a call asks for; its client id is the call's, so a re-run places one."""
+    return OrderRequest(arguments.symbol.strip().upper(), arguments.side, arguments.type,
+                        arguments.amount, arguments.price,
+                        client_order_id_for(context.desk, context.turn, context.call_id))
+
+
 def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,
                          risk_policy: RiskPolicy, symbols: Sequence[str]) -> None:
     """Registers ``place_order``, ``cancel_order``, ``get_order`` and ``list_open_orders``.
@@ -95,17 +107,29 @@ def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,
         symbols: The desk's symbols.
     """
 
+    async def check_order(arguments: OrderArguments, context: ToolContext) -> None:
+        """Refuses, before any approval is asked, an order the risk limits refuse now.
+
+        Not under the risk policy's order lock, and nothing is placed: this only spares the
+        operator a question whose answer cannot matter. The order is checked again, under
+        the lock, when it is sent: prices, positions and other orders may change while an
+        operator decides, and only that check guards the money.
+        """
+        request = _order_request(arguments, context)
+        with readable_errors(f"check the order ({request.side} {request.amount} "
+                             f"{request.symbol})"):
+            await risk_policy.check(request)
+
     @registry.tool(description="Place a market or limit order. It is checked against the "
                                "desk's risk limits first; a refusal explains which limit.",
                    dangerous=True,
-                   timeout_seconds=risk_policy.max_place_seconds + PLACE_ORDER_MARGIN_SECONDS)
+                   timeout_seconds=risk_policy.max_place_seconds + PLACE_ORDER_MARGIN_SECONDS,
+                   precheck=check_order)
     async def place_order(arguments: OrderArguments, context: ToolContext) -> str:
-        request = OrderRequest(arguments.symbol.strip().upper(), arguments.side,
-                               arguments.type, arguments.amount, arguments.price,
-                               client_order_id_for(context.desk, context.turn,
-                                                   context.call_id))
+        request = _order_request(arguments, context)
         with readable_errors(f"place the order ({request.side} {request.amount} "
                              f"{request.symbol})"):
+            # Checks the limits again at current prices, under the lock, then sends.
             order = await risk_policy.place_order(request)
         return _placed(order)
 
