@@ -98,6 +98,7 @@ __all__ = [
     "ENV_PREFIX",
     "MAX_SHUTDOWN_TIMEOUT_SECONDS",
     "ContextSettings",
+    "ControlSettings",
     "DaemonSettings",
     "DeskSettings",
     "ImageSettings",
@@ -106,6 +107,7 @@ __all__ = [
     "OpenAIModelSettings",
     "ScheduleSettings",
     "Settings",
+    "SpendCaps",
     "TickTriggerSettings",
     "TriggerSettings",
     "load_settings",
@@ -136,6 +138,39 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SpendCaps(_Strict):
+    """A daily cap on what a model may spend (a desk's, or the whole daemon's).
+
+    At 80% of a cap an alert event goes out; at 100% the desk (every desk, for the daemon's
+    cap) pauses with a notice in its chat until the next UTC day or until an operator
+    resumes it.
+
+    Attributes:
+        max_tokens_per_day: Prompt plus completion tokens per UTC day; None for no cap.
+        max_cost_per_day: Their cost per UTC day, in the currency the model's prices are
+            in; None for no cap. Needs the model's prices (``input_price_per_mtok`` and
+            ``output_price_per_mtok``).
+    """
+
+    max_tokens_per_day: int | None = Field(default=None, gt=0, strict=True)
+    max_cost_per_day: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class ControlSettings(SpendCaps):
+    """How a desk is held back (``[desks.<name>.controls]``).
+
+    Attributes:
+        when_paused: What happens to a trigger (a tick, a schedule) that comes while the
+            desk is paused: ``wait`` (queued, ticks coalesced, run on resume) or ``drop``.
+            An operator's message always waits.
+        halt_after_failed_turns: The kill switch goes on by itself for the desk after this
+            many failed turns in a row; 0 never.
+    """
+
+    when_paused: Literal["wait", "drop"] = "wait"
+    halt_after_failed_turns: int = Field(default=5, ge=0, le=1000, strict=True)
+
+
 class DaemonSettings(_Strict):
     """The daemon as a whole (``[daemon]``).
 
@@ -151,6 +186,8 @@ class DaemonSettings(_Strict):
         restart_backoff_seconds: The first wait before a crashed desk is restarted; it
             doubles on each crash in a row.
         restart_backoff_max_seconds: The longest wait between restarts of a crashing desk.
+        spend: Daily caps over every desk together (each desk has its own in
+            ``[desks.<name>.controls]``).
     """
 
     state_dir: Path | None = None
@@ -160,6 +197,7 @@ class DaemonSettings(_Strict):
     shutdown_timeout_seconds: float = Field(default=8.0, gt=0)
     restart_backoff_seconds: float = Field(default=1.0, gt=0)
     restart_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    spend: SpendCaps = Field(default_factory=SpendCaps)
 
     @field_validator("shutdown_timeout_seconds")
     @classmethod
@@ -451,6 +489,8 @@ class DeskSettings(_Strict):
         timezone: An IANA time zone name; cron schedules and the desk's dates use it.
         subagents: What its ``delegate`` tool may do.
         triggers: What wakes it.
+        controls: Its spend caps, what triggers do while it is paused, and when the kill
+            switch goes on by itself.
     """
 
     system_prompt: str = Field(min_length=1)
@@ -466,6 +506,7 @@ class DeskSettings(_Strict):
     timezone: str = "UTC"
     subagents: SubagentConfig = Field(default_factory=SubagentConfig)
     triggers: TriggerSettings = Field(default_factory=TriggerSettings)
+    controls: ControlSettings = Field(default_factory=ControlSettings)
 
     @field_validator("timezone")
     @classmethod
@@ -511,6 +552,10 @@ class DeskSettings(_Strict):
                 raise ValueError(f"no replayed candles for {', '.join(missing)}: the replay "
                                  f"has {', '.join(replay)} (add files under exchange.replay."
                                  "files, or use feed = \"ccxt\")")
+        if self.controls.max_cost_per_day is not None and not _priced(self.model):
+            raise ValueError("controls.max_cost_per_day needs the model's prices "
+                             "(model.price_input_per_million and model.price_output_per_million)"
+                             "; or cap tokens with controls.max_tokens_per_day")
         refused = [s for s in self.symbols if s not in self.risk.allowed_symbols]
         if refused:
             raise ValueError(f"{', '.join(refused)} not in risk.allowed_symbols "
@@ -540,6 +585,11 @@ class _TomlDataSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_toml_data.get() or {})
+
+
+def _priced(model: ModelSettings) -> bool:
+    """Whether a model's cost can be counted (its prices are configured)."""
+    return getattr(model, "price_input_per_million", None) is not None
 
 
 def _check_desk_name(name: str) -> str:
@@ -593,6 +643,17 @@ class Settings(BaseSettings):
         if isinstance(data, dict):
             return _apply_desk_defaults(data)
         return data
+
+    @model_validator(mode="after")
+    def _daemon_cost_cap_priced(self) -> Settings:
+        unpriced = [name for name, desk in self.desks.items() if not _priced(desk.model)]
+        if self.daemon.spend.max_cost_per_day is not None and unpriced:
+            raise ValueError(
+                f"daemon.spend.max_cost_per_day needs every desk's model prices; "
+                f"{', '.join(unpriced)} has none (set model.price_input_per_million and "
+                "model.price_output_per_million), or cap tokens with "
+                "daemon.spend.max_tokens_per_day")
+        return self
 
     def state_directory(self, environ: Mapping[str, str] | None = None) -> Path:
         """Where state lives: ``$STATE_DIRECTORY`` (systemd), else ``daemon.state_dir``, else
@@ -899,6 +960,8 @@ class _ErrorReport:
 
     def _source(self, keys: list[str | int]) -> str:
         """The file, or the environment variable that set the value."""
+        if not keys:
+            return str(self.path)
         node: Any = self.env_data
         names: list[str] = []
         for key in keys:

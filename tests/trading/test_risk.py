@@ -18,6 +18,7 @@ import pytest
 from trading_agent.errors import RiskLimitError
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle, Order, OrderRequest
+from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
@@ -131,12 +132,13 @@ async def test_orders_per_hour_roll_with_the_exchange_clock(feed: ReplayFeed,
     assert again.status == "closed"
 
 
-async def test_a_daily_loss_halts_orders_until_the_next_utc_day(feed: ReplayFeed,
-                                                                database: Path) -> None:
+async def test_a_daily_loss_halts_the_day_and_switches_the_kill_switch_on(
+        feed: ReplayFeed, database: Path) -> None:
     paper = await PaperExchange.open(PAPER, feed, database)
     limits = LIMITS.model_copy(update={"max_daily_loss": D("15")})
     journal = await RiskJournal.open(database, "alpha", feed.now())
-    policy = RiskPolicy(limits, paper, journal=journal)
+    switch = await KillSwitch.open(database)
+    policy = RiskPolicy(limits, paper, journal=journal, kill_switch=switch)
     try:
         await policy.observe()  # the day starts at 100,000 USDT
         # 0.6 BTC bought at the ask costs 9.97 of slippage and 9.98 of fee: about 19.95 lost.
@@ -144,22 +146,52 @@ async def test_a_daily_loss_halts_orders_until_the_next_utc_day(feed: ReplayFeed
         error = await refused(policy, order("sell", "0.6"))
         later = await refused(policy, order("sell", "0.1"))
         await journal.close()
-        # A restart does not lift the halt.
+        await switch.close()
+        # A restart does not lift the halt, nor the kill switch.
         journal = await RiskJournal.open(database, "alpha", feed.now())
-        policy = RiskPolicy(limits, paper, journal=journal)
+        switch = await KillSwitch.open(database)
+        policy = RiskPolicy(limits, paper, journal=journal, kill_switch=switch)
         after_restart = await refused(policy, order("sell", "0.1"))
         feed.advance(75)  # 00:00 UTC on 2023-01-04
-        next_day = await policy.place_order(order("sell", "0.1"))
+        next_day = await refused(policy, order("sell", "0.1"))
+        await switch.switch_off("alpha")  # an operator has looked
+        switched_off = await policy.place_order(order("sell", "0.1"))
     finally:
         await journal.close()
+        await switch.close()
         await paper.close()
 
     assert error.limit == "max_daily_loss"
     assert str(error).startswith("Refused: daily loss 19.9")
     assert str(error).endswith("USDT since 00:00 UTC reached max_daily_loss 15.00 USDT; new "
                                "orders are halted until 00:00 UTC on 2023-01-04.")
-    assert later.limit == after_restart.limit == "max_daily_loss"
-    assert next_day.status == "closed"
+    assert later.limit == after_restart.limit == next_day.limit == "kill_switch"
+    assert str(next_day).startswith("Refused (kill_switch): halted by risk limit max_daily_loss at "
+                                    "2023-01-03 ")
+    assert "UTC: daily loss 19.9" in str(next_day)
+    assert switched_off.status == "closed"
+
+
+async def test_the_kill_switch_refuses_every_order_before_the_exchange_sees_it(
+        desk: Desk) -> None:
+    switch = KillSwitch.in_memory()
+    policy = RiskPolicy(LIMITS, desk.paper, kill_switch=switch)
+    before = len(await desk.paper.fills())
+    await switch.switch_on(ALL_DESKS, "alice", "exchange outage",
+                           datetime(2023, 1, 3, 9, 30, tzinfo=UTC))
+    everywhere = await refused(policy, order("buy", "0.01"))
+    await switch.switch_on(policy.desk, "bob", "model misbehaves")
+    await switch.switch_off(ALL_DESKS)
+    own = await refused(policy, order("buy", "0.01"))
+    await switch.switch_off(policy.desk)
+    placed = await policy.place_order(order("buy", "0.01"))
+
+    assert everywhere.limit == own.limit == "kill_switch"
+    assert str(everywhere) == ("Refused (kill_switch): halted by alice at 2023-01-03 09:30:00 UTC: "
+                               "exchange outage. No new order is sent until an operator "
+                               "switches the kill switch off.")
+    assert "halted by bob at " in str(own)
+    assert len(await desk.paper.fills()) == before + 1 == len([placed])
 
 
 async def test_concurrent_orders_cannot_both_squeeze_under_a_limit(desk: Desk) -> None:

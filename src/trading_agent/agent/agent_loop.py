@@ -126,6 +126,7 @@ class AgentLoop:
         self.retry_policy = RetryPolicy()
         self.new_turn_id: Callable[[], str] = new_turn_id
         self._stop_requested = False
+        self._stop_reason = ""
         self._sent_windows: weakref.WeakKeyDictionary[Conversation, SentWindow] = \
             weakref.WeakKeyDictionary()
         self._overhead_memo: tuple[object, int] = ((), 0)
@@ -147,9 +148,14 @@ class AgentLoop:
         scale = conversation.token_scale if conversation is not None else 1.0
         return self._compressor.max_message_chars(scale)
 
-    def request_stop(self) -> None:
-        """Asks a running turn to end at its next safe point (after the tool round in flight)."""
+    def request_stop(self, reason: str = "the daemon is shutting down") -> None:
+        """Asks a running turn to end at its next safe point (after the tool round in flight).
+
+        Args:
+            reason: Why, for the turn's final text ("Stopped at a safe point: REASON.").
+        """
         self._stop_requested = True
+        self._stop_reason = reason
 
     async def run_turn(self, conversation: Conversation, trigger: Trigger) -> TurnResult:
         """Runs one turn for a trigger, appending everything to the conversation.
@@ -171,6 +177,7 @@ class AgentLoop:
             BackendError: The model refused the request for another reason.
         """
         self._stop_requested = False
+        self._stop_reason = ""
         opening: SteeringMessage | None = None
         while True:
             try:
@@ -223,8 +230,8 @@ class AgentLoop:
                 return self._finish(turn, reply.text)
             await self._run_tools(conversation, turn, reply.tool_calls)
             if self._stop_requested:
-                return self._finish(turn, "Stopped at a safe point: the daemon is shutting "
-                                          "down.", stopped=True)
+                return self._finish(turn, f"Stopped at a safe point: {self._stop_reason}.",
+                                    stopped=True)
         return self._finish(turn, f"The turn was ended after {turn.rounds} model calls, the "
                                   "desk's round limit (maximum_rounds).", hit_round_limit=True)
 

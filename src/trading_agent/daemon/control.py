@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus
 
-__all__ = ["DeskControl", "DeskState", "DeskStatus", "UnknownDeskError"]
+__all__ = ["DeskControl", "DeskReply", "DeskState", "DeskStatus", "UnknownDeskError"]
 
 DeskState = Literal["idle", "working", "paused", "stopped"]
 
@@ -45,7 +45,12 @@ class DeskStatus(BaseModel):
             prompt was sent today.
         pending_approvals: Tool calls waiting for an operator's decision.
         queued_triggers: Triggers waiting for the desk to be free.
-        paused_reason: Why it is paused.
+        paused_reason: Why it is paused: an operator paused it, a spend cap is used up, or
+            its model is unavailable.
+        dropped_triggers: Triggers dropped since it was paused (``when_paused = "drop"``).
+        kill_switch: Why new orders are refused ("halted by NAME at TIME: REASON"), or empty.
+        spend: Today's use of each spend cap that applies to the desk (its own and the
+            daemon's), each with ``scope``, ``measure``, ``used``, ``cap`` and ``share``.
     """
 
     name: str
@@ -65,6 +70,23 @@ class DeskStatus(BaseModel):
     pending_approvals: int = 0
     queued_triggers: int = 0
     paused_reason: str = ""
+    dropped_triggers: int = 0
+    kill_switch: str = ""
+    spend: list[dict[str, Any]] = []
+
+
+class DeskReply(BaseModel):
+    """The answer to an operator's message (``send --wait``): how the turn that read it ended.
+
+    Attributes:
+        ok: False when the turn failed, was cancelled or stopped.
+        text: The desk's final text.
+        error: Why it did not end well.
+    """
+
+    ok: bool
+    text: str = ""
+    error: str = ""
 
 
 class DeskControl(Protocol):
@@ -110,6 +132,63 @@ class DeskControl(Protocol):
         Raises:
             UnknownDeskError: No such desk.
         """
+        ...
+
+    async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
+        """Waits for the end of the turn that read an operator's message (call it right after
+        :meth:`send_message`, with no await between).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    def pause(self, desk: str, by: str, reason: str) -> bool:
+        """Holds a desk: no turns until resumed; a running turn ends at its next safe point.
+
+        Returns:
+            False when it was held already.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    def resume(self, desk: str, by: str) -> bool:
+        """Lets a held desk take turns again.
+
+        Returns:
+            False when it was not held.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
+        """Ends a desk's running turn at its next safe point, or at once with ``now``.
+
+        Returns:
+            False when no turn was running.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    async def set_kill_switch(self, on: bool, *, desk: str | None, by: str, reason: str = "",
+                              cancel_orders: bool = False,
+                              flatten: bool = False) -> dict[str, Any]:
+        """Switches a desk's kill switch (every desk's with ``desk`` None) on or off; with
+        ``cancel_orders`` and ``flatten`` also cancels open orders and closes positions.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        ...
+
+    def kill_switch_halts(self) -> list[dict[str, str]]:
+        """The kill switches that are on."""
         ...
 
     async def compact(self, desk: str) -> bool:

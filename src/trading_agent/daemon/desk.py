@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 import anyio
 import structlog
@@ -54,11 +54,12 @@ from trading_agent.agent.image_preparer import OPERATOR_FORMATS, ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult
-from trading_agent.daemon.control import DeskState, DeskStatus
+from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
+from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled
 from trading_agent.daemon.trigger_queue import TriggerQueue
 from trading_agent.errors import BackendError, BackendUnavailableError, ContextOverflowError
 
-__all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore"]
+__all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore", "Hold"]
 
 _log = structlog.get_logger(__name__)
 
@@ -138,6 +139,36 @@ class Backoff:
         return float(min(first * 2.0 ** max(failures - 1, 0), cap))
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Why a desk takes no turns: an operator paused it, or a spend cap is used up.
+
+    Attributes:
+        by: Who paused it.
+        reason: Why.
+        at: When (seconds since the epoch).
+        until: When it resumes by itself, or None for when an operator resumes it.
+    """
+
+    by: str
+    reason: str
+    at: float
+    until: float | None = None
+
+    def describe(self) -> str:
+        """``paused by NAME at TIME: REASON; resumes ...``, for the desk's status."""
+        when = datetime.fromtimestamp(self.at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        text = f"paused by {self.by} at {when}: {self.reason}"
+        if self.until is not None:
+            until = datetime.fromtimestamp(self.until, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            return f"{text}; resumes by itself at {until}, or with resume"
+        return f"{text}; resume it with resume"
+
+
+FailedTurns = Callable[[int, str], Awaitable[None]]
+"""Told after each failed turn: how many failed in a row, and the last error."""
+
+
 @dataclass
 class _Outcome:
     """What the desk remembers of its last turn."""
@@ -186,6 +217,9 @@ class Desk:
         on_stop: Called when a running turn is asked to stop (its subagents stop too).
         image_preparer: Sizes an operator's pictures to the desk's limits before they are
             stored (the loop's, built from ``[desks.<name>.images]``); None for the defaults.
+        when_paused: What a trigger that fires while the desk is held does: ``wait`` in the
+            queue (ticks coalesced) or ``drop``. An operator's message always waits.
+        on_failed_turns: Told after each failed turn (the kill switch goes on after enough).
     """
 
     def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
@@ -194,7 +228,9 @@ class Desk:
                  clock: Callable[[], float] = time.time, sleep: Sleep = anyio.sleep,
                  on_turn_start: Sequence[Callable[[Trigger], None]] = (),
                  on_stop: Sequence[Callable[[], None]] = (),
-                 image_preparer: ImagePreparer | None = None) -> None:
+                 image_preparer: ImagePreparer | None = None,
+                 when_paused: Literal["wait", "drop"] = "wait",
+                 on_failed_turns: FailedTurns | None = None) -> None:
         self.profile = profile
         self.name = profile.name
         self.loop = loop
@@ -218,6 +254,17 @@ class Desk:
         self._stopping = False
         self._paused = False
         self._nap: anyio.CancelScope | None = None
+        self.when_paused = when_paused
+        self.on_failed_turns = on_failed_turns
+        self._hold: Hold | None = None
+        self._dropped = 0
+        self._turn_scope: anyio.CancelScope | None = None
+        self._cancelled_by: str | None = None
+        self._cut = False
+        """The running turn was cut at once (``cancel --now``): the conversation is read
+        back from the store, without a resume turn."""
+        self._replies: dict[str, _Reply] = {}
+        """Operator messages whose sender waits for the desk's answer (``send --wait``)."""
         self._operator_ids: set[str] = set()
         """Operator messages queued or put in the inbox since the last restore: a message
         sent while the desk restores is seen by both, and must be given to it once."""
@@ -226,7 +273,11 @@ class Desk:
     # ------------------------------------------------------------------ what others call
 
     def fire(self, trigger: Trigger) -> None:
-        """Queues a trigger (a tick, a schedule...); never blocks."""
+        """Queues a trigger (a tick, a schedule...); never blocks. While the desk is held and
+        ``when_paused`` is ``drop``, the trigger is dropped (and counted)."""
+        if self._hold is not None and self.when_paused == "drop":
+            self._dropped += 1
+            return
         self.queue.put(trigger)
 
     async def send_message(self, text: str, source: str = "operator",
@@ -280,6 +331,79 @@ class Desk:
             trigger = Trigger(kind="command", text="/compact", source="operator")
             return await self.loop.compact(self.conversation, trigger)
 
+    def pause(self, by: str, reason: str, *, until: float | None = None) -> bool:
+        """Holds the desk: no turn starts until :meth:`resume` (or ``until``); a running turn
+        ends at its next safe point. Triggers wait or are dropped (``when_paused``);
+        operator messages wait.
+
+        Returns:
+            False when the desk was already held (the first hold stands).
+        """
+        if self._hold is not None:
+            return False
+        self._hold = Hold(by, reason, self._clock(), until)
+        self._dropped = 0
+        self._log.info("desk_held", by=by, reason=reason, until=until)
+        self.event_bus.publish(DeskPaused(desk=self.name, by=by, reason=reason, until=until))
+        if self._in_turn:
+            self._stop_turn(f"the desk was paused by {by}")
+        return True
+
+    def resume(self, by: str) -> bool:
+        """Lets a held desk take turns again; what waited runs now.
+
+        Returns:
+            False when it was not held.
+        """
+        if self._hold is None:
+            return False
+        self._hold = None
+        self._log.info("desk_resumed", by=by, waiting=len(self.queue), dropped=self._dropped)
+        self.event_bus.publish(DeskResumed(desk=self.name, by=by, waiting=len(self.queue)))
+        self.queue.wake()
+        return True
+
+    @property
+    def hold(self) -> Hold | None:
+        """Why the desk is held, or None."""
+        return self._hold
+
+    def cancel_turn(self, by: str, *, now: bool = False) -> bool:
+        """Ends the running turn: at its next safe point (every tool call answered), or at
+        once with ``now`` (calls in flight are stored as interrupted). The desk then takes
+        its next trigger; the cancelled turn is not resumed.
+
+        Returns:
+            False when no turn was running.
+        """
+        if not self._in_turn:
+            return False
+        self._cancelled_by = by
+        self.event_bus.publish(TurnCancelled(desk=self.name, by=by, now=now))
+        if now and self._turn_scope is not None:
+            self._cut = True
+            self._turn_scope.cancel()
+        else:
+            self._stop_turn(f"an operator ({by}) cancelled the turn")
+        return True
+
+    async def reply_to(self, message_id: str) -> DeskReply:
+        """Waits for the answer to an operator's message: how the turn that read it (opened
+        or steered by it) ended. Call it right after :meth:`send_message`, with no await
+        between, so the desk cannot have read the message before."""
+        reply = self._replies.setdefault(message_id, _Reply())
+        try:
+            await reply.done.wait()
+        finally:
+            self._replies.pop(message_id, None)
+        assert reply.result is not None
+        return reply.result
+
+    def _stop_turn(self, reason: str) -> None:
+        self.loop.request_stop(reason)
+        for hook in self.on_stop:
+            hook()
+
     def stop(self) -> None:
         """No new turns; a running turn stops at its next safe point."""
         self._stopping = True
@@ -287,9 +411,7 @@ class Desk:
         if self._nap is not None:
             self._nap.cancel()
         if self._in_turn:
-            self.loop.request_stop()
-            for hook in self.on_stop:
-                hook()
+            self._stop_turn("the daemon is shutting down")
 
     def status(self) -> DeskStatus:
         """The desk as an operator sees it (exchange and usage figures are the caller's)."""
@@ -298,7 +420,9 @@ class Desk:
             model=self.profile.model, symbols=list(self.profile.symbols),
             last_turn_at=self._outcome.at, last_turn_text=self._outcome.text,
             queued_triggers=len(self.queue),
-            paused_reason=self._outcome.reason if self._paused else "")
+            paused_reason=(self._hold.describe() if self._hold is not None
+                           else self._outcome.reason if self._paused else ""),
+            dropped_triggers=self._dropped)
 
     @property
     def state(self) -> DeskState:
@@ -307,7 +431,7 @@ class Desk:
             return "stopped"
         if self._in_turn:
             return "working"
-        return "paused" if self._paused else "idle"
+        return "paused" if self._paused or self._hold is not None else "idle"
 
     @property
     def turns(self) -> int:
@@ -377,11 +501,22 @@ class Desk:
             if self._stopping:
                 return
             self._paused = False  # nothing to try again: the desk just waits
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Waits for a trigger, or while held, for a resume (or the hold's end)."""
+        hold = self._hold
+        if hold is None or hold.until is None:
             await self.queue.wait()
+            return
+        with anyio.move_on_after(max(hold.until - self._clock(), 0.0)) as waited:
+            await self.queue.wait()
+        if waited.cancelled_caught and self._hold is hold:
+            self.resume("daemon")
 
     async def _drain(self) -> None:
-        """Runs turns while triggers are queued."""
-        while not self._stopping:
+        """Runs turns while triggers are queued and the desk is not held."""
+        while not self._stopping and self._hold is None:
             trigger = self.queue.take()
             if trigger is None:
                 return
@@ -390,11 +525,19 @@ class Desk:
             try:
                 result = await self._run_turn(trigger)
             except ContextOverflowError as exc:
+                self._answer(DeskReply(ok=False, error=f"the turn failed: {exc}"))
                 await self._overflowed(exc)
                 continue
+            except BaseException as exc:
+                self._answer(DeskReply(ok=False, error=f"the turn failed: "
+                                                       f"{type(exc).__name__}: {exc}"))
+                raise
             self._outcome.unfinished = None
-            if result is not None:
-                self._finished(result)
+            cancelled_by, self._cancelled_by = self._cancelled_by, None
+            if self._cut:
+                await self._after_cut(cancelled_by or "an operator")
+            elif result is not None:
+                self._finished(result, cancelled_by)
 
     async def _overflowed(self, error: ContextOverflowError) -> None:
         """The turn's request did not fit the window even after compacting. Running it again
@@ -428,17 +571,42 @@ class Desk:
             # reaches the running turn.
             self._in_turn = True
             try:
-                return await self.loop.run_turn(conversation, trigger)
+                with anyio.CancelScope() as self._turn_scope:
+                    return await self.loop.run_turn(conversation, trigger)
+                return None  # cut by cancel_turn(now=True)
             finally:
                 self._in_turn = False
+                self._turn_scope = None
                 self._steering_to_queue()
 
-    def _finished(self, result: TurnResult) -> None:
+    def _finished(self, result: TurnResult, cancelled_by: str | None) -> None:
         outcome = self._outcome
         outcome.at, outcome.text = self._clock(), result.text
         outcome.turns += 1
         outcome.failures, outcome.reason, self._paused = 0, "", False
         outcome.cause = None
+        if cancelled_by is not None and result.stopped:
+            self._answer(DeskReply(ok=False, text=result.text,
+                                   error=f"the turn was cancelled by {cancelled_by}"))
+        else:
+            self._answer(DeskReply(ok=not result.stopped, text=result.text,
+                                   error="" if not result.stopped else result.text))
+
+    async def _after_cut(self, by: str) -> None:
+        """The turn was cut at once: the conversation is read back from the store (which
+        answers the calls left in flight as interrupted), and the turn is not resumed."""
+        self._cut = False
+        self._outcome.unfinished = None
+        self._outcome.cause = f"an operator ({by}) cancelled it at once"
+        self._answer(DeskReply(ok=False, error=f"the turn was cancelled at once by {by}"))
+        await self._restore(resume=False)
+
+    def _answer(self, reply: DeskReply) -> None:
+        """Gives the turn's outcome to those waiting for the answer to a message it read."""
+        for waiting in self._replies.values():
+            if waiting.in_turn and not waiting.done.is_set():
+                waiting.result = reply
+                waiting.done.set()
 
     def _steering_to_queue(self) -> None:
         """Messages that arrived too late for the turn start the next one."""
@@ -464,6 +632,8 @@ class Desk:
             if not isinstance(error, BackendError):  # the loop published those already
                 self.event_bus.publish(ErrorEvent(desk=self.name, message=described,
                                                   error_type=type(error).__name__))
+            if self.on_failed_turns is not None:
+                await self.on_failed_turns(outcome.failures, described)
         self._paused = True
         self._steering_to_queue()
         with anyio.CancelScope() as self._nap:
@@ -473,7 +643,7 @@ class Desk:
 
     # ------------------------------------------------------------------ restore
 
-    async def _restore(self) -> None:
+    async def _restore(self, *, resume: bool = True) -> None:
         """Reads the conversation back (the store repairs an interrupted turn and adds a
         notice, saying why when the desk caught the failure), then queues what is owed: the
         unfinished trigger if it never reached the conversation, else a resume turn after an
@@ -492,7 +662,7 @@ class Desk:
         unfinished, self._outcome.unfinished = self._outcome.unfinished, None
         if unfinished is not None and not await self._reached(unfinished, delivered):
             self.queue.put_first(unfinished)  # it never reached the conversation: run it again
-        elif interrupted:
+        elif interrupted and resume:
             self.queue.put_first(_resume_for(conversation.messages))
         for message in await self.store.undelivered_operator_messages(self.name):
             if message.id not in delivered and message.id not in self._operator_ids:
@@ -542,6 +712,9 @@ class _ScheduleObserver:
     async def message_appended(self, conversation: Conversation, message: Message) -> None:
         if self._inner is not None:
             await self._inner.message_appended(conversation, message)
+        waiting = self._desk._replies.get(message.id)
+        if waiting is not None:
+            waiting.in_turn = True
         outcome = self._desk._outcome
         trigger = outcome.unfinished
         if trigger is None or message.id != trigger.id:
@@ -556,3 +729,13 @@ class _ScheduleObserver:
         if self._inner is not None:
             await self._inner.compacted(conversation, summary, first_kept_id)
 
+
+
+@dataclass
+class _Reply:
+    """Someone waits for the answer to an operator message."""
+
+    in_turn: bool = False
+    """The message reached the conversation: the running turn's end answers it."""
+    result: DeskReply | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)

@@ -42,15 +42,20 @@ from anyio.abc import TaskStatus
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import ErrorEvent
-from trading_agent.daemon.control import DeskStatus, UnknownDeskError
+from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
+from trading_agent.daemon.events import KillSwitchChanged
 from trading_agent.daemon.systemd import SystemdNotifier
 from trading_agent.logging_setup import log_events
 from trading_agent.operator.config import SOCKET_NAME
 
 if TYPE_CHECKING:
+    from trading_agent.daemon.spend import SpendGuard
     from trading_agent.settings import Settings
     from trading_agent.store.store import DailyUsage
+    from trading_agent.trading.risk import RiskPolicy
+
+from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
 
 __all__ = ["DeskRuntime", "Service", "Supervisor", "run_daemon"]
 
@@ -99,11 +104,14 @@ class DeskRuntime:
         services: Named tasks run while the desk runs (restarted with backoff if they fail,
             left alone if they return).
         account: Gives the desk's equity and open orders for its status, when it trades.
+        risk: The desk's risk policy, which cancels its orders and closes its positions for
+            the kill switch.
     """
 
     desk: Desk
     services: list[tuple[str, Service]] = field(default_factory=list)
     account: AccountProbe | None = None
+    risk: RiskPolicy | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -122,13 +130,17 @@ class Supervisor:
             desk's services until the desks stop (their failures are published for desk
             ``*``).
         clock: Seconds since the epoch.
+        kill_switch: The daemon's kill switch, which every desk's risk policy obeys.
+        spend: The daily spend caps, for the desks' status.
     """
 
     def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
                  *, approvals: _Approvals | None = None, shutdown_timeout: float = 8.0,
                  service_backoff: Backoff | None = None,
                  services: Sequence[tuple[str, Service]] = (),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 kill_switch: KillSwitch | None = None,
+                 spend: SpendGuard | None = None) -> None:
         self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
         self.event_bus = event_bus
         self._history = history
@@ -138,6 +150,8 @@ class Supervisor:
         self.services = list(services)
         """The shared services."""
         self._clock = clock
+        self.kill_switch = kill_switch or KillSwitch.in_memory()
+        self.spend = spend
         self._stop_requested = anyio.Event()
         self.stopped = anyio.Event()
         """Set once every desk has stopped."""
@@ -177,6 +191,10 @@ class Supervisor:
         update["cache_share_today"] = usage.cache_share
         if self._approvals is not None:
             update["pending_approvals"] = self._approvals.pending_count(desk)
+        halt = self.kill_switch.halt_for(desk)
+        update["kill_switch"] = halt.describe() if halt is not None else ""
+        if self.spend is not None:
+            update["spend"] = self.spend.figures(desk)
         if runtime.account is not None:
             with anyio.move_on_after(_STATUS_PROBE_SECONDS):
                 try:
@@ -228,6 +246,106 @@ class Supervisor:
                            limit: int = 1000) -> list[dict[str, Any]]:
         """Stored events with an id above ``after_id``."""
         return await self._history.events_since(after_id, desk, limit)
+
+    async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
+        """Waits for the end of the turn that read an operator's message.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return await self._runtime(desk).desk.reply_to(message_id)
+
+    def kill_switch_halts(self) -> list[dict[str, str]]:
+        """The kill switches that are on, the daemon-wide one first."""
+        return [halt.to_dict() for halt in self.kill_switch.halts()]
+
+    def pause(self, desk: str, by: str, reason: str) -> bool:
+        """Holds a desk until it is resumed (a running turn ends at its next safe point).
+
+        Returns:
+            False when it was held already.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk).desk.pause(by, reason)
+
+    def resume(self, desk: str, by: str) -> bool:
+        """Lets a held desk take turns again.
+
+        Returns:
+            False when it was not held.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        resumed = self._runtime(desk).desk.resume(by)
+        if resumed and self.spend is not None:
+            self.spend.resumed(desk)  # an operator's word: no cap pauses it again today
+        return resumed
+
+    def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
+        """Ends a desk's running turn at its next safe point, or at once with ``now``.
+
+        Returns:
+            False when no turn was running.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk).desk.cancel_turn(by, now=now)
+
+    async def set_kill_switch(self, on: bool, *, desk: str | None, by: str, reason: str = "",
+                              cancel_orders: bool = False,
+                              flatten: bool = False) -> dict[str, Any]:
+        """Switches a desk's kill switch (or every desk's, with ``desk`` None) on or off.
+
+        On: from this instant each new order of the desks is refused by their risk policy;
+        with ``cancel_orders`` their open orders are cancelled, with ``flatten`` their
+        positions closed at market. Off: only the switch of that scope goes off.
+
+        Returns:
+            ``on``, ``scope``, the ``halt`` (as :meth:`Halt.to_dict`, None when off),
+            ``cancelled`` and ``flattened`` (one line per order) and ``failed`` (one line per
+            order or position that could not be handled).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        names = list(self._runtimes) if desk is None else [self._runtime(desk).desk.name]
+        scope = ALL_DESKS if desk is None else desk
+        result: dict[str, Any] = {"on": on, "scope": scope, "halt": None, "cancelled": [],
+                                  "flattened": [], "failed": []}
+        if not on:
+            halt = await self.kill_switch.switch_off(scope)
+            if halt is not None:
+                self.event_bus.publish(KillSwitchChanged(
+                    desk=scope, on=False, by=by, reason=reason,
+                    text=f"kill switch off ({scope if desk else 'every desk'}), by {by}; "
+                         f"it was {halt.describe()}"))
+            result["was"] = halt.to_dict() if halt is not None else None
+            return result
+        halt = await self.kill_switch.switch_on(scope, by, reason)
+        result["halt"] = halt.to_dict()
+        _log.warning("kill_switch_on", scope=scope, by=halt.by, reason=halt.reason)
+        self.event_bus.publish(KillSwitchChanged(
+            desk=scope, on=True, by=halt.by, reason=halt.reason,
+            text=f"kill switch ON ({scope if desk else 'every desk'}): {halt.describe()}"))
+        for name in names:
+            risk = self._runtimes[name].risk
+            if risk is None:
+                continue
+            if cancel_orders:
+                cancelled, failed = await risk.cancel_open_orders()
+                result["cancelled"] += [f"{name}: cancelled order {o.id} ({o.side} {o.type} "
+                                        f"{o.amount} {o.symbol})" for o in cancelled]
+                result["failed"] += [f"{name}: {line}" for line in failed]
+            if flatten:
+                placed, failed = await risk.flatten()
+                result["flattened"] += [f"{name}: order {o.id} {o.side} {o.amount} {o.symbol} "
+                                        f"at market ({o.status})" for o in placed]
+                result["failed"] += [f"{name}: {line}" for line in failed]
+        return result
 
     def _runtime(self, desk: str) -> DeskRuntime:
         try:

@@ -38,6 +38,7 @@ from anyio.abc import TaskStatus
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.event_bus import EventBus, Subscription
+from trading_agent.agent.events import UsageReported
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
@@ -47,7 +48,9 @@ from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
+from trading_agent.daemon.events import KillSwitchChanged
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
+from trading_agent.daemon.spend import SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
@@ -62,6 +65,7 @@ from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
+from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.order_outcomes import OrderOutcomes
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
@@ -141,6 +145,8 @@ async def open_daemon(settings: Settings, *,
         bus = EventBus(first_id=await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
+        kill_switch = await KillSwitch.open(database)
+        stack.push_async_callback(kill_switch.close)
         venues: dict[str, TradingVenue] = {}
         approvals = ApprovalBook.from_config(
             settings.operator,
@@ -155,7 +161,7 @@ async def open_daemon(settings: Settings, *,
             venue = await stack.enter_async_context(open_exchange(
                 desk_settings.exchange, database=database, account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
-                feed=feed))
+                feed=feed, kill_switch=kill_switch))
             venues[name] = venue
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.set_call_outcomes(name, OrderOutcomes(venue.exchange))
@@ -165,10 +171,16 @@ async def open_daemon(settings: Settings, *,
                 store=store, bus=bus, approvals=approvals, settings=settings)
             runtimes.append(runtime)
             await _reconcile(name, venue, bus, runtime.desk)
+        services = _replays(feeds)
+        spend = await _spend_guard(settings, runtimes, bus, store)
+        if spend.active:
+            usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
+            services.append(("spend caps", functools.partial(spend.run, usage)))
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
-            service_backoff=_backoff(settings), services=_replays(feeds))
+            service_backoff=_backoff(settings), services=services, kill_switch=kill_switch,
+            spend=spend)
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
@@ -178,6 +190,25 @@ async def open_daemon(settings: Settings, *,
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues)
+
+
+async def _spend_guard(settings: Settings, runtimes: Sequence[DeskRuntime], bus: EventBus,
+                       store: Store) -> SpendGuard:
+    """The daily spend caps, counting from what the store has counted today."""
+    desks = {runtime.desk.name: runtime.desk for runtime in runtimes}
+
+    def pause(desk: str, reason: str, until: float) -> None:
+        desks[desk].pause("spend cap", reason, until=until)
+
+    async def usage_today(desk: str) -> tuple[int, float | None]:
+        usage = await store.usage_on(desk)
+        return usage.total_tokens, usage.cost
+
+    guard = SpendGuard({name: settings.desks[name].controls for name in desks},
+                       settings.daemon.spend, bus, pause)
+    if guard.active:
+        await guard.load(usage_today)
+    return guard
 
 
 async def _reconcile(name: str, venue: TradingVenue, bus: EventBus, desk: Desk) -> None:
@@ -268,7 +299,10 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     timing: dict[str, Any] = {} if clock is None else {
         "clock": lambda: clock().timestamp()}
     desk = Desk(profile, loop, config.system_prompt, store, inbox=inbox, event_bus=bus,
-                backoff=_backoff(settings), sleep=sleep, image_preparer=preparer, **timing)
+                backoff=_backoff(settings), sleep=sleep, image_preparer=preparer,
+                when_paused=config.controls.when_paused,
+                on_failed_turns=_halt_after(name, config.controls.halt_after_failed_turns,
+                                            venue, bus), **timing)
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
@@ -306,7 +340,26 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     services: list[tuple[str, Service]] = [("market", parts.watcher.run)]
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))
-    return DeskRuntime(parts.desk, services, parts.account)
+    return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk)
+
+
+def _halt_after(name: str, limit: int, venue: TradingVenue,
+                bus: EventBus) -> Callable[[int, str], Coroutine[Any, Any, None]] | None:
+    """The kill switch goes on by itself after ``limit`` failed turns in a row."""
+    risk = venue.risk
+    if limit <= 0 or risk is None:
+        return None
+
+    async def failed(failures: int, error: str) -> None:
+        if failures != limit or risk.kill_switch.halt_for(name) is not None:
+            return
+        reason = f"{failures} turns in a row failed; the last: {error}"
+        halt = await risk.kill_switch.switch_on(name, "daemon", reason)
+        _log.warning("kill_switch_on", scope=name, by=halt.by, reason=halt.reason)
+        bus.publish(KillSwitchChanged(desk=name, on=True, by=halt.by, reason=halt.reason,
+                                      text=f"kill switch ON ({name}): {halt.describe()}"))
+
+    return failed
 
 
 _ANSWER_RESERVE = 512

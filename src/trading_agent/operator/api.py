@@ -11,13 +11,26 @@ POST        /api/desks/{desk}/messages            ``{"text", "source"?, "images"
                                                   "turn"}`` (delivery: whether a turn was
                                                   running); ``images``: up to four
                                                   ``{"media_type", "data" (base64),
-                                                  "name"?}``, each a PNG, JPEG, GIF or WebP
+                                                  "name"?}``, each a PNG, JPEG, GIF or WebP;
+                                                  ``"wait": true`` (and ``"timeout"`` s, 900
+                                                  by default) -> 200 with ``"reply": {"ok",
+                                                  "text", "error"}`` once the turn that read
+                                                  it ended, or 504 ``no_reply``
 POST        /api/desks/{desk}/compact             flush memory and compact now -> ``{"compacted"}``
 GET         /api/desks/{desk}/transcript          ``?before=SEQ&limit=N`` (1..500, default 50)
 GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``
 GET         /api/approvals                        pending approvals, ``?desk=`` to filter
 POST        /api/approvals/{id}/approve           ``{"operator"?, "reason"?}`` -> the approval
 POST        /api/approvals/{id}/deny              ``{"operator"?, "reason"?}`` -> the approval
+POST        /api/desks/{desk}/pause               ``{"operator"?, "reason"?}``: no turns until
+                                                  resumed -> ``changed`` and the status
+POST        /api/desks/{desk}/resume              ``{"operator"?}`` -> ``changed``, the status
+POST        /api/desks/{desk}/cancel              ``{"operator"?, "now"?}``: ends the running
+                                                  turn at a safe point (or at once)
+GET         /api/kill-switch                      the switches that are on
+POST        /api/kill-switch                      ``{"on", "desk"?, "operator"?, "reason",
+                                                  "cancel_orders"?, "flatten"?}``; no desk:
+                                                  every desk
 GET         /api/events                           server-sent events; ``?desk=``, ``?after=ID``
                                                   (or the ``Last-Event-ID`` header, which wins),
                                                   ``?tail=N`` (the last N held in memory),
@@ -30,7 +43,8 @@ an empty message (without a picture) or one longer than ``max_message_chars``, t
 unpaired surrogate escape, a picture that is not base64, not a picture or not a PNG, JPEG,
 GIF or WebP, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 413 for a
 picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing or
-wrong token (TCP only); 404 for an unknown desk, approval or route; 409 for an approval
+wrong token (TCP only); 400 ``reason_required`` for a kill switch switched on without a
+reason; 404 for an unknown desk, approval or route; 409 for an approval
 already answered; 503 when the model is unavailable for ``/compact``; 500, still JSON, for a
 failure of the daemon. A refused request never reaches a desk.
 
@@ -180,6 +194,10 @@ class OperatorService:
 # --------------------------------------------------------------------------- request helpers
 
 
+_REPLY_TIMEOUT_SECONDS = 900.0
+"""How long ``"wait": true`` waits for the desk's answer by default."""
+
+
 class _ImageBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     media_type: str = Field(max_length=100)
@@ -193,6 +211,27 @@ class _MessageBody(BaseModel):
     source: str = Field(default="operator", min_length=1, max_length=64,
                         pattern=r"^[\w .@+-]+$")
     images: list[_ImageBody] = Field(default_factory=list, max_length=MAX_IMAGES_PER_MESSAGE)
+    wait: bool = False
+    timeout: float = Field(default=_REPLY_TIMEOUT_SECONDS, gt=0, le=86_400)
+
+
+class _ControlBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    operator: str = Field(default="operator", min_length=1, max_length=64,
+                          pattern=r"^[\w .@+-]+$")
+    reason: str = Field(default="", max_length=2000)
+    now: bool = False
+
+
+class _KillSwitchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    on: bool
+    desk: str | None = Field(default=None, max_length=200)
+    operator: str = Field(default="operator", min_length=1, max_length=64,
+                          pattern=r"^[\w .@+-]+$")
+    reason: str = Field(default="", max_length=2000)
+    cancel_orders: bool = False
+    flatten: bool = False
 
 
 class _DecisionBody(BaseModel):
@@ -379,7 +418,15 @@ async def _post_message(request: Request) -> Response:
     shortened = _shortened(service.control, desk, body.text)
     if shortened is not None:
         answer["shortened"] = shortened
-    return json_response(answer, 202)
+    if not body.wait:
+        return json_response(answer, 202)
+    # No await between the send and this: the desk cannot have read the message yet.
+    with anyio.move_on_after(body.timeout):
+        reply = await service.control.wait_for_reply(desk, message_id)
+        answer["reply"] = reply.model_dump()
+        return json_response(answer, 200)
+    raise ApiError(504, "no_reply", f"no answer within {body.timeout:g} s; the message "
+                   f"({message_id}) was delivered and the desk will still answer it")
 
 
 def _shortened(control: DeskControl, desk: str, text: str) -> dict[str, Any] | None:
@@ -454,6 +501,60 @@ async def _compact(request: Request) -> Response:
     desk = _desk(request)
     compacted = await service.control.compact(desk)
     return json_response({"desk": desk, "compacted": compacted})
+
+
+@_endpoint
+async def _pause(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    body = await _json_body(request, _ControlBody, 16_384)
+    _utf8_text("reason", body.reason)
+    paused = service.control.pause(desk, body.operator, body.reason.strip() or "no reason given")
+    status = await service.control.desk_status(desk)
+    return json_response({"desk": desk, "changed": paused, "status": status.model_dump()})
+
+
+@_endpoint
+async def _resume(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    body = await _json_body(request, _ControlBody, 16_384)
+    resumed = service.control.resume(desk, body.operator)
+    status = await service.control.desk_status(desk)
+    return json_response({"desk": desk, "changed": resumed, "status": status.model_dump()})
+
+
+@_endpoint
+async def _cancel(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    body = await _json_body(request, _ControlBody, 16_384)
+    cancelled = service.control.cancel_turn(desk, body.operator, now=body.now)
+    return json_response({"desk": desk, "cancelled": cancelled, "now": body.now})
+
+
+@_endpoint
+async def _kill_switch(request: Request) -> Response:
+    service = _service(request)
+    body = await _json_body(request, _KillSwitchBody, 16_384)
+    _utf8_text("reason", body.reason)
+    if body.desk is not None:
+        _desk(request, body.desk)
+    if body.on and not body.reason.strip():
+        raise ApiError(400, "reason_required", "say why the kill switch goes on (reason): "
+                       "every refused order quotes it")
+    if not body.on and (body.cancel_orders or body.flatten):
+        raise ApiError(400, "bad_request", "cancel_orders and flatten go with on: true")
+    result = await service.control.set_kill_switch(
+        body.on, desk=body.desk, by=body.operator, reason=body.reason.strip(),
+        cancel_orders=body.cancel_orders, flatten=body.flatten)
+    return json_response(result)
+
+
+@_endpoint
+async def _kill_switches(request: Request) -> Response:
+    service = _service(request)
+    return json_response({"halts": service.control.kill_switch_halts()})
 
 
 @_endpoint
@@ -605,6 +706,11 @@ def create_app(service: OperatorService, *, token: str | None = None) -> ASGIApp
         Route("/api/desks/{desk}", _get_desk, methods=["GET"]),
         Route("/api/desks/{desk}/messages", _post_message, methods=["POST"]),
         Route("/api/desks/{desk}/compact", _compact, methods=["POST"]),
+        Route("/api/desks/{desk}/pause", _pause, methods=["POST"]),
+        Route("/api/desks/{desk}/resume", _resume, methods=["POST"]),
+        Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
+        Route("/api/kill-switch", _kill_switches, methods=["GET"]),
+        Route("/api/kill-switch", _kill_switch, methods=["POST"]),
         Route("/api/desks/{desk}/transcript", _transcript, methods=["GET"]),
         Route("/api/desks/{desk}/equity", _equity, methods=["GET"]),
         Route("/api/approvals", _list_approvals, methods=["GET"]),

@@ -41,13 +41,15 @@ from trading_agent.operator.config import DEFAULT_TOKEN_ENV, SOCKET_NAME
 from trading_agent.operator.render import (
     EventPrinter,
     Style,
+    describe_kill_switch,
     format_cache_share,
     format_money,
     format_table,
     printable,
 )
 
-__all__ = ["EXIT_UNREACHABLE", "add_subcommands", "resolve_client"]
+__all__ = ["EXIT_UNREACHABLE", "add_connection_options", "add_subcommands", "resolve_client",
+           "run_with_client"]
 
 EXIT_UNREACHABLE = 1
 """The exit code when the daemon cannot be reached or refuses."""
@@ -69,7 +71,7 @@ def add_subcommands(subparsers: Any) -> None:
         description="A table of the desks: state, mode, equity, open orders, tokens today, "
                     "the share of prompt tokens served from the model's cache, cost today, "
                     "pending approvals, last turn.")
-    _add_connection_options(desks)
+    add_connection_options(desks)
     desks.add_argument("--json", action="store_true", help="print the statuses as JSON")
     desks.set_defaults(handler=_run_desks)
 
@@ -81,7 +83,7 @@ def add_subcommands(subparsers: Any) -> None:
                     "/compact, /status, /approvals, /approve ID [note], /deny ID [reason], "
                     "/help, /quit.")
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
-    _add_connection_options(chat)
+    add_connection_options(chat)
     chat.add_argument("--operator", default=None, metavar="NAME",
                       help="your name, as the desk and the records see it (default: your "
                            "login name)")
@@ -91,7 +93,7 @@ def add_subcommands(subparsers: Any) -> None:
         "events", help="print the daemon's event stream",
         description="Every step of every desk (or one desk): turns, text, tool calls and "
                     "results, approvals, compactions, errors.")
-    _add_connection_options(events)
+    add_connection_options(events)
     events.add_argument("--desk", metavar="DESK", help="only this desk's events")
     events.add_argument("--follow", "-f", action="store_true",
                         help="keep printing new events (reconnects if the daemon restarts)")
@@ -107,7 +109,7 @@ def add_subcommands(subparsers: Any) -> None:
     events.set_defaults(handler=_run_events)
 
 
-def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where the daemon is")
     where.add_argument("--socket", type=Path, metavar="PATH",
                        help=f"the daemon's Unix socket (or set {SOCKET_ENV})")
@@ -155,7 +157,7 @@ def resolve_client(args: argparse.Namespace,
     return OperatorClient(socket_path=state_dir / SOCKET_NAME)
 
 
-def _run(args: argparse.Namespace,
+def run_with_client(args: argparse.Namespace,
          body: Callable[[OperatorClient, argparse.Namespace], Awaitable[int]]) -> int:
     """Runs a command's body with a client, turning failures into a message and exit code."""
     try:
@@ -233,7 +235,7 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
 
 
 def _run_desks(args: argparse.Namespace) -> int:
-    return _run(args, _desks)
+    return run_with_client(args, _desks)
 
 
 # --------------------------------------------------------------------------- events
@@ -259,7 +261,7 @@ async def _events(client: OperatorClient, args: argparse.Namespace) -> int:
 
 
 def _run_events(args: argparse.Namespace) -> int:
-    return _run(args, _events)
+    return run_with_client(args, _events)
 
 
 # --------------------------------------------------------------------------- chat
@@ -274,6 +276,13 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
   /approvals           the desk's tool calls waiting for an operator
   /approve ID [note]   let a held tool call run
   /deny ID [reason]    refuse it; the desk reads your reason
+  /pause [reason]      no turns until /resume (a running turn ends at a safe point)
+  /resume              take turns again; what waited runs now
+  /cancel [--now]      end the running turn at its next safe point (or at once)
+  /kill on [--all] [--cancel-orders] [--flatten] REASON
+                       refuse every new order of this desk (--all: of every desk);
+                       --flatten closes positions at market, after you confirm
+  /kill off [--all]    switch it off
   /help                this help
   /quit                leave (the desk keeps running)
 Start a line with // to send text beginning with a slash."""
@@ -289,6 +298,8 @@ class _Chat:
         self.style = Style.for_stream(out)
         self.printer = EventPrinter(out.write, out.flush, self.style)
         self.done = anyio.Event()
+        self.confirming: dict[str, Any] | None = None
+        """A kill switch with --flatten waiting for the operator's yes."""
 
     def say(self, text: str) -> None:
         self.printer.line(text)
@@ -315,6 +326,16 @@ class _Chat:
 
     async def handle(self, line: str, group: Any) -> None:
         text = line.strip()
+        if self.confirming is not None:
+            request, self.confirming = self.confirming, None
+            if text.lower() != "yes":
+                self.say("Not done: the kill switch is as it was.")
+                return
+            try:
+                await self.switch(request)
+            except OperatorClientError as exc:
+                self.say(self.style.bad(getattr(exc, "message", str(exc))))
+            return
         if not text:
             return
         if text.startswith("//"):
@@ -346,6 +367,21 @@ class _Chat:
                         f"denied in {max(0, a['expires_at'] - time.time()):.0f} s"))
             elif command in ("/approve", "/deny"):
                 await self.decide(command, rest)
+            elif command == "/pause":
+                result = await self.client.pause(self.desk, self.operator, rest)
+                self.say(self.style.warn(f"Paused: {result['status'].get('paused_reason')}")
+                         if result["changed"] else "Already paused.")
+            elif command == "/resume":
+                result = await self.client.resume(self.desk, self.operator)
+                self.say(self.style.good("Resumed.") if result["changed"]
+                         else "The desk was not paused.")
+            elif command == "/cancel":
+                now = rest == "--now"
+                cancelled = await self.client.cancel(self.desk, self.operator, now=now)
+                self.say(("Cancelled at once." if now else "The turn ends at its next safe "
+                          "point.") if cancelled else "No turn is running.")
+            elif command == "/kill":
+                await self.kill(rest)
             else:
                 self.say(self.style.bad(f"Unknown command {command}; /help lists them "
                                         "(// sends a line starting with a slash)."))
@@ -353,6 +389,36 @@ class _Chat:
             self.say(self.style.bad(exc.message))
         except OperatorClientError as exc:
             self.say(self.style.bad(str(exc)))
+
+    async def kill(self, rest: str) -> None:
+        """``/kill on|off [--all] [--cancel-orders] [--flatten] REASON``; flattening asks for
+        a ``yes`` first."""
+        words = rest.split()
+        flags = {w for w in words if w.startswith("--")}
+        state = words[0] if words else ""
+        reason = " ".join(w for w in words[1:] if not w.startswith("--"))
+        unknown = flags - {"--all", "--cancel-orders", "--flatten"}
+        if state not in ("on", "off") or unknown or (state == "on" and not reason):
+            self.say(self.style.bad("Usage: /kill on [--all] [--cancel-orders] [--flatten] "
+                                    "REASON, or /kill off [--all]"))
+            return
+        desk = None if "--all" in flags else self.desk
+        request = {"on": state == "on", "desk": desk, "operator": self.operator,
+                   "reason": reason, "cancel_orders": "--cancel-orders" in flags,
+                   "flatten": "--flatten" in flags}
+        if request["flatten"]:
+            whose = "every desk" if desk is None else desk
+            self.say(self.style.warn(f"This closes every position of {whose} at market. "
+                                     "Type yes to go on; anything else cancels."))
+            self.confirming = request
+            return
+        await self.switch(request)
+
+    async def switch(self, request: dict[str, Any]) -> None:
+        on = bool(request.pop("on"))
+        result = await self.client.kill_switch(on, **request)
+        text = describe_kill_switch(result)
+        self.say(self.style.bad(text) if on else self.style.good(text))
 
     async def send(self, text: str) -> None:
         try:
@@ -515,4 +581,4 @@ def _login_name() -> str:
 
 
 def _run_chat(args: argparse.Namespace) -> int:
-    return _run(args, _chat)
+    return run_with_client(args, _chat)

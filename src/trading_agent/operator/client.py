@@ -241,6 +241,74 @@ class OperatorClient:
             "POST", f"/api/desks/{_part(desk)}/messages", json=body)
         return result
 
+    async def send_and_wait(self, desk: str, text: str, source: str = "operator", *,
+                            wait_seconds: float = 900.0) -> dict[str, Any]:
+        """Sends a message and waits for the end of the turn that reads it.
+
+        Args:
+            desk: The desk.
+            text: The message.
+            source: Who sends it.
+            wait_seconds: How long the daemon waits for the answer.
+
+        Returns:
+            ``{"id", "desk", "delivery", "reply": {"ok", "text", "error"}}``.
+
+        Raises:
+            OperatorRequestError: No answer within ``wait_seconds`` (``no_reply``).
+        """
+        body = {"text": text, "source": source, "wait": True, "timeout": wait_seconds}
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/messages", json=body,
+            timeout=wait_seconds + 30)
+        return result
+
+    async def pause(self, desk: str, operator: str, reason: str) -> dict[str, Any]:
+        """Holds a desk: no turns until it is resumed. Returns ``changed`` and the status."""
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/pause",
+            json={"operator": operator, "reason": reason})
+        return result
+
+    async def resume(self, desk: str, operator: str) -> dict[str, Any]:
+        """Lets a held desk take turns again. Returns ``changed`` and the status."""
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/resume", json={"operator": operator})
+        return result
+
+    async def cancel(self, desk: str, operator: str, *, now: bool = False) -> bool:
+        """Ends the desk's running turn (at its next safe point, or at once); False when
+        none was running."""
+        result = await self._request("POST", f"/api/desks/{_part(desk)}/cancel",
+                                     json={"operator": operator, "now": now})
+        return bool(result["cancelled"])
+
+    async def kill_switch(self, on: bool, *, desk: str | None, operator: str, reason: str = "",
+                          cancel_orders: bool = False, flatten: bool = False) -> dict[str, Any]:
+        """Switches a desk's kill switch, or every desk's, on or off.
+
+        Returns:
+            The daemon's answer: ``halt`` (or ``was``), ``cancelled``, ``flattened``,
+            ``failed``.
+        """
+        body: dict[str, Any] = {"on": on, "desk": desk, "operator": operator,
+                                "reason": reason, "cancel_orders": cancel_orders,
+                                "flatten": flatten}
+        result: dict[str, Any] = await self._request("POST", "/api/kill-switch", json=body)
+        return result
+
+    async def reload(self, operator: str) -> dict[str, Any]:
+        """Reads the daemon's config file again. Returns ``ok`` and ``changes`` (what
+        changed, or why nothing did)."""
+        result: dict[str, Any] = await self._request("POST", "/api/reload",
+                                                     json={"operator": operator})
+        return result
+
+    async def kill_switches(self) -> list[dict[str, Any]]:
+        """The kill switches that are on."""
+        result = await self._request("GET", "/api/kill-switch")
+        return list(result["halts"])
+
     async def compact(self, desk: str) -> bool:
         """Compacts a desk's conversation now; True when something was compacted."""
         result = await self._request("POST", f"/api/desks/{_part(desk)}/compact")

@@ -187,7 +187,7 @@ class EventHub:
         for item in reversed(self._items):
             if item.id <= cursor:
                 break
-            if desk is None or item.desk == desk:
+            if desk is None or item.desk in (desk, "*"):
                 found.append(item)
         found.reverse()
         last = self.last_id
@@ -203,7 +203,7 @@ class EventHub:
             return None
         seen = 0
         for item in reversed(self._items):
-            if desk is None or item.desk == desk:
+            if desk is None or item.desk in (desk, "*"):
                 seen += 1
                 if seen > count:
                     return item.id

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-__all__ = ["EventPrinter", "Style", "describe_event", "format_cache_share", "format_money",
+__all__ = ["EventPrinter", "Style", "describe_event", "describe_kill_switch",
+           "format_cache_share", "format_money",
            "format_table", "printable"]
 
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -235,6 +236,39 @@ def describe_event(data: dict[str, Any], style: Style) -> str | None:
                           f"reconnecting in {float(data.get('retry_in') or 0):.1f} s)")
     if kind == "events_dropped":
         return style.warn(f"({data.get('count')} events were dropped for a slow reader)")
+    return _describe_control(kind, data, style)
+
+
+def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | None:
+    """The operator's controls: kill switch, pause, cancel, spend caps, reload."""
+    if kind == "kill_switch":
+        line = f"⛔ {_short(data.get('text'), 300)}"
+        return style.bad(line) if data.get("on") else style.good(line)
+    if kind == "desk_paused":
+        until = data.get("until")
+        when = (f" until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(until))}"
+                if isinstance(until, int | float) else " until resumed")
+        return style.warn(f"⏸ paused by {data.get('by')}{when}: {_short(data.get('reason'), 200)}")
+    if kind == "desk_resumed":
+        waiting = int(data.get("waiting") or 0)
+        return style.good(f"▶ resumed by {data.get('by')}"
+                          + (f"; {waiting} trigger(s) waited" if waiting else ""))
+    if kind == "turn_cancelled":
+        how = "at once" if data.get("now") else "at its next safe point"
+        return style.warn(f"✋ turn cancelled by {data.get('by')} ({how})")
+    if kind == "spend_alert":
+        return style.warn(f"$ {_short(data.get('text'), 200)}")
+    if kind == "config_reloaded":
+        changes = [str(c) for c in data.get("changes") or []]
+        if not data.get("ok"):
+            return style.bad("config reload refused, nothing changed: "
+                             + _short("; ".join(changes), 300))
+        return style.good("config reloaded: " + (_short("; ".join(changes), 300)
+                                                 if changes else "nothing changed"))
+    if kind == "reconciliation":
+        differences = [str(d) for d in data.get("differences") or []]
+        return style.warn(f"⚖ the exchange differs from the journal ({len(differences)}): "
+                          + _short("; ".join(differences), 300))
     return None
 
 
@@ -326,3 +360,24 @@ def format_table(rows: list[list[str]], header: list[str], style: Style) -> str:
                          for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
 
     return "\n".join([style.bold(render(header)), *(render(r) for r in rows)])
+
+
+def describe_kill_switch(result: dict[str, Any]) -> str:
+    """The daemon's answer to a kill switch request, as lines for a person."""
+    scope = result.get("scope")
+    whose = "every desk" if scope == "*" else f"desk {scope}"
+    lines: list[str] = []
+    if result.get("on"):
+        halt = result.get("halt") or {}
+        lines.append(f"Kill switch ON for {whose}: {halt.get('text', '')}")
+        lines.append("Every new order is refused before any exchange sees it, until "
+                     "'trading-agent kill-switch off"
+                     + ("'." if scope == "*" else f" --desk {scope}'."))
+    else:
+        was = result.get("was")
+        lines.append(f"Kill switch off for {whose}" + (f" (it was {was['text']})."
+                                                       if was else ": it was not on."))
+    lines += [f"  {line}" for line in result.get("cancelled", [])]
+    lines += [f"  {line}" for line in result.get("flattened", [])]
+    lines += [f"  FAILED: {line}" for line in result.get("failed", [])]
+    return printable("\n".join(lines))

@@ -34,6 +34,7 @@ import anyio
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Exchange
 from trading_agent.trading.feed import PriceFeed
+from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
@@ -72,6 +73,7 @@ async def open_exchange(
     environ: Mapping[str, str] | None = None,
     sleep: Sleep = anyio.sleep,
     feed: PriceFeed | None = None,
+    kill_switch: KillSwitch | None = None,
 ) -> AsyncIterator[TradingVenue]:
     """Opens a desk's exchange and feed (and risk policy), and closes them on exit.
 
@@ -87,6 +89,8 @@ async def open_exchange(
         sleep: How retries and the replay wait (tests pass a fake).
         feed: A feed to trade on instead of opening one (from :class:`SharedFeeds`); the
             caller runs and closes it. A live exchange still sends its orders to ccxt.
+        kill_switch: The daemon's kill switch, which the risk policy obeys; None for one of
+            the desk's own, in memory.
 
     Raises:
         ConfigError: A file, an exchange id or a credential is wrong.
@@ -123,7 +127,7 @@ async def open_exchange(
             risk_journal = await RiskJournal.open(database, account, exchange.now())
             stack.push_async_callback(risk_journal.close)
             risk = RiskPolicy(risk_limits, exchange, journal=risk_journal,
-                              order_seconds=order_seconds(config))
+                              order_seconds=order_seconds(config), kill_switch=kill_switch)
         yield TradingVenue(config.mode, exchange, feed, risk)
 
 

@@ -1,11 +1,14 @@
 """A desk's risk policy: every order is checked against the limits before an exchange sees it.
 
-The limits (:class:`~trading_agent.trading.config.RiskLimits`), in the order they are checked:
+First the kill switch (:mod:`.kill_switch`): while it is on for the desk, or for every desk,
+each new order is refused with "halted by NAME at TIME: REASON". Then the limits
+(:class:`~trading_agent.trading.config.RiskLimits`), in the order they are checked:
 
 1. ``allowed_symbols``: the only markets the desk may trade.
 2. ``max_daily_loss``: once the account's value has fallen this far below what it was when
    the UTC day (of the exchange clock) was first seen, every new order is refused until the
-   next UTC day, even if prices recover.
+   next UTC day, even if prices recover; and the desk's kill switch goes on, so the next day
+   trades only once an operator has looked and switched it off.
 3. ``max_order_notional``: amount × price: a buy at its limit price (or the ask for a market
    buy), a sell at the higher of its limit price and the bid (a sell limit below the market
    fills at the market, so its own price would undervalue it).
@@ -25,6 +28,11 @@ numbers, which the model reads. :meth:`RiskPolicy.place_order` runs the check an
 under one lock, so two concurrent tool calls cannot both squeeze under a limit. Once sent,
 an order is shielded from cancellation (a tool timeout, a cancelled turn) for at most
 ``order_seconds``, so its answer and its journal entries are never abandoned half way.
+
+For the kill switch's ``--cancel-orders`` and ``--flatten``, :meth:`RiskPolicy.cancel_open_orders`
+cancels every open order and :meth:`RiskPolicy.flatten` closes every position at market. A
+closing order only takes risk off, so neither the kill switch nor the limits stop it; it is
+still sent under the desk's order lock with a client order id, journaled, and never twice.
 """
 
 from __future__ import annotations
@@ -34,14 +42,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import anyio
 
-from trading_agent.errors import ExchangeUnavailableError, OrderRejectedError, RiskLimitError
+from trading_agent.errors import (
+    ExchangeUnavailableError,
+    OrderRejectedError,
+    RiskLimitError,
+    TradingAgentError,
+)
 from trading_agent.trading.config import RiskLimits
-from trading_agent.trading.exchange import Exchange, Order, OrderRequest
+from trading_agent.trading.exchange import Exchange, Order, OrderRequest, client_order_id_for
 from trading_agent.trading.formatting import format_amount
+from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.risk_journal import DayState, RiskJournal
 from trading_agent.trading.valuation import Valuation, convert, value_account
 
@@ -99,17 +113,25 @@ class RiskPolicy:
         order_seconds: How long sending one order (and looking it up when its answer is
             lost) may take; it cannot be cancelled meanwhile. Longer than the exchange's
             own worst case (its request timeout plus its lookups).
+        kill_switch: The daemon's kill switch (the desk is the journal's); None for one of
+            its own, in memory.
     """
 
     def __init__(self, limits: RiskLimits, exchange: Exchange, *,
                  journal: RiskJournal | None = None, check_seconds: float = 60.0,
-                 order_seconds: float = 60.0) -> None:
+                 order_seconds: float = 60.0, kill_switch: KillSwitch | None = None) -> None:
         self.limits = limits
         self.exchange = exchange
         self.journal = journal or RiskJournal.in_memory()
         self.check_seconds = check_seconds
         self.order_seconds = order_seconds
+        self.kill_switch = kill_switch or KillSwitch.in_memory()
         self._lock = anyio.Lock()
+
+    @property
+    def desk(self) -> str:
+        """The desk whose limits these are."""
+        return self.journal.desk
 
     @property
     def max_place_seconds(self) -> float:
@@ -183,7 +205,7 @@ class RiskPolicy:
             state, loss, valuation = await self._day()
             if state is not None and not valuation.unpriced and state.halted is None \
                     and loss >= self.limits.max_daily_loss:
-                state = await self.journal.halt(state.day, self._loss_text(loss))
+                state = await self._halt_day(state, loss)
             return state
 
     async def check(self, request: OrderRequest) -> RiskCheck:
@@ -197,6 +219,10 @@ class RiskPolicy:
         """
         limits = self.limits
         quote = limits.quote_currency
+        halt = self.kill_switch.halt_for(self.desk)
+        if halt is not None:
+            raise RiskLimitError("kill_switch", f"Refused (kill_switch): {halt.describe()}. No new "
+                                 "order is sent until an operator switches the kill switch off.")
         if request.symbol not in limits.allowed_symbols:
             allowed = ", ".join(limits.allowed_symbols) or "nothing (none configured)"
             raise RiskLimitError("allowed_symbols", f"Refused: {request.symbol} is not in "
@@ -209,7 +235,7 @@ class RiskPolicy:
                                  f"{quote} right now, so the daily loss cannot be checked; "
                                  "try again in a few minutes.")
         if state.halted is None and loss >= limits.max_daily_loss:
-            state = await self.journal.halt(state.day, self._loss_text(loss))
+            state = await self._halt_day(state, loss)
         if state.halted is not None:
             resume = state.day + timedelta(days=1)
             raise RiskLimitError("max_daily_loss", f"Refused: {state.halted}; new orders are "
@@ -331,6 +357,63 @@ class RiskPolicy:
                 f"Refused: an earlier {request.symbol} order (client id {ids}) was sent but "
                 "its outcome is still unknown. Check it with list_open_orders or get_order "
                 "(and get_balance) before placing another; it was not sent twice.")
+
+    async def cancel_open_orders(self) -> tuple[list[Order], list[str]]:
+        """Cancels every open order of the desk (the kill switch's ``--cancel-orders``).
+
+        Returns:
+            The orders cancelled, and one line per order that could not be (or per failed
+            listing).
+        """
+        try:
+            orders = list(await self.exchange.fetch_open_orders())
+        except TradingAgentError as exc:
+            return [], [f"could not list the open orders: {exc}"]
+        cancelled: list[Order] = []
+        failed: list[str] = []
+        for order in orders:
+            try:
+                cancelled.append(await self.exchange.cancel_order(order.id, order.symbol))
+            except TradingAgentError as exc:
+                failed.append(f"order {order.id} ({order.symbol}) not cancelled: {exc}")
+        return cancelled, failed
+
+    async def flatten(self) -> tuple[list[Order], list[str]]:
+        """Closes every position of the desk's symbols with a market order (the kill switch's
+        ``--flatten``). The kill switch and the limits do not apply to a closing order; it is
+        sent under the order lock, journaled, and once.
+
+        Returns:
+            The closing orders, and one line per position that could not be closed.
+        """
+        try:
+            positions = [p for p in await self.exchange.fetch_positions(
+                list(self.limits.allowed_symbols)) if p.amount > 0]
+        except TradingAgentError as exc:
+            return [], [f"could not read the positions: {exc}"]
+        placed: list[Order] = []
+        failed: list[str] = []
+        stamp = f"{self.exchange.now():%Y%m%dT%H%M%S%f}"
+        async with self._lock:
+            for position in positions:
+                side: Literal["buy", "sell"] = "sell" if position.side == "long" else "buy"
+                request = OrderRequest(position.symbol, side, "market", position.amount, None,
+                                       client_order_id_for(self.desk, "flatten", stamp,
+                                                           position.symbol))
+                try:
+                    placed.append(await self._send(request))
+                except TradingAgentError as exc:
+                    failed.append(f"{position.symbol} position ({position.side} "
+                                  f"{position.amount}) not closed: {exc}")
+        return placed, failed
+
+    async def _halt_day(self, state: DayState, loss: Decimal) -> DayState:
+        """The daily loss limit is reached: no more orders today, and the kill switch on."""
+        text = self._loss_text(loss)
+        state = await self.journal.halt(state.day, text)
+        await self.kill_switch.switch_on(self.desk, "risk limit max_daily_loss", text,
+                                         self.exchange.now())
+        return state
 
     def _loss_text(self, loss: Decimal) -> str:
         quote = self.limits.quote_currency

@@ -1,0 +1,115 @@
+"""Events of the operator's controls over money and thinking: the kill switch, a pause and a
+resume, a cancelled turn, a spend alert, a reload.
+
+They travel on the daemon's bus like every other step, so the store keeps them and every
+stream (``events``, ``chat``, the web page) shows them. A daemon-wide one has desk ``*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from trading_agent.agent.events import Event
+
+__all__ = ["ConfigReloaded", "DeskPaused", "DeskResumed", "KillSwitchChanged", "SpendAlert",
+           "TurnCancelled"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillSwitchChanged(Event):
+    """A kill switch went on or off (desk ``*``: every desk's).
+
+    Attributes:
+        on: Whether it is now on.
+        by: Who switched it (an operator; ``risk limit max_daily_loss``; ``daemon``).
+        reason: Why.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "kill_switch"
+    on: bool
+    by: str
+    reason: str
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeskPaused(Event):
+    """A desk stopped taking turns until it is resumed (or ``until``).
+
+    Attributes:
+        by: Who paused it (an operator, or ``spend cap``).
+        reason: Why; the desk's status shows it.
+        until: When it resumes by itself (seconds since the epoch), or None.
+    """
+
+    type: ClassVar[str] = "desk_paused"
+    by: str
+    reason: str
+    until: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeskResumed(Event):
+    """A paused desk takes turns again.
+
+    Attributes:
+        by: Who resumed it (an operator, or ``daemon`` at the day's turn).
+        waiting: Triggers that waited for it.
+    """
+
+    type: ClassVar[str] = "desk_resumed"
+    by: str
+    waiting: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnCancelled(Event):
+    """An operator ended a desk's running turn.
+
+    Attributes:
+        by: The operator.
+        now: True when it was cut at once (its unfinished calls stored as interrupted), False
+            when it ends at its next safe point (every tool call answered).
+    """
+
+    type: ClassVar[str] = "turn_cancelled"
+    by: str
+    now: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpendAlert(Event):
+    """A daily spend cap is 80% used, or used up (and the desk paused).
+
+    Attributes:
+        scope: ``desk`` (the desk's own cap) or ``daemon`` (every desk's together).
+        measure: ``tokens`` or ``cost``.
+        used: How much is used today (UTC).
+        cap: The cap.
+        share: ``used / cap``.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "spend_alert"
+    scope: Literal["desk", "daemon"]
+    measure: Literal["tokens", "cost"]
+    used: float
+    cap: float
+    share: float
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigReloaded(Event):
+    """The config file was read again (desk ``*``).
+
+    Attributes:
+        ok: False when it was refused (then nothing changed).
+        changes: What changed, one line each; or why it was refused.
+    """
+
+    type: ClassVar[str] = "config_reloaded"
+    ok: bool
+    changes: tuple[str, ...] = ()

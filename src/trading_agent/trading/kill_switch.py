@@ -1,0 +1,162 @@
+"""The kill switch: an operator (or the daemon itself) stops every new order of a desk, or of
+every desk, in one step.
+
+While it is on, the desk's :class:`~trading_agent.trading.risk.RiskPolicy` refuses each new
+order before anything else, with "halted by NAME at TIME: REASON", and no exchange sees it.
+It stays on across restarts (a row in the state directory's SQLite file, written with full
+durability before the switch reports itself on) until an operator switches it off.
+
+A switch has a scope: a desk's name, or :data:`ALL_DESKS` for every desk of the daemon. A desk
+is halted while either is on; switching one off leaves the other as it is.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trading_agent.trading.sqlite import SqliteDatabase
+
+__all__ = ["ALL_DESKS", "Halt", "KillSwitch"]
+
+ALL_DESKS = "*"
+"""The scope of a switch that halts every desk (no desk can be named so)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kill_switch (
+    scope TEXT PRIMARY KEY,
+    by TEXT NOT NULL,
+    at TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Halt:
+    """A kill switch that is on.
+
+    Attributes:
+        scope: The desk it halts, or :data:`ALL_DESKS`.
+        by: Who switched it on (an operator's name, ``risk`` for the daily loss limit,
+            ``daemon`` after failed turns).
+        at: When.
+        reason: Why, as they gave it.
+    """
+
+    scope: str
+    by: str
+    at: datetime
+    reason: str
+
+    def describe(self) -> str:
+        """``halted by NAME at TIME: REASON``."""
+        return f"halted by {self.by} at {self.at:%Y-%m-%d %H:%M:%S} UTC: {self.reason}"
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready, for the operator API."""
+        return {"scope": self.scope, "by": self.by, "at": self.at.isoformat(),
+                "reason": self.reason, "text": self.describe()}
+
+
+class KillSwitch:
+    """Every switch of a daemon. Use :meth:`open` (kept in SQLite) or :meth:`in_memory`.
+
+    Args:
+        database: Where the switches are kept, or None for memory only.
+        halts: The switches that are on, by scope.
+    """
+
+    def __init__(self, database: SqliteDatabase | None = None,
+                 halts: dict[str, Halt] | None = None) -> None:
+        self._database = database
+        self._halts: dict[str, Halt] = dict(halts or {})
+
+    @classmethod
+    def in_memory(cls) -> KillSwitch:
+        """A kill switch forgotten when the process ends (tests, backtests)."""
+        return cls()
+
+    @classmethod
+    async def open(cls, path: Path | str) -> KillSwitch:
+        """Opens the switches kept in a SQLite file (the state directory's).
+
+        Raises:
+            StoreError: The file cannot be opened.
+        """
+        database = await SqliteDatabase.open(path, _SCHEMA, synchronous="FULL")
+
+        def read(connection: sqlite3.Connection) -> dict[str, Halt]:
+            return {scope: Halt(scope, by, datetime.fromisoformat(at), reason)
+                    for scope, by, at, reason in connection.execute(
+                        "SELECT scope, by, at, reason FROM kill_switch")}
+
+        try:
+            halts = await database.run(read)
+        except BaseException:
+            await database.close()
+            raise
+        return cls(database, halts)
+
+    def halt_for(self, desk: str) -> Halt | None:
+        """What halts a desk: its own switch first, else the daemon-wide one; None when it may
+        trade."""
+        return self._halts.get(desk) or self._halts.get(ALL_DESKS)
+
+    def halts(self) -> list[Halt]:
+        """Every switch that is on, the daemon-wide one first."""
+        return sorted(self._halts.values(), key=lambda h: (h.scope != ALL_DESKS, h.scope))
+
+    async def switch_on(self, scope: str, by: str, reason: str,
+                        at: datetime | None = None) -> Halt:
+        """Switches a scope's kill switch on; stored before this returns. A switch already on
+        keeps who switched it on first, and why.
+
+        Args:
+            scope: A desk's name, or :data:`ALL_DESKS`.
+            by: Who.
+            reason: Why (required: the refusal quotes it).
+            at: When; now by default.
+
+        Returns:
+            The switch as it now is.
+        """
+        known = self._halts.get(scope)
+        if known is not None:
+            return known
+        halt = Halt(scope, by, at or datetime.now(UTC), reason.strip() or "no reason given")
+        await self._write("INSERT OR REPLACE INTO kill_switch (scope, by, at, reason) "
+                          "VALUES (?, ?, ?, ?)",
+                          (halt.scope, halt.by, halt.at.isoformat(), halt.reason))
+        self._halts[scope] = halt
+        return halt
+
+    async def switch_off(self, scope: str) -> Halt | None:
+        """Switches a scope's kill switch off.
+
+        Returns:
+            The switch that was on, or None when it was off already.
+        """
+        halt = self._halts.get(scope)
+        if halt is None:
+            return None
+        await self._write("DELETE FROM kill_switch WHERE scope = ?", (scope,))
+        del self._halts[scope]
+        return halt
+
+    async def _write(self, sql: str, values: tuple[str, ...]) -> None:
+        if self._database is None:
+            return
+
+        def write(connection: sqlite3.Connection) -> None:
+            with connection:
+                connection.execute(sql, values)
+
+        await self._database.run(write)
+
+    async def close(self) -> None:
+        """Closes the file, if any."""
+        if self._database is not None:
+            await self._database.close()
