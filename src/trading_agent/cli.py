@@ -14,6 +14,7 @@ Each subcommand sets ``handler``: a function of the parsed arguments returning t
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,7 +102,8 @@ def _run(args: argparse.Namespace) -> int:
     from trading_agent.daemon.supervisor import run_daemon
 
     try:
-        anyio.run(run_daemon, settings, backend="asyncio")
+        anyio.run(functools.partial(run_daemon, settings, config_path=Path(args.config)),
+                  backend="asyncio")
     except ConfigError as exc:
         print(f"{args.config}: refusing to start: {exc}", file=sys.stderr)
         return EXIT_CONFIG

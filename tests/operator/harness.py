@@ -361,7 +361,7 @@ class InProcessDaemon:
 @contextlib.asynccontextmanager
 async def in_process_daemon(config: Path) -> AsyncIterator[InProcessDaemon]:
     """The daemon's store, desks and API running, as ``run`` runs them (without signals)."""
-    async with open_daemon(load_settings(config), environ={}) as daemon, \
+    async with open_daemon(load_settings(config), environ={}, config_path=config) as daemon, \
             anyio.create_task_group() as group:
         group.start_soon(daemon.store.persist_events, daemon.store_subscription)
         assert daemon.serve_api is not None

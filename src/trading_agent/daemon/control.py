@@ -191,6 +191,17 @@ class DeskControl(Protocol):
         """The kill switches that are on."""
         ...
 
+    async def reload(self, by: str) -> list[str]:
+        """Reads the config file again and applies it.
+
+        Returns:
+            What changed, one line each.
+
+        Raises:
+            ConfigError: The config is not valid (or there is no file); nothing changed.
+        """
+        ...
+
     async def compact(self, desk: str) -> bool:
         """Flushes memory and compacts a desk's conversation now (waits for a running turn).
 

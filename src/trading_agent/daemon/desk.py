@@ -404,6 +404,14 @@ class Desk:
         for hook in self.on_stop:
             hook()
 
+    def retire(self) -> None:
+        """No new turns; a running turn finishes as it would (a reload replaces the desk
+        once it has: the new settings apply from the next turn)."""
+        self._stopping = True
+        self.queue.wake()
+        if self._nap is not None:
+            self._nap.cancel()
+
     def stop(self) -> None:
         """No new turns; a running turn stops at its next safe point."""
         self._stopping = True

@@ -80,6 +80,12 @@ class SpendGuard:
         self._clock = clock
         self._today = _Day(self._date())
 
+    def configure(self, desks: Mapping[str, SpendCaps], daemon: SpendCaps) -> None:
+        """New caps (a reload): today's counts stay, and are checked against them at the
+        next request."""
+        self._caps = dict(desks)
+        self._daemon = daemon
+
     @property
     def active(self) -> bool:
         """Whether any cap is set (without one, nothing needs counting)."""

@@ -36,16 +36,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import anyio.abc
 import structlog
 from anyio.abc import TaskStatus
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import ErrorEvent
+from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
 from trading_agent.daemon.events import KillSwitchChanged
 from trading_agent.daemon.systemd import SystemdNotifier
+from trading_agent.errors import ConfigError
 from trading_agent.logging_setup import log_events
 from trading_agent.operator.config import SOCKET_NAME
 
@@ -66,6 +69,11 @@ Service = Callable[[], Awaitable[None]]
 
 AccountProbe = Callable[[], Awaitable[tuple[float | None, int]]]
 """Gives a desk's equity (None when unknown) and its number of open orders."""
+
+Reloader = Callable[[str], Awaitable[list[str]]]
+"""Reads the config again and applies it, given who asked; returns what changed, or raises
+ConfigError (nothing changed)."""
+
 
 _STATUS_SECONDS = 30.0
 """How often systemd's status line is refreshed when there is no watchdog."""
@@ -152,6 +160,10 @@ class Supervisor:
         self._clock = clock
         self.kill_switch = kill_switch or KillSwitch.in_memory()
         self.spend = spend
+        self.reloader: Reloader | None = None
+        """Reads the config again (``reload``, SIGHUP); None when there is no file."""
+        self._group: anyio.abc.TaskGroup | None = None
+        self._reloading = anyio.Lock()
         self._stop_requested = anyio.Event()
         self.stopped = anyio.Event()
         """Set once every desk has stopped."""
@@ -254,6 +266,52 @@ class Supervisor:
             UnknownDeskError: No such desk.
         """
         return await self._runtime(desk).desk.reply_to(message_id)
+
+    async def reload(self, by: str) -> list[str]:
+        """Reads the config file again and applies it (one reload at a time).
+
+        Returns:
+            What changed, one line each.
+
+        Raises:
+            ConfigError: The new config is not valid (or there is no file); nothing changed.
+        """
+        if self.reloader is None:
+            raise ConfigError("this daemon was not started from a config file: nothing to "
+                              "reload")
+        async with self._reloading:
+            return await self.reloader(by)
+
+    async def add_desk(self, runtime: DeskRuntime, waiting: Sequence[Trigger] = ()) -> None:
+        """Starts a desk a reload built, with the triggers that waited for it."""
+        assert self._group is not None, "the supervisor is not running"
+        for trigger in waiting:
+            runtime.desk.queue.put(trigger)
+        self._runtimes[runtime.desk.name] = runtime
+        self._group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
+        await runtime.desk.ready.wait()
+
+    async def remove_desk(self, name: str, *, finish_turn: bool = False) -> list[Trigger]:
+        """Stops a desk and forgets it: at its running turn's next safe point, or once that
+        turn has finished (``finish_turn``: a reload replaces the desk).
+
+        Returns:
+            The triggers that were still waiting for it.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        runtime = self._runtime(name)
+        if finish_turn:
+            runtime.desk.retire()
+        else:
+            runtime.desk.stop()
+        await runtime.done.wait()
+        del self._runtimes[name]
+        waiting = []
+        while (trigger := runtime.desk.queue.take()) is not None:
+            waiting.append(trigger)
+        return waiting
 
     def kill_switch_halts(self) -> list[dict[str, str]]:
         """The kill switches that are on, the daemon-wide one first."""
@@ -362,6 +420,7 @@ class Supervisor:
             task_status: Told once every desk has restored its conversation.
         """
         async with anyio.create_task_group() as group:
+            self._group = group
             for runtime in self._runtimes.values():
                 group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
             for runtime in self._runtimes.values():
@@ -371,7 +430,7 @@ class Supervisor:
             task_status.started()
             await self._stop_requested.wait()
             with anyio.move_on_after(self.shutdown_timeout):
-                for runtime in self._runtimes.values():
+                for runtime in list(self._runtimes.values()):
                     await runtime.done.wait()
             group.cancel_scope.cancel()
         self.stopped.set()
@@ -434,12 +493,15 @@ class Supervisor:
 # ---------------------------------------------------------------------- the daemon
 
 
-async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None) -> None:
+async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None,
+                     config_path: Path | None = None) -> None:
     """Runs the daemon until SIGTERM or SIGINT (``trading-agent run``).
 
     Args:
         settings: The validated settings.
         environ: The environment (``os.environ`` by default): secrets, ``$NOTIFY_SOCKET``.
+        config_path: The file the settings came from, read again on SIGHUP (and by
+            ``trading-agent reload``).
 
     Raises:
         ConfigError: The settings cannot be put to work (a missing secret, a busy socket).
@@ -451,7 +513,7 @@ async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = 
             async with anyio.create_task_group() as outer:
                 shutdown = _Shutdown(outer.cancel_scope, notifier)
                 outer.start_soon(shutdown.watch_signals)
-                await _run(settings, environ, notifier, shutdown)
+                await _run(settings, environ, notifier, shutdown, config_path)
                 outer.cancel_scope.cancel()
     finally:
         notifier.close()
@@ -459,11 +521,12 @@ async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = 
 
 
 async def _run(settings: Settings, environ: Mapping[str, str] | None,
-               notifier: SystemdNotifier, shutdown: _Shutdown) -> None:
+               notifier: SystemdNotifier, shutdown: _Shutdown,
+               config_path: Path | None) -> None:
     # Imported here: the wiring builds on this module (DeskRuntime, Supervisor).
     from trading_agent.daemon.wiring import open_daemon
 
-    async with open_daemon(settings, environ=environ) as daemon:
+    async with open_daemon(settings, environ=environ, config_path=config_path) as daemon:
         supervisor = daemon.supervisor
         async with anyio.create_task_group() as recorders:
             # These end once their subscriptions close and what they hold is written.
@@ -481,6 +544,7 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
                     _print_banner(supervisor.desk_names(), endpoints, environ)
                     group.start_soon(_inform_systemd, notifier, supervisor,
                                      settings.daemon.watchdog)
+                    group.start_soon(_reload_on_sighup, supervisor, notifier)
                     await supervisor.stopped.wait()
                     group.cancel_scope.cancel()
             finally:
@@ -556,6 +620,19 @@ async def _inform_systemd(notifier: SystemdNotifier, supervisor: Supervisor,
     while notifier.enabled:
         await anyio.sleep(_STATUS_SECONDS)
         notifier.status(supervisor.status_line())
+
+
+async def _reload_on_sighup(supervisor: Supervisor, notifier: SystemdNotifier) -> None:
+    """SIGHUP reads the config again (systemd's ``ExecReload=kill -HUP $MAINPID``)."""
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            notifier.notify(RELOADING=1)
+            try:
+                await supervisor.reload("SIGHUP")
+            except ConfigError as exc:
+                _log.error("config_reload_refused", error=str(exc))
+            finally:
+                notifier.ready(supervisor.status_line())
 
 
 @contextlib.contextmanager

@@ -49,6 +49,7 @@ from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import KillSwitchChanged
+from trading_agent.daemon.reload import ConfigReloader
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.spend import SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
@@ -118,13 +119,14 @@ class Daemon:
 
 
 @asynccontextmanager
-async def open_daemon(settings: Settings, *,
-                      environ: Mapping[str, str] | None = None) -> AsyncIterator[Daemon]:
+async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None,
+                      config_path: Path | None = None) -> AsyncIterator[Daemon]:
     """Opens the store, every desk's exchange and model, and builds the supervisor.
 
     Args:
         settings: The validated settings.
         environ: Where secrets are read from (``os.environ`` by default).
+        config_path: The file the settings came from: ``reload`` (and SIGHUP) read it again.
 
     Yields:
         The daemon, ready to run.
@@ -150,12 +152,14 @@ async def open_daemon(settings: Settings, *,
         venues: dict[str, TradingVenue] = {}
         approvals = ApprovalBook.from_config(
             settings.operator,
-            is_live=lambda desk: settings.desks[desk].exchange.mode == "live",
+            # The venue in force (a reload may rebuild it); a desk unknown here: ask.
+            is_live=lambda desk: desk not in venues or venues[desk].mode == "live",
             price_lookup=functools.partial(_last_price, venues))
         backends = ModelBackends(stack, environ)
         feeds = await stack.enter_async_context(SharedFeeds())
-        runtimes = []
-        for name, desk_settings in settings.desks.items():
+
+        async def build(name: str, desk_settings: DeskSettings,
+                        in_force: Settings) -> DeskRuntime:
             feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
                                    risk_limits=desk_settings.risk)
             venue = await stack.enter_async_context(open_exchange(
@@ -166,21 +170,27 @@ async def open_daemon(settings: Settings, *,
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
-            runtime = await _build_desk(
+            return await _build_desk(
                 name, desk_settings, venue, backend, stack=stack, database=database,
-                store=store, bus=bus, approvals=approvals, settings=settings)
+                store=store, bus=bus, approvals=approvals, settings=in_force)
+
+        runtimes = []
+        for name, desk_settings in settings.desks.items():
+            runtime = await build(name, desk_settings, settings)
             runtimes.append(runtime)
-            await _reconcile(name, venue, bus, runtime.desk)
+            await _reconcile(name, venues[name], bus, runtime.desk)
         services = _replays(feeds)
-        spend = await _spend_guard(settings, runtimes, bus, store)
-        if spend.active:
-            usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
-            services.append(("spend caps", functools.partial(spend.run, usage)))
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
-            service_backoff=_backoff(settings), services=services, kill_switch=kill_switch,
-            spend=spend)
+            service_backoff=_backoff(settings), services=services, kill_switch=kill_switch)
+        spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store)
+        # Always counted: a reload may set a cap.
+        usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
+        supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
+        if config_path is not None:
+            reloader = ConfigReloader(config_path, settings, supervisor, build, spend, bus)
+            supervisor.reloader = reloader
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
@@ -192,19 +202,19 @@ async def open_daemon(settings: Settings, *,
                      venues)
 
 
-async def _spend_guard(settings: Settings, runtimes: Sequence[DeskRuntime], bus: EventBus,
+async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,
                        store: Store) -> SpendGuard:
     """The daily spend caps, counting from what the store has counted today."""
-    desks = {runtime.desk.name: runtime.desk for runtime in runtimes}
 
     def pause(desk: str, reason: str, until: float) -> None:
-        desks[desk].pause("spend cap", reason, until=until)
+        if desk in supervisor.desk_names():  # a desk a reload just removed: nothing to pause
+            supervisor.desk(desk).pause("spend cap", reason, until=until)
 
     async def usage_today(desk: str) -> tuple[int, float | None]:
         usage = await store.usage_on(desk)
         return usage.total_tokens, usage.cost
 
-    guard = SpendGuard({name: settings.desks[name].controls for name in desks},
+    guard = SpendGuard({name: desk.controls for name, desk in settings.desks.items()},
                        settings.daemon.spend, bus, pause)
     if guard.active:
         await guard.load(usage_today)

@@ -31,6 +31,9 @@ GET         /api/kill-switch                      the switches that are on
 POST        /api/kill-switch                      ``{"on", "desk"?, "operator"?, "reason",
                                                   "cancel_orders"?, "flatten"?}``; no desk:
                                                   every desk
+POST        /api/reload                           ``{"operator"?}``: read the config file again
+                                                  -> ``{"ok", "changes"}``; 400
+                                                  ``config_invalid`` (nothing changed)
 GET         /api/events                           server-sent events; ``?desk=``, ``?after=ID``
                                                   (or the ``Last-Event-ID`` header, which wins),
                                                   ``?tail=N`` (the last N held in memory),
@@ -84,7 +87,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageRejectedError
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
-from trading_agent.errors import BackendError, TradingAgentError
+from trading_agent.errors import BackendError, ConfigError, TradingAgentError
 from trading_agent.jsontext import json_bytes
 from trading_agent.operator.approvals import (
     ApprovalAlreadyResolvedError,
@@ -552,6 +555,17 @@ async def _kill_switch(request: Request) -> Response:
 
 
 @_endpoint
+async def _reload(request: Request) -> Response:
+    service = _service(request)
+    body = await _json_body(request, _ControlBody, 16_384)
+    try:
+        changes = await service.control.reload(body.operator)
+    except ConfigError as exc:
+        raise ApiError(400, "config_invalid", f"nothing changed: {exc}") from None
+    return json_response({"ok": True, "changes": changes})
+
+
+@_endpoint
 async def _kill_switches(request: Request) -> Response:
     service = _service(request)
     return json_response({"halts": service.control.kill_switch_halts()})
@@ -711,6 +725,7 @@ def create_app(service: OperatorService, *, token: str | None = None) -> ASGIApp
         Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
         Route("/api/kill-switch", _kill_switches, methods=["GET"]),
         Route("/api/kill-switch", _kill_switch, methods=["POST"]),
+        Route("/api/reload", _reload, methods=["POST"]),
         Route("/api/desks/{desk}/transcript", _transcript, methods=["GET"]),
         Route("/api/desks/{desk}/equity", _equity, methods=["GET"]),
         Route("/api/approvals", _list_approvals, methods=["GET"]),

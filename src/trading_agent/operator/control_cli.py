@@ -211,13 +211,10 @@ async def _reload(client: OperatorClient, args: argparse.Namespace) -> int:
     try:
         result = await client.reload(_operator(args))
     except OperatorRequestError as exc:
-        return _refused(exc)
-    changes = result.get("changes") or []
-    if not result.get("ok"):
-        print("trading-agent: the config was not reloaded; nothing changed:", file=sys.stderr)
-        for line in changes:
-            print(printable(f"  {line}"), file=sys.stderr)
+        print(printable(f"trading-agent: the config was not reloaded; {exc.message}"),
+              file=sys.stderr)
         return EXIT_REFUSED
+    changes = result.get("changes") or []
     print("Config reloaded." + ("" if changes else " Nothing changed."))
     for line in changes:
         print(printable(f"  {line}"))
