@@ -229,9 +229,25 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
                               "TOKENS TODAY", "CACHED", "COST", "APPROVALS", "LAST TURN"],
                        style))
     for d in desks:
+        if d.get("kill_switch"):
+            print(f"{d['name']}: KILL SWITCH ON, new orders refused: "
+                  f"{printable(str(d['kill_switch']))}")
         if d.get("state") == "paused" and d.get("paused_reason"):
             print(f"{d['name']} is paused: {printable(str(d['paused_reason']))}")
+        if d.get("spend"):
+            print(f"{d['name']} spend caps today: {format_spend(d['spend'])}")
     return 0
+
+
+def format_spend(rows: list[dict[str, Any]]) -> str:
+    """Today's use of a desk's spend caps: ``desk tokens 81% of 1,000,000; ...``."""
+    parts = []
+    for row in rows:
+        cap = float(row.get("cap") or 0)
+        figure = f"{cap:,.0f}" if row.get("measure") == "tokens" else f"{cap:,.2f}"
+        parts.append(f"{row.get('scope')} {row.get('measure')} {float(row.get('share') or 0):.0%}"
+                     f" of {figure}")
+    return "; ".join(parts)
 
 
 def _run_desks(args: argparse.Namespace) -> int:
@@ -318,6 +334,10 @@ class _Chat:
                  f"{s.get('pending_approvals', 0)} pending approval(s)"]
         if s.get("state") == "paused" and s.get("paused_reason"):
             parts.append(f"paused: {s['paused_reason']}")
+        if s.get("kill_switch"):
+            parts.append(self.style.bad(f"KILL SWITCH ON: {s['kill_switch']}"))
+        if s.get("spend"):
+            parts.append(f"spend caps: {format_spend(s['spend'])}")
         return " · ".join(parts)
 
     async def follow(self, after: int | None) -> None:
