@@ -46,7 +46,6 @@ from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
-from trading_agent.daemon.events import KillSwitchChanged
 from trading_agent.daemon.systemd import SystemdNotifier
 from trading_agent.errors import ConfigError
 from trading_agent.logging_setup import log_events
@@ -377,18 +376,11 @@ class Supervisor:
         if not on:
             halt = await self.kill_switch.switch_off(scope)
             if halt is not None:
-                self.event_bus.publish(KillSwitchChanged(
-                    desk=scope, on=False, by=by, reason=reason,
-                    text=f"kill switch off ({scope if desk else 'every desk'}), by {by}; "
-                         f"it was {halt.describe()}"))
+                _log.warning("kill_switch_off", scope=scope, by=by, was=halt.describe())
             result["was"] = halt.to_dict() if halt is not None else None
             return result
         halt = await self.kill_switch.switch_on(scope, by, reason)
         result["halt"] = halt.to_dict()
-        _log.warning("kill_switch_on", scope=scope, by=halt.by, reason=halt.reason)
-        self.event_bus.publish(KillSwitchChanged(
-            desk=scope, on=True, by=halt.by, reason=halt.reason,
-            text=f"kill switch ON ({scope if desk else 'every desk'}): {halt.describe()}"))
         for name in names:
             risk = self._runtimes[name].risk
             if risk is None:

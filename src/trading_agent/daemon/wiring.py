@@ -66,7 +66,7 @@ from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
-from trading_agent.trading.kill_switch import KillSwitch
+from trading_agent.trading.kill_switch import ALL_DESKS, Halt, KillSwitch
 from trading_agent.trading.order_outcomes import OrderOutcomes
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
@@ -149,6 +149,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         kill_switch = await KillSwitch.open(database)
         stack.push_async_callback(kill_switch.close)
+        kill_switch.on_change = _announce(bus)
         venues: dict[str, TradingVenue] = {}
         approvals = ApprovalBook.from_config(
             settings.operator,
@@ -312,7 +313,7 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                 backoff=_backoff(settings), sleep=sleep, image_preparer=preparer,
                 when_paused=config.controls.when_paused,
                 on_failed_turns=_halt_after(name, config.controls.halt_after_failed_turns,
-                                            venue, bus), **timing)
+                                            venue), **timing)
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
@@ -353,8 +354,8 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk)
 
 
-def _halt_after(name: str, limit: int, venue: TradingVenue,
-                bus: EventBus) -> Callable[[int, str], Coroutine[Any, Any, None]] | None:
+def _halt_after(name: str, limit: int,
+                venue: TradingVenue) -> Callable[[int, str], Coroutine[Any, Any, None]] | None:
     """The kill switch goes on by itself after ``limit`` failed turns in a row."""
     risk = venue.risk
     if limit <= 0 or risk is None:
@@ -363,13 +364,24 @@ def _halt_after(name: str, limit: int, venue: TradingVenue,
     async def failed(failures: int, error: str) -> None:
         if failures != limit or risk.kill_switch.halt_for(name) is not None:
             return
-        reason = f"{failures} turns in a row failed; the last: {error}"
-        halt = await risk.kill_switch.switch_on(name, "daemon", reason)
-        _log.warning("kill_switch_on", scope=name, by=halt.by, reason=halt.reason)
-        bus.publish(KillSwitchChanged(desk=name, on=True, by=halt.by, reason=halt.reason,
-                                      text=f"kill switch ON ({name}): {halt.describe()}"))
+        await risk.kill_switch.switch_on(
+            name, "daemon", f"{failures} turns in a row failed; the last: {error}")
 
     return failed
+
+
+def _announce(bus: EventBus) -> Callable[[Halt, bool], None]:
+    """Every kill switch that goes on or off, whoever switched it, reaches the operators."""
+
+    def changed(halt: Halt, on: bool) -> None:
+        whose = "every desk" if halt.scope == ALL_DESKS else halt.scope
+        text = (f"kill switch ON ({whose}): {halt.describe()}" if on
+                else f"kill switch off ({whose}); it was {halt.describe()}")
+        _log.warning("kill_switch", scope=halt.scope, on=on, by=halt.by, reason=halt.reason)
+        bus.publish(KillSwitchChanged(desk=halt.scope, on=on, by=halt.by, reason=halt.reason,
+                                      text=text))
+
+    return changed
 
 
 _ANSWER_RESERVE = 512

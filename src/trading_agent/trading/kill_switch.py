@@ -13,6 +13,7 @@ is halted while either is on; switching one off leaves the other as it is.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +74,9 @@ class KillSwitch:
                  halts: dict[str, Halt] | None = None) -> None:
         self._database = database
         self._halts: dict[str, Halt] = dict(halts or {})
+        self.on_change: Callable[[Halt, bool], None] | None = None
+        """Told of every switch that goes on (True) or off (False), once it is stored: the
+        daemon publishes it to the operators, whoever switched it."""
 
     @classmethod
     def in_memory(cls) -> KillSwitch:
@@ -131,6 +135,8 @@ class KillSwitch:
                           "VALUES (?, ?, ?, ?)",
                           (halt.scope, halt.by, halt.at.isoformat(), halt.reason))
         self._halts[scope] = halt
+        if self.on_change is not None:
+            self.on_change(halt, True)
         return halt
 
     async def switch_off(self, scope: str) -> Halt | None:
@@ -144,6 +150,8 @@ class KillSwitch:
             return None
         await self._write("DELETE FROM kill_switch WHERE scope = ?", (scope,))
         del self._halts[scope]
+        if self.on_change is not None:
+            self.on_change(halt, False)
         return halt
 
     async def _write(self, sql: str, values: tuple[str, ...]) -> None:
