@@ -1,4 +1,5 @@
-// The operator's web page: desks, a desk's live chat, approvals and an equity chart.
+// The operator's web page: desks, a desk's live chat, approvals, an equity chart, and the
+// operator's controls (pause and resume, cancel a turn, the kill switch, spend caps).
 // Plain JS, no build step. Talks to the operator API on the same origin; over TCP the token
 // comes from the URL fragment (#token=...), is kept in sessionStorage, and is sent as a
 // bearer header (and as ?token= for the EventSource, which cannot set headers).
@@ -15,6 +16,7 @@
     source: null,             // EventSource
     equity: [],
     refreshTimer: null,
+    halts: [],                // the kill switches that are on: [{scope, by, at, reason, text}]
   };
 
   const $ = (id) => document.getElementById(id);
@@ -75,6 +77,21 @@
     return date.toLocaleTimeString("en-GB", { hour12: false });
   }
 
+  function utc(seconds) {
+    return new Date(seconds * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC";
+  }
+
+  // One spend cap's use today, as "tokens 81% of 1,000,000" (the daemon's cap says so).
+  function spendText(row) {
+    const percent = Math.floor(Number(row.share) * 100 + 1e-9);  // 100% only once used up
+    const cap = row.measure === "tokens" ? Number(row.cap).toLocaleString("en-US") : money(row.cap);
+    return `${row.scope === "daemon" ? "daemon " : ""}${row.measure} ${percent}% of ${cap}`;
+  }
+
+  function spendLevel(row) {
+    return row.share >= 1 ? "bad" : row.share >= 0.8 ? "warn" : "ok";
+  }
+
   function shortArgs(raw) {
     let value = raw;
     if (typeof raw === "string") {
@@ -98,8 +115,10 @@
 
   async function loadDesks() {
     let data;
+    let kills;
     try {
-      data = await api("/api/desks");
+      // The switches are a detail of the desks: without them the desks still show.
+      [data, kills] = await Promise.all([api("/api/desks"), api("/api/kill-switch").catch(() => null)]);
     } catch (error) {
       if (error.status === 401) {
         $("auth-note").hidden = false;
@@ -109,7 +128,9 @@
     }
     $("auth-note").hidden = true;
     state.desks = new Map(data.desks.map((d) => [d.name, d]));
+    if (kills) state.halts = kills.halts;
     renderDeskList();
+    renderKillSwitch($("kill-all"), "*");
     if (!state.selected || !state.desks.has(state.selected)) {
       const wanted = new URLSearchParams(location.search).get("desk");
       const first = data.desks.length ? data.desks[0].name : null;
@@ -143,7 +164,20 @@
       if (desk.pending_approvals > 0) {
         item.append(el("div", "chip chip-warn", `${desk.pending_approvals} approval${desk.pending_approvals > 1 ? "s" : ""} waiting`));
       }
-      if (desk.state === "paused" && desk.paused_reason) item.append(el("div", "desk-card-note", desk.paused_reason));
+      if (desk.kill_switch) {
+        item.dataset.kill = "on";
+        item.append(el("div", "desk-card-kill", `⛔ ${desk.kill_switch}`));
+      }
+      if (desk.paused_reason) item.append(el("div", "desk-card-note", desk.paused_reason));
+      for (const row of desk.spend || []) {
+        const line = el("div", `spend spend-${spendLevel(row)}`);
+        const bar = el("span", "spend-bar");
+        const fill = el("i");
+        fill.style.width = `${Math.min(100, Number(row.share) * 100)}%`;
+        bar.append(fill);
+        line.append(bar, el("span", null, spendText(row)));
+        item.append(line);
+      }
       item.addEventListener("click", () => selectDesk(desk.name));
       list.append(item);
     }
@@ -185,10 +219,35 @@
       box.append(el("dt", null, name), el("dd", null, value));
       list.append(box);
     }
+    for (const row of desk.spend || []) {
+      const box = el("div", `figure figure-wide spend-${spendLevel(row)}`);
+      box.append(el("dt", null, `Spend cap · ${row.scope}`), el("dd", null, spendText(row)));
+      list.append(box);
+    }
+    renderBanners(desk);
+    renderControls(desk);
+  }
+
+  // What holds the desk back, in words: its kill switch (red) and why it is paused.
+  function renderBanners(desk) {
+    const box = $("desk-banners");
+    box.replaceChildren();
+    if (desk.kill_switch) {
+      const everyDesk = !halt(desk.name) && halt("*");
+      const banner = el("div", "banner banner-kill");
+      banner.append(el("strong", null, `⛔ Kill switch on${everyDesk ? " (every desk)" : ""}: `),
+        el("span", null, `${desk.kill_switch}. Every new order is refused before any exchange sees it.`));
+      box.append(banner);
+    }
+    if (desk.paused_reason) {
+      const dropped = desk.dropped_triggers > 0 ? ` · ${desk.dropped_triggers} trigger${desk.dropped_triggers > 1 ? "s" : ""} dropped meanwhile` : "";
+      box.append(el("div", "banner banner-paused", `⏸ ${desk.paused_reason}${dropped}`));
+    }
   }
 
   async function selectDesk(name) {
     if (!name) return;
+    if (name !== state.selected) dismissConfirm($("desk-controls"));
     state.selected = name;
     const url = new URL(location.href);
     url.searchParams.set("desk", name);
@@ -378,8 +437,9 @@
     if (data.type && data.type.startsWith("approval_")) {
       handleApproval(data);
     }
-    if (data.type === "turn_start" || data.type === "turn_end") scheduleRefresh();
-    if (data.desk !== state.selected) return;
+    if (data.type === "turn_start" || data.type === "turn_end" || CONTROL_EVENTS.has(data.type)) scheduleRefresh();
+    // A daemon-wide control event (desk "*") concerns every desk: each desk's log shows it.
+    if (data.desk !== state.selected && !(data.desk === "*" && CONTROL_EVENTS.has(data.type))) return;
     const turnId = data.turn || "none";
     switch (data.type) {
       case "turn_start":
@@ -432,6 +492,47 @@
       case "approval_resolved":
         addTurnNote(turnId, `${data.outcome === "approved" ? "✓" : "✗"} ${data.outcome.replace("_", " ")}${data.operator ? " by " + data.operator : ""}${data.note ? ": " + data.note : ""}`, data.outcome === "approved" ? "good" : "error", data.at, data.call_id);
         break;
+      default:
+        onControlEvent(data, turnId);
+        break;
+    }
+  }
+
+  // The operator's controls and what the daemon says about money, as lines of the log.
+  const CONTROL_EVENTS = new Set(["kill_switch", "desk_paused", "desk_resumed", "turn_cancelled",
+    "spend_alert", "config_reloaded", "reconciliation"]);
+
+  function onControlEvent(data, turnId) {
+    switch (data.type) {
+      case "kill_switch":
+        addNote(`⛔ ${data.text}`, data.on ? "kill" : "good", data.at);
+        break;
+      case "desk_paused": {
+        const until = typeof data.until === "number" ? ` until ${utc(data.until)}` : " until resumed";
+        addNote(`⏸ paused by ${data.by}${until}: ${data.reason}`, "warn", data.at);
+        break;
+      }
+      case "desk_resumed":
+        addNote(`▶ resumed by ${data.by}${data.waiting ? `; ${data.waiting} trigger${data.waiting > 1 ? "s" : ""} waited` : ""}`, "good", data.at);
+        break;
+      case "turn_cancelled":
+        addTurnNote(turnId, `✋ turn cancelled by ${data.by} (${data.now ? "at once" : "at its next safe point"})`, "warn", data.at);
+        break;
+      case "spend_alert":
+        addNote(`$ ${data.text}`, data.share >= 1 ? "error" : "warn", data.at);
+        break;
+      case "config_reloaded": {
+        const changes = (data.changes || []).join("; ");
+        if (data.ok) addNote(`Config reloaded: ${changes || "nothing changed"}`, "good", data.at);
+        else addNote(`Config reload refused, nothing changed: ${changes}`, "error", data.at);
+        break;
+      }
+      case "reconciliation": {
+        const differences = data.differences || [];
+        const adopted = (data.adopted || []).length ? ` · adopted: ${data.adopted.join(", ")}` : "";
+        addNote(`⚖ ${data.exchange} differs from the journal (${differences.length}): ${differences.join("; ")}${adopted}`, "warn", data.at);
+        break;
+      }
       default:
         break;
     }
@@ -531,6 +632,174 @@
         state.approvals.delete(id);
         renderApprovals();
       }
+    }
+  }
+
+  // ------------------------------------------------------------------ operator controls
+
+  // The kill switch of a scope (a desk's name, or "*" for every desk), when it is on.
+  function halt(scope) {
+    return state.halts.find((h) => h.scope === scope) || null;
+  }
+
+  // A desk an operator (or a spend cap) holds, as opposed to one that waits for its model:
+  // only a hold can be resumed. The daemon words a hold "paused by NAME at TIME: ...".
+  function isHeld(desk) {
+    return /^paused by /.test(desk.paused_reason || "");
+  }
+
+  function renderControls(desk) {
+    $("desk-controls").hidden = false;
+    const pause = $("pause");
+    pause.textContent = isHeld(desk) ? "Resume" : "Pause";
+    pause.dataset.action = isHeld(desk) ? "resume" : "pause";
+    pause.className = isHeld(desk) ? "button good" : "button";
+    $("cancel-turn").disabled = desk.state !== "working";
+    renderKillSwitch($("desk-controls"), desk.name);
+  }
+
+  // The kill switch button of a box: on (with its options) while the switch is off, off while on.
+  function renderKillSwitch(box, scope) {
+    const on = halt(scope);
+    const whose = scope === "*" ? "every desk" : scope;
+    const button = box.querySelector("[data-action=kill]");
+    button.dataset.on = on ? "true" : "false";
+    button.className = on ? "button good" : "button bad";
+    button.textContent = on ? `Switch off (${whose})` : scope === "*" ? "Halt every desk" : "Kill switch";
+    box.querySelector(".kill-options").hidden = Boolean(on);
+    const text = box.querySelector(".kill-state");
+    if (text) {
+      text.hidden = !on;
+      text.textContent = on ? `⛔ ${on.text}` : "";
+    }
+  }
+
+  // Asks, in the page, before positions are closed at market; resolves true or false.
+  function confirmFlatten(box, whose, cancelOrders) {
+    dismissConfirm(box);
+    const strip = box.querySelector(".confirm");
+    const yes = el("button", "button bad", `Flatten ${whose} now`);
+    yes.type = "button";
+    yes.dataset.action = "confirm-flatten";
+    const no = el("button", "button ghost", "Keep the positions");
+    no.type = "button";
+    no.dataset.action = "keep-positions";
+    const actions = el("div", "confirm-actions");
+    actions.append(yes, no);
+    strip.replaceChildren(
+      el("p", null, `Flatten closes every open position of ${whose} at market, now, at whatever ` +
+        `price the book gives; it cannot be undone. The kill switch then refuses every new order` +
+        `${cancelOrders ? ", and open orders are cancelled" : ""}.`),
+      actions);
+    strip.hidden = false;
+    return new Promise((resolve) => {
+      box.answerConfirm = (answer) => {
+        box.answerConfirm = null;
+        strip.hidden = true;
+        strip.replaceChildren();
+        resolve(answer);
+      };
+      yes.addEventListener("click", () => box.answerConfirm(true));
+      no.addEventListener("click", () => box.answerConfirm(false));
+      no.focus();
+    });
+  }
+
+  function dismissConfirm(box) {
+    if (box.answerConfirm) box.answerConfirm(false);
+  }
+
+  async function toggleKillSwitch(box, scope, reasonInput) {
+    if (!scope) return;
+    const on = !halt(scope);
+    const whose = scope === "*" ? "every desk" : `desk ${scope}`;
+    const body = { on, operator: state.operator, reason: reasonInput.value.trim() };
+    if (scope !== "*") body.desk = scope;
+    if (on && !body.reason) {
+      reasonInput.classList.add("invalid");
+      reasonInput.focus();
+      addNote(`Say why the kill switch goes on for ${whose}: every refused order quotes the reason.`, "error");
+      return;
+    }
+    const button = box.querySelector("[data-action=kill]");
+    button.disabled = true;
+    try {
+      if (on) {
+        body.cancel_orders = box.querySelector("[data-option=cancel_orders]").checked;
+        body.flatten = box.querySelector("[data-option=flatten]").checked;
+        if (body.flatten && !(await confirmFlatten(box, whose, body.cancel_orders))) {
+          addNote(`Kill switch not switched: flattening ${whose} was not confirmed.`, "note");
+          return;
+        }
+      }
+      const result = await api("/api/kill-switch", { method: "POST", body });
+      for (const line of result.cancelled || []) addNote(line, "warn");
+      for (const line of result.flattened || []) addNote(line, "warn");
+      for (const line of result.failed || []) addNote(`FAILED: ${line}`, "error");
+      if (!on && !result.was) addNote(`The kill switch of ${whose} was not on.`, "note");
+      reasonInput.value = "";
+      for (const option of box.querySelectorAll("[data-option]")) option.checked = false;
+      await loadDesks();
+    } catch (error) {
+      addNote(`Kill switch not switched for ${whose}: ${error.message}`, "error");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function pauseOrResume() {
+    const desk = state.desks.get(state.selected);
+    if (!desk) return;
+    const action = $("pause").dataset.action;
+    const body = { operator: state.operator };
+    if (action === "pause") body.reason = $("control-reason").value.trim();
+    $("pause").disabled = true;
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(desk.name)}/${action}`, { method: "POST", body });
+      if (!result.changed) {
+        addNote(action === "pause" ? `${desk.name} was paused already: ${result.status.paused_reason}`
+          : `${desk.name} was not paused${desk.paused_reason ? ` by anyone: ${desk.paused_reason}` : ""}.`, "warn");
+      } else if (action === "pause") {
+        $("control-reason").value = "";
+      }
+      state.desks.set(desk.name, result.status);
+      renderDeskList();
+      renderDeskHead();
+    } catch (error) {
+      addNote(`Could not ${action} ${desk.name}: ${error.message}`, "error");
+    } finally {
+      $("pause").disabled = false;
+    }
+  }
+
+  async function cancelTurn() {
+    const name = state.selected;
+    if (!name) return;
+    const now = $("cancel-now").checked;
+    $("cancel-turn").disabled = true;
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(name)}/cancel`, {
+        method: "POST", body: { operator: state.operator, now },
+      });
+      if (!result.cancelled) addNote(`No turn of ${name} was running: nothing to cancel.`, "note");
+      $("cancel-now").checked = false;
+    } catch (error) {
+      addNote(`Could not cancel the turn of ${name}: ${error.message}`, "error");
+    } finally {
+      scheduleRefresh();
+    }
+  }
+
+  function setupControls() {
+    $("pause").addEventListener("click", pauseOrResume);
+    $("cancel-turn").addEventListener("click", cancelTurn);
+    const desk = $("desk-controls");
+    const all = $("kill-all");
+    const allReason = all.querySelector("[data-field=reason]");
+    desk.querySelector("[data-action=kill]").addEventListener("click", () => toggleKillSwitch(desk, state.selected, $("control-reason")));
+    all.querySelector("[data-action=kill]").addEventListener("click", () => toggleKillSwitch(all, "*", allReason));
+    for (const input of [$("control-reason"), allReason]) {
+      input.addEventListener("input", () => input.classList.remove("invalid"));
     }
   }
 
@@ -753,6 +1022,7 @@
     });
     $("compact").addEventListener("click", compact);
     setupPictures();
+    setupControls();
     window.addEventListener("resize", drawEquity);
     let health;
     try {
