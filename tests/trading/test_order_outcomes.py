@@ -482,21 +482,22 @@ async def test_kill_9_right_after_a_paper_order_filled_then_restore_says_it_fill
         daemon.close()
         script.hold.set()
 
-    # Restored as the daemon restores a desk (with the desk's exchange on the same file).
-    feed = ReplayFeed.from_config(ReplayConfig())
-    exchange = await PaperExchange.open(PaperExchangeConfig(), feed, database_path(state),
-                                        account=DESK)
+    # The daemon starts again on the same state: the desk is restored and resumes.
+    asked = len(scripted_server.requests)
+    restarted = DaemonProcess(config)
     try:
-        async with await Store.open(database_path(state)) as store:
-            conversation = await store.restore_conversation(DESK, "x",
-                                                            outcomes=OrderOutcomes(exchange))
+        await restarted.wait_ready()
+        await wait_for(lambda: len(scripted_server.requests) > asked, 15,
+                       "the resumed turn's request")
     finally:
-        await exchange.close()
-        await feed.close()
-    order, delegate = conversation.messages[-2].tool_results
-    assert "order P1 FILLED: bought 0.01 BTC on BTC/USDT at " in order.text
-    assert "It is done: do not place it again." in order.text
-    assert "delegate was interrupted" in delegate.text
+        restarted.close()
+    resumed = scripted_server.requests[asked].messages
+    order, delegate = (m for m in resumed if m["role"] == "tool")
+    assert "order P1 FILLED: bought 0.01 BTC on BTC/USDT at " in order["content"]
+    assert "It is done: do not place it again." in order["content"]
+    assert "may or may not" not in order["content"]
+    assert "delegate was interrupted" in delegate["content"]
+    assert _filled_orders(state) == 1  # and nothing was placed twice
 
 
 class HeldOrder:
