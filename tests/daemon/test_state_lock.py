@@ -10,8 +10,11 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from tests.daemon.process import DaemonProcess, short_dir, write_config
+from tests.scripted_server import ScriptedServer
 from trading_agent.daemon.state_lock import LOCK_NAME, hold_state_lock
 from trading_agent.errors import ConfigError
 
@@ -79,3 +82,26 @@ def test_the_same_process_twice_is_refused_then_free_after_the_first_ends(
 def test_another_state_directory_is_not_held(tmp_path: Path) -> None:
     with hold_state_lock(tmp_path / "one"), hold_state_lock(tmp_path / "two"):
         pass
+
+
+async def test_a_second_daemon_on_the_same_state_directory_is_refused_by_pid(
+        scripted_server: ScriptedServer) -> None:
+    with short_dir() as folder:
+        config = write_config(folder, scripted_server.base_url)
+        other = folder / "other.toml"  # the same state, another socket: it used to run too
+        other.write_text(config.read_text() + f'\n[operator]\nsocket_path = "{folder}/b.sock"\n')
+        first = DaemonProcess(config)
+        try:
+            await first.wait_ready()
+            second = await anyio.run_process(
+                [sys.executable, "-m", "trading_agent.cli", "run", "--config", str(other)],
+                check=False)
+            async with first.client() as still:  # the first one runs on, unharmed
+                health = await still.health()
+        finally:
+            first.close()
+
+    assert second.returncode == 2
+    assert (f"refusing to start: another trading-agent daemon (pid {first.process.pid}) is "
+            f"already running on state directory {folder / 'state'}").encode() in second.stderr
+    assert health["status"] == "ok"
