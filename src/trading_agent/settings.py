@@ -148,8 +148,8 @@ class SpendCaps(_Strict):
     Attributes:
         max_tokens_per_day: Prompt plus completion tokens per UTC day; None for no cap.
         max_cost_per_day: Their cost per UTC day, in the currency the model's prices are
-            in; None for no cap. Needs the model's prices (``input_price_per_mtok`` and
-            ``output_price_per_mtok``).
+            in; None for no cap. Needs the model's prices (``price_input_per_million`` and
+            ``price_output_per_million``).
     """
 
     max_tokens_per_day: int | None = Field(default=None, gt=0, strict=True)

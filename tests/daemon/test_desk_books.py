@@ -177,7 +177,7 @@ start_offset = 4
         assert venues["beta"].feed is shared
         assert venues["gamma"].feed is not shared
         assert [name for name, _ in supervisor.services] == [
-            "replay 1 (BTC/USDT)", "replay 2 (BTC/USDT)"]
+            "replay 1 (BTC/USDT)", "replay 2 (BTC/USDT)", "spend caps"]
         assert all(name == "market" for runtime in supervisor.runtimes
                    for name, _ in runtime.services)
         async with anyio.create_task_group() as group:

@@ -54,7 +54,7 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
         assert list(supervisor.desk_names()) == ["alpha", "beta"]
         assert [name for name, _ in alpha.services] == ["market", "schedules"]
         assert [name for name, _ in beta.services] == ["market"]
-        assert [name for name, _ in supervisor.services] == ["replay 1 (BTC/USDT)"]
+        assert [name for name, _ in supervisor.services] == ["replay 1 (BTC/USDT)", "spend caps"]
         assert alpha.desk.loop.backend is beta.desk.loop.backend
         assert [d["function"]["name"] for d in beta.desk.loop.tool_definitions()] == [
             "get_ticker", "remember", "delegate"]

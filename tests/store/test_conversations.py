@@ -303,8 +303,10 @@ async def test_the_file_is_in_wal_mode_with_a_migrations_table(
         finally:
             connection.close()
 
-    assert await anyio.to_thread.run_sync(inspect) == ("wal", [("store", 1), ("store", 2)])
+    assert await anyio.to_thread.run_sync(inspect) == (
+        "wal", [("store", 1), ("store", 2), ("store", 3)])
     # Opening again applies nothing twice.
     again = await Store.open(db_path)
     await again.close()
-    assert await anyio.to_thread.run_sync(inspect) == ("wal", [("store", 1), ("store", 2)])
+    assert await anyio.to_thread.run_sync(inspect) == (
+        "wal", [("store", 1), ("store", 2), ("store", 3)])

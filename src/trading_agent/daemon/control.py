@@ -143,7 +143,7 @@ class DeskControl(Protocol):
         """
         ...
 
-    def pause(self, desk: str, by: str, reason: str) -> bool:
+    async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds a desk: no turns until resumed; a running turn ends at its next safe point.
 
         Returns:
@@ -154,11 +154,11 @@ class DeskControl(Protocol):
         """
         ...
 
-    def resume(self, desk: str, by: str) -> bool:
+    async def resume(self, desk: str, by: str) -> int | None:
         """Lets a held desk take turns again.
 
         Returns:
-            False when it was not held.
+            How many triggers waited, or None when it was not held.
 
         Raises:
             UnknownDeskError: No such desk.

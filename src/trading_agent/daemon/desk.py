@@ -98,6 +98,27 @@ class DeskStore(Protocol):
         not)."""
         ...
 
+    async def desk_hold(self, desk: str) -> HoldRecord | None:
+        """Why the desk is paused, as last recorded, or None."""
+        ...
+
+    async def record_desk_hold(self, desk: str, hold: HoldRecord | None) -> None:
+        """Records that the desk is paused, or (None) no longer is."""
+        ...
+
+
+class HoldRecord(Protocol):
+    """A pause as the store keeps it (a :class:`Hold` is one)."""
+
+    @property
+    def by(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def until(self) -> float | None: ...
+
 
 @dataclass(frozen=True)
 class DeskProfile:
@@ -177,6 +198,9 @@ class _Outcome:
     text: str = ""
     turns: int = 0
     failures: int = 0
+    crashes: int = 0
+    """Failed turns in a row that were not the model's outage (the kill switch counts
+    these)."""
     reason: str = ""
     cause: str | None = None
     """Why the last turn failed, for the next restore's notice (None when not known)."""
@@ -331,37 +355,39 @@ class Desk:
             trigger = Trigger(kind="command", text="/compact", source="operator")
             return await self.loop.compact(self.conversation, trigger)
 
-    def pause(self, by: str, reason: str, *, until: float | None = None) -> bool:
+    async def pause(self, by: str, reason: str, *, until: float | None = None) -> bool:
         """Holds the desk: no turn starts until :meth:`resume` (or ``until``); a running turn
         ends at its next safe point. Triggers wait or are dropped (``when_paused``);
-        operator messages wait.
+        operator messages wait. Stored before this returns: it outlives a restart.
 
         Returns:
             False when the desk was already held (the first hold stands).
         """
         if self._hold is not None:
             return False
-        self._hold = Hold(by, reason, self._clock(), until)
+        hold = self._hold = Hold(by, reason, self._clock(), until)
         self._dropped = 0
+        await self.store.record_desk_hold(self.name, hold)
         self._log.info("desk_held", by=by, reason=reason, until=until)
         self.event_bus.publish(DeskPaused(desk=self.name, by=by, reason=reason, until=until))
         if self._in_turn:
             self._stop_turn(f"the desk was paused by {by}")
         return True
 
-    def resume(self, by: str) -> bool:
+    async def resume(self, by: str) -> int | None:
         """Lets a held desk take turns again; what waited runs now.
 
         Returns:
-            False when it was not held.
+            How many triggers waited, or None when it was not held.
         """
         if self._hold is None:
-            return False
-        self._hold = None
-        self._log.info("desk_resumed", by=by, waiting=len(self.queue), dropped=self._dropped)
-        self.event_bus.publish(DeskResumed(desk=self.name, by=by, waiting=len(self.queue)))
+            return None
+        self._hold, waiting = None, len(self.queue)
         self.queue.wake()
-        return True
+        await self.store.record_desk_hold(self.name, None)
+        self._log.info("desk_resumed", by=by, waiting=waiting, dropped=self._dropped)
+        self.event_bus.publish(DeskResumed(desk=self.name, by=by, waiting=waiting))
+        return waiting
 
     @property
     def hold(self) -> Hold | None:
@@ -457,6 +483,7 @@ class Desk:
         """
         task_status.started()
         try:
+            await self._load_hold()
             while not self._stopping:
                 try:
                     await self._restore()
@@ -470,6 +497,17 @@ class Desk:
                     self.ready.set()
         finally:
             self.ready.set()
+
+    async def _load_hold(self) -> None:
+        """A desk paused before a restart stays paused (until its hold's end, if it has one)."""
+        stored = await self.store.desk_hold(self.name)
+        if stored is None or self._hold is not None:
+            return
+        if stored.until is not None and stored.until <= self._clock():
+            await self.store.record_desk_hold(self.name, None)
+            return
+        self._hold = Hold(stored.by, stored.reason, stored.at, stored.until)
+        self._log.info("desk_still_held", by=stored.by, reason=stored.reason)
 
     async def run_pending(self, *, max_failures: int = 3) -> None:
         """Runs the queued turns until none is left, in the caller's task: a backtest drives
@@ -512,15 +550,19 @@ class Desk:
             await self._wait()
 
     async def _wait(self) -> None:
-        """Waits for a trigger, or while held, for a resume (or the hold's end)."""
+        """Waits for a trigger, or while held (whatever is queued), for a resume or the
+        hold's end."""
         hold = self._hold
-        if hold is None or hold.until is None:
+        if hold is None:
             await self.queue.wait()
             return
+        if hold.until is None:
+            await self.queue.changed()
+            return
         with anyio.move_on_after(max(hold.until - self._clock(), 0.0)) as waited:
-            await self.queue.wait()
+            await self.queue.changed()
         if waited.cancelled_caught and self._hold is hold:
-            self.resume("daemon")
+            await self.resume("daemon")
 
     async def _drain(self) -> None:
         """Runs turns while triggers are queued and the desk is not held."""
@@ -546,6 +588,8 @@ class Desk:
                 await self._after_cut(cancelled_by or "an operator")
             elif result is not None:
                 self._finished(result, cancelled_by)
+                if result.stopped and not self._stopping:
+                    await self._tell_stopped(result.text)
 
     async def _overflowed(self, error: ContextOverflowError) -> None:
         """The turn's request did not fit the window even after compacting. Running it again
@@ -591,7 +635,7 @@ class Desk:
         outcome = self._outcome
         outcome.at, outcome.text = self._clock(), result.text
         outcome.turns += 1
-        outcome.failures, outcome.reason, self._paused = 0, "", False
+        outcome.failures, outcome.crashes, outcome.reason, self._paused = 0, 0, "", False
         outcome.cause = None
         if cancelled_by is not None and result.stopped:
             self._answer(DeskReply(ok=False, text=result.text,
@@ -599,6 +643,14 @@ class Desk:
         else:
             self._answer(DeskReply(ok=not result.stopped, text=result.text,
                                    error="" if not result.stopped else result.text))
+
+    async def _tell_stopped(self, text: str) -> None:
+        """A turn an operator (or a spend cap) ended early: the desk reads why, so its next
+        turn does not take the silence for a finished task."""
+        if self.conversation is not None:
+            await self.conversation.append(Message.user_text(
+                f"[notice] Your previous turn was ended early. {text} Every tool call in it "
+                "was answered; read those results before you act again.", kind="notice"))
 
     async def _after_cut(self, by: str) -> None:
         """The turn was cut at once: the conversation is read back from the store (which
@@ -640,8 +692,9 @@ class Desk:
             if not isinstance(error, BackendError):  # the loop published those already
                 self.event_bus.publish(ErrorEvent(desk=self.name, message=described,
                                                   error_type=type(error).__name__))
+            outcome.crashes += 1
             if self.on_failed_turns is not None:
-                await self.on_failed_turns(outcome.failures, described)
+                await self.on_failed_turns(outcome.crashes, described)
         self._paused = True
         self._steering_to_queue()
         with anyio.CancelScope() as self._nap:

@@ -17,7 +17,7 @@ request, so a desk overshoots by at most the requests of one tool round.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal
@@ -29,18 +29,25 @@ from trading_agent.agent.events import UsageReported
 from trading_agent.daemon.events import SpendAlert
 from trading_agent.settings import SpendCaps
 
-__all__ = ["ALERT_SHARE", "SpendGuard"]
+__all__ = ["ALERT_SHARE", "SPEND_CAP", "SpendGuard"]
 
 _log = structlog.get_logger(__name__)
 
 ALERT_SHARE = 0.8
 """The share of a cap at which the operators are warned."""
 
-Pause = Callable[[str, str, float], None]
+SPEND_CAP = "spend cap"
+"""Who pauses a desk whose cap is used up (its hold's ``by``)."""
+
+Pause = Callable[[str, str, float], Awaitable[None]]
 """Pauses a desk: ``(desk, reason, until)``, ``until`` in seconds since the epoch."""
 
 UsageToday = Callable[[str], Awaitable[tuple[int, float | None]]]
 """A desk's tokens and cost counted today, from the store."""
+
+RecordResume = Callable[[str, date], Awaitable[None]]
+"""Keeps that an operator resumed a capped desk on a day (so a restart does not pause it
+again)."""
 
 
 @dataclass
@@ -68,15 +75,19 @@ class SpendGuard:
         daemon: The caps over every desk together.
         bus: Where alerts are published.
         pause: Pauses a desk until a time.
+        record_resume: Keeps an operator's resume of a capped desk for the day; None keeps
+            it in memory only.
         clock: Seconds since the epoch.
     """
 
     def __init__(self, desks: Mapping[str, SpendCaps], daemon: SpendCaps, bus: EventBus,
-                 pause: Pause, *, clock: Callable[[], float] = time.time) -> None:
+                 pause: Pause, *, record_resume: RecordResume | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._caps = dict(desks)
         self._daemon = daemon
         self._bus = bus
         self._pause = pause
+        self._record_resume = record_resume
         self._clock = clock
         self._today = _Day(self._date())
 
@@ -91,10 +102,15 @@ class SpendGuard:
         """Whether any cap is set (without one, nothing needs counting)."""
         return any(_set(caps) for caps in [self._daemon, *self._caps.values()])
 
-    async def load(self, usage_today: UsageToday) -> None:
+    async def load(self, usage_today: UsageToday, resumed: Collection[str] = ()) -> None:
         """Starts from what the store counted today, and acts on it (a restart after a cap
-        was reached pauses the desk again)."""
-        day = self._today = _Day(self._date())
+        was reached pauses the desk again, unless an operator resumed it today).
+
+        Args:
+            usage_today: Each desk's tokens and cost today.
+            resumed: The desks an operator resumed from a cap's pause today.
+        """
+        day = self._today = _Day(self._date(), resumed=set(resumed))
         for desk in self._caps:
             tokens, cost = await usage_today(desk)
             count = day.desks.setdefault(desk, _Count())
@@ -102,15 +118,16 @@ class SpendGuard:
             day.total.tokens += tokens
             day.total.cost += cost or 0.0
         for desk in self._caps:
-            self._check(desk)
+            await self._check(desk)
 
     async def run(self, subscription: Subscription) -> None:
         """Counts each usage event until the subscription closes."""
         async for event in subscription:
             if isinstance(event, UsageReported):
-                self.count(event.desk, event.input_tokens + event.output_tokens, event.cost)
+                await self.count(event.desk, event.input_tokens + event.output_tokens,
+                                 event.cost)
 
-    def count(self, desk: str, tokens: int, cost: float | None) -> None:
+    async def count(self, desk: str, tokens: int, cost: float | None) -> None:
         """Adds one request's usage, then checks the desk's caps and the daemon's."""
         day = self._day()
         if desk not in self._caps:
@@ -120,11 +137,14 @@ class SpendGuard:
         count.cost += cost or 0.0
         day.total.tokens += tokens
         day.total.cost += cost or 0.0
-        self._check(desk)
+        await self._check(desk)
 
-    def resumed(self, desk: str) -> None:
-        """An operator resumed the desk: no cap pauses it again today."""
-        self._day().resumed.add(desk)
+    async def resumed(self, desk: str) -> None:
+        """An operator resumed the desk from a cap's pause: no cap pauses it again today."""
+        day = self._day()
+        day.resumed.add(desk)
+        if self._record_resume is not None:
+            await self._record_resume(desk, day.day)
 
     def figures(self, desk: str) -> list[dict[str, object]]:
         """Today's use of each cap on the desk: its own, then the daemon's."""
@@ -140,16 +160,16 @@ class SpendGuard:
                              "share": value / cap})
         return rows
 
-    def _check(self, desk: str) -> None:
+    async def _check(self, desk: str) -> None:
         day = self._today
         caps = self._caps.get(desk)
         if caps is not None:
             for measure, cap, used in _measures(caps, day.desks.get(desk, _Count())):
-                self._judge(desk, "desk", measure, used, cap, [desk])
+                await self._judge(desk, "desk", measure, used, cap, [desk])
         for measure, cap, used in _measures(self._daemon, day.total):
-            self._judge("*", "daemon", measure, used, cap, list(self._caps))
+            await self._judge("*", "daemon", measure, used, cap, list(self._caps))
 
-    def _judge(self, scope: str, kind: Literal["desk", "daemon"],
+    async def _judge(self, scope: str, kind: Literal["desk", "daemon"],
                measure: Literal["tokens", "cost"], used: float, cap: float,
                desks: Sequence[str]) -> None:
         share = used / cap
@@ -166,8 +186,7 @@ class SpendGuard:
         if level == "alert":
             text = f"{whose} daily spend cap is {share:.0%} used: {figure} today (UTC)"
         else:
-            text = (f"{whose} daily spend cap is used up: {figure} today (UTC); paused until "
-                    "00:00 UTC or until an operator resumes it")
+            text = f"{whose} daily spend cap is used up: {figure} today (UTC)"
         _log.warning("spend_cap", scope=scope, measure=measure, used=used, cap=cap,
                      level=level)
         self._bus.publish(SpendAlert(desk=scope, scope=kind, measure=measure, used=used,
@@ -177,7 +196,7 @@ class SpendGuard:
                                      UTC).timestamp()
             for desk in desks:
                 if desk not in day.resumed:
-                    self._pause(desk, text, until)
+                    await self._pause(desk, text, until)
 
     def _day(self) -> _Day:
         today = self._date()

@@ -46,13 +46,13 @@ from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
+from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.systemd import SystemdNotifier
 from trading_agent.errors import ConfigError
 from trading_agent.logging_setup import log_events
 from trading_agent.operator.config import SOCKET_NAME
 
 if TYPE_CHECKING:
-    from trading_agent.daemon.spend import SpendGuard
     from trading_agent.settings import Settings
     from trading_agent.store.store import DailyUsage
     from trading_agent.trading.risk import RiskPolicy
@@ -316,7 +316,7 @@ class Supervisor:
         """The kill switches that are on, the daemon-wide one first."""
         return [halt.to_dict() for halt in self.kill_switch.halts()]
 
-    def pause(self, desk: str, by: str, reason: str) -> bool:
+    async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds a desk until it is resumed (a running turn ends at its next safe point).
 
         Returns:
@@ -325,20 +325,22 @@ class Supervisor:
         Raises:
             UnknownDeskError: No such desk.
         """
-        return self._runtime(desk).desk.pause(by, reason)
+        return await self._runtime(desk).desk.pause(by, reason)
 
-    def resume(self, desk: str, by: str) -> bool:
+    async def resume(self, desk: str, by: str) -> int | None:
         """Lets a held desk take turns again.
 
         Returns:
-            False when it was not held.
+            How many triggers waited, or None when it was not held.
 
         Raises:
             UnknownDeskError: No such desk.
         """
-        resumed = self._runtime(desk).desk.resume(by)
-        if resumed and self.spend is not None:
-            self.spend.resumed(desk)  # an operator's word: no cap pauses it again today
+        held = self._runtime(desk).desk.hold
+        resumed = await self._runtime(desk).desk.resume(by)
+        if resumed is not None and held is not None and held.by == SPEND_CAP \
+                and self.spend is not None:
+            await self.spend.resumed(desk)  # an operator's word: no cap pauses it again today
         return resumed
 
     def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
@@ -374,10 +376,11 @@ class Supervisor:
         result: dict[str, Any] = {"on": on, "scope": scope, "halt": None, "cancelled": [],
                                   "flattened": [], "failed": []}
         if not on:
-            halt = await self.kill_switch.switch_off(scope)
-            if halt is not None:
-                _log.warning("kill_switch_off", scope=scope, by=by, was=halt.describe())
+            halt = await self.kill_switch.switch_off(scope, by)
             result["was"] = halt.to_dict() if halt is not None else None
+            # A desk's own switch stays on when every desk's goes off: say so.
+            result["still_on"] = [h.to_dict() for h in self.kill_switch.halts()
+                                  if h.scope in names]
             return result
         halt = await self.kill_switch.switch_on(scope, by, reason)
         result["halt"] = halt.to_dict()

@@ -81,6 +81,12 @@ class TriggerQueue:
             self._changed = anyio.Event()
             await self._changed.wait()
 
+    async def changed(self) -> None:
+        """Returns when a trigger is queued or :meth:`wake` is called, whatever already
+        waits (a held desk waits so, its queue full)."""
+        self._changed = anyio.Event()
+        await self._changed.wait()
+
     def wake(self) -> None:
         """Wakes a waiter without queueing anything (so it sees the desk is stopping)."""
         self._changed.set()

@@ -51,7 +51,7 @@ from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import KillSwitchChanged
 from trading_agent.daemon.reload import ConfigReloader
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
-from trading_agent.daemon.spend import SpendGuard
+from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
@@ -207,18 +207,19 @@ async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus
                        store: Store) -> SpendGuard:
     """The daily spend caps, counting from what the store has counted today."""
 
-    def pause(desk: str, reason: str, until: float) -> None:
+    async def pause(desk: str, reason: str, until: float) -> None:
         if desk in supervisor.desk_names():  # a desk a reload just removed: nothing to pause
-            supervisor.desk(desk).pause("spend cap", reason, until=until)
+            await supervisor.desk(desk).pause(SPEND_CAP, reason, until=until)
 
     async def usage_today(desk: str) -> tuple[int, float | None]:
         usage = await store.usage_on(desk)
         return usage.total_tokens, usage.cost
 
     guard = SpendGuard({name: desk.controls for name, desk in settings.desks.items()},
-                       settings.daemon.spend, bus, pause)
+                       settings.daemon.spend, bus, pause, record_resume=store.record_spend_resume)
     if guard.active:
-        await guard.load(usage_today)
+        today = datetime.now(UTC).date()
+        await guard.load(usage_today, await store.spend_resumes(today))
     return guard
 
 
@@ -370,15 +371,15 @@ def _halt_after(name: str, limit: int,
     return failed
 
 
-def _announce(bus: EventBus) -> Callable[[Halt, bool], None]:
+def _announce(bus: EventBus) -> Callable[[Halt, bool, str], None]:
     """Every kill switch that goes on or off, whoever switched it, reaches the operators."""
 
-    def changed(halt: Halt, on: bool) -> None:
+    def changed(halt: Halt, on: bool, by: str) -> None:
         whose = "every desk" if halt.scope == ALL_DESKS else halt.scope
         text = (f"kill switch ON ({whose}): {halt.describe()}" if on
-                else f"kill switch off ({whose}); it was {halt.describe()}")
-        _log.warning("kill_switch", scope=halt.scope, on=on, by=halt.by, reason=halt.reason)
-        bus.publish(KillSwitchChanged(desk=halt.scope, on=on, by=halt.by, reason=halt.reason,
+                else f"kill switch off ({whose}) by {by}; it was {halt.describe()}")
+        _log.warning("kill_switch", scope=halt.scope, on=on, by=by, reason=halt.reason)
+        bus.publish(KillSwitchChanged(desk=halt.scope, on=on, by=by, reason=halt.reason,
                                       text=text))
 
     return changed

@@ -24,7 +24,8 @@ POST        /api/approvals/{id}/approve           ``{"operator"?, "reason"?}`` -
 POST        /api/approvals/{id}/deny              ``{"operator"?, "reason"?}`` -> the approval
 POST        /api/desks/{desk}/pause               ``{"operator"?, "reason"?}``: no turns until
                                                   resumed -> ``changed`` and the status
-POST        /api/desks/{desk}/resume              ``{"operator"?}`` -> ``changed``, the status
+POST        /api/desks/{desk}/resume              ``{"operator"?}`` -> ``changed``,
+                                                  ``waiting`` (triggers that waited), status
 POST        /api/desks/{desk}/cancel              ``{"operator"?, "now"?}``: ends the running
                                                   turn at a safe point (or at once)
 GET         /api/kill-switch                      the switches that are on
@@ -512,7 +513,8 @@ async def _pause(request: Request) -> Response:
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
     _utf8_text("reason", body.reason)
-    paused = service.control.pause(desk, body.operator, body.reason.strip() or "no reason given")
+    paused = await service.control.pause(desk, body.operator,
+                                         body.reason.strip() or "no reason given")
     status = await service.control.desk_status(desk)
     return json_response({"desk": desk, "changed": paused, "status": status.model_dump()})
 
@@ -522,9 +524,10 @@ async def _resume(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
-    resumed = service.control.resume(desk, body.operator)
+    waiting = await service.control.resume(desk, body.operator)
     status = await service.control.desk_status(desk)
-    return json_response({"desk": desk, "changed": resumed, "status": status.model_dump()})
+    return json_response({"desk": desk, "changed": waiting is not None,
+                          "waiting": waiting or 0, "status": status.model_dump()})
 
 
 @_endpoint

@@ -271,7 +271,8 @@ class OperatorClient:
         return result
 
     async def resume(self, desk: str, operator: str) -> dict[str, Any]:
-        """Lets a held desk take turns again. Returns ``changed`` and the status."""
+        """Lets a held desk take turns again. Returns ``changed``, ``waiting`` (the triggers
+        that waited) and the status."""
         result: dict[str, Any] = await self._request(
             "POST", f"/api/desks/{_part(desk)}/resume", json={"operator": operator})
         return result

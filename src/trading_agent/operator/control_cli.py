@@ -158,7 +158,7 @@ async def _resume(client: OperatorClient, args: argparse.Namespace) -> int:
         result = await client.resume(args.desk, _operator(args))
     except OperatorRequestError as exc:
         return _refused(exc)
-    waiting = result["status"].get("queued_triggers", 0)
+    waiting = result.get("waiting", 0)
     print(f"{args.desk} resumed; {waiting} trigger(s) waiting run now." if result["changed"]
           else f"{args.desk} was not paused.")
     return 0

@@ -377,6 +377,9 @@ def describe_kill_switch(result: dict[str, Any]) -> str:
         was = result.get("was")
         lines.append(f"Kill switch off for {whose}" + (f" (it was {was['text']})."
                                                        if was else ": it was not on."))
+        for halt in result.get("still_on", []):
+            lines.append(f"  Still on: desk {halt['scope']}'s own switch, {halt['text']}; "
+                         f"switch it off with --desk {halt['scope']}.")
     lines += [f"  {line}" for line in result.get("cancelled", [])]
     lines += [f"  {line}" for line in result.get("flattened", [])]
     lines += [f"  FAILED: {line}" for line in result.get("failed", [])]

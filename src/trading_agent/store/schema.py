@@ -99,4 +99,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         # input_tokens, priced apart); days stored before this are 0, as nothing was known.
         "ALTER TABLE daily_usage ADD COLUMN cached_input_tokens INTEGER NOT NULL DEFAULT 0",
     )),
+    (3, (
+        # A desk an operator (or a spend cap) paused stays paused across a restart.
+        """CREATE TABLE desk_holds (
+            desk TEXT PRIMARY KEY,
+            held_by TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            held_at REAL NOT NULL,
+            until REAL)""",
+        # An operator resumed a desk a spend cap paused: no cap pauses it again that day.
+        """CREATE TABLE spend_resumes (
+            desk TEXT NOT NULL,
+            day TEXT NOT NULL,
+            PRIMARY KEY (desk, day))""",
+    )),
 )

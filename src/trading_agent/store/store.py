@@ -78,6 +78,7 @@ __all__ = [
     "DeskConversationStore",
     "InterruptedCall",
     "Store",
+    "StoredHold",
     "SubagentOrigin",
     "database_path",
 ]
@@ -120,6 +121,36 @@ def database_path(state_dir: Path | str) -> Path:
         ``state_dir / "trading-agent.sqlite3"``.
     """
     return Path(state_dir) / DATABASE_NAME
+
+
+@dataclass(frozen=True)
+class StoredHold:
+    """A paused desk, as the store keeps it.
+
+    Attributes:
+        by: Who paused it.
+        reason: Why.
+        at: When (seconds since the epoch).
+        until: When it resumes by itself, or None.
+    """
+
+    by: str
+    reason: str
+    at: float
+    until: float | None = None
+
+
+class HoldFields(Protocol):
+    """What is stored of a pause (:class:`StoredHold`, or the daemon's own ``Hold``)."""
+
+    @property
+    def by(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def until(self) -> float | None: ...
 
 
 class SubagentOrigin(Protocol):
@@ -887,6 +918,50 @@ class Store:
                 (desk, schedule, slot.timestamp()))
 
         await self._db.write(write)
+
+    # --- holds -----------------------------------------------------------------------------
+
+    async def desk_hold(self, desk: str) -> StoredHold | None:
+        """Why a desk is paused, as last recorded, or None when it is not."""
+
+        def read(connection: sqlite3.Connection) -> StoredHold | None:
+            row = connection.execute("SELECT held_by, reason, held_at, until FROM desk_holds "
+                                     "WHERE desk = ?", (desk,)).fetchone()
+            return None if row is None else StoredHold(row[0], row[1], row[2], row[3])
+
+        return await self._db.read(read)
+
+    async def record_desk_hold(self, desk: str, hold: HoldFields | None) -> None:
+        """Records that a desk is paused (``hold``) or no longer is (None); written before
+        the pause is acknowledged."""
+
+        def write(connection: sqlite3.Connection) -> None:
+            if hold is None:
+                connection.execute("DELETE FROM desk_holds WHERE desk = ?", (desk,))
+            else:
+                connection.execute(
+                    "INSERT OR REPLACE INTO desk_holds (desk, held_by, reason, held_at, until) "
+                    "VALUES (?, ?, ?, ?, ?)", (desk, hold.by, hold.reason, hold.at, hold.until))
+
+        await self._db.write(write)
+
+    async def record_spend_resume(self, desk: str, day: date) -> None:
+        """Records that an operator resumed a desk a spend cap had paused on ``day``."""
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute("INSERT OR IGNORE INTO spend_resumes (desk, day) VALUES (?, ?)",
+                               (desk, day.isoformat()))
+
+        await self._db.write(write)
+
+    async def spend_resumes(self, day: date) -> set[str]:
+        """The desks an operator resumed from a spend cap's pause on ``day``."""
+
+        def read(connection: sqlite3.Connection) -> set[str]:
+            return {desk for (desk,) in connection.execute(
+                "SELECT desk FROM spend_resumes WHERE day = ?", (day.isoformat(),))}
+
+        return await self._db.read(read)
 
     # --- usage -----------------------------------------------------------------------------
 

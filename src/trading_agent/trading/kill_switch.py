@@ -74,9 +74,9 @@ class KillSwitch:
                  halts: dict[str, Halt] | None = None) -> None:
         self._database = database
         self._halts: dict[str, Halt] = dict(halts or {})
-        self.on_change: Callable[[Halt, bool], None] | None = None
-        """Told of every switch that goes on (True) or off (False), once it is stored: the
-        daemon publishes it to the operators, whoever switched it."""
+        self.on_change: Callable[[Halt, bool, str], None] | None = None
+        """Told of every switch that goes on (True) or off (False), and by whom, once it is
+        stored: the daemon publishes it to the operators, whoever switched it."""
 
     @classmethod
     def in_memory(cls) -> KillSwitch:
@@ -136,11 +136,15 @@ class KillSwitch:
                           (halt.scope, halt.by, halt.at.isoformat(), halt.reason))
         self._halts[scope] = halt
         if self.on_change is not None:
-            self.on_change(halt, True)
+            self.on_change(halt, True, halt.by)
         return halt
 
-    async def switch_off(self, scope: str) -> Halt | None:
+    async def switch_off(self, scope: str, by: str = "operator") -> Halt | None:
         """Switches a scope's kill switch off.
+
+        Args:
+            scope: A desk's name, or :data:`ALL_DESKS`.
+            by: Who.
 
         Returns:
             The switch that was on, or None when it was off already.
@@ -151,7 +155,7 @@ class KillSwitch:
         await self._write("DELETE FROM kill_switch WHERE scope = ?", (scope,))
         del self._halts[scope]
         if self.on_change is not None:
-            self.on_change(halt, False)
+            self.on_change(halt, False, by)
         return halt
 
     async def _write(self, sql: str, values: tuple[str, ...]) -> None:
