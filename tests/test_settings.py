@@ -425,13 +425,21 @@ def test_check_config_lists_the_errors_and_exits_2(tmp_path: Path,
     assert f"{path}: desks.beta.maximum_round: unknown key" in captured.err
 
 
-@pytest.fixture
-def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
-    """Stands in for the supervisor module: records what ``run`` would start."""
-    started: list[Settings] = []
+class _Started(list[Settings]):
+    """The settings ``run`` started the daemon with, and the config files it named."""
 
-    async def run_daemon(settings: Settings) -> None:
+    paths: list[Path | None]
+
+
+@pytest.fixture
+def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> _Started:
+    """Stands in for the supervisor module: records what ``run`` would start."""
+    started = _Started()
+    started.paths = []
+
+    async def run_daemon(settings: Settings, *, config_path: Path | None = None) -> None:
         started.append(settings)
+        started.paths.append(config_path)
 
     module: Any = types.ModuleType("trading_agent.daemon.supervisor")
     module.run_daemon = run_daemon
@@ -457,9 +465,12 @@ def test_run_refuses_a_missing_secret(tmp_path: Path, fake_daemon: list[Settings
     assert fake_daemon == []
 
 
-def test_run_starts_the_daemon_with_the_settings(tmp_path: Path, fake_daemon: list[Settings],
+def test_run_starts_the_daemon_with_the_settings(tmp_path: Path, fake_daemon: _Started,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_MODEL_KEY", "sk-1")
-    assert cli.main(["run", "--config", str(_write(tmp_path, VALID))]) == 0
+    config = _write(tmp_path, VALID)
+    assert cli.main(["run", "--config", str(config)]) == 0
     [settings] = fake_daemon
     assert list(settings.desks) == ["alpha", "beta"]
+    # The file is read again on reload (SIGHUP).
+    assert fake_daemon.paths == [config]
