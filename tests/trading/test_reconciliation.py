@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from pathlib import Path
 
+import anyio
 import pytest
 
+from tests.scripted_server import Reply, ScriptedServer
+from trading_agent.agent.events import Event
+from trading_agent.daemon.wiring import open_daemon
 from trading_agent.jsontext import json_text
 from trading_agent.operator.events import ReconciliationReported
+from trading_agent.settings import Settings, load_settings
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import CcxtExchangeConfig
 from trading_agent.trading.exchange import OrderRequest, new_client_order_id
@@ -235,3 +240,91 @@ async def test_past_the_lookup_bound_the_rest_are_reported_unchecked(
         "15,000.00), which the journal has as open, is FILLED on binance")
     assert len(later.differences) == 1 and "is FILLED on binance" in later.differences[0]
     assert binance.count("GET", "/api/v3/order") == 2
+
+
+# --------------------------------------------------------------------------- through the daemon
+
+
+def _live_daemon(folder: Path, base_url: str, binance: FakeBinance) -> Settings:
+    """One live desk on the fake Binance (ccxt feed and orders), on the scripted model."""
+    config = folder / "daemon.toml"
+    urls = ", ".join(f'{key} = "{value}"' for key, value in binance.api_urls().items())
+    config.write_text(f"""
+[daemon]
+state_dir = "{folder / 'state'}"
+
+[model]
+provider = "openai"
+base_url = "{base_url}"
+model = "scripted-model"
+context_window = 32000
+request_timeout = 10
+
+[desks.alpha]
+system_prompt = "You are alpha."
+symbols = ["BTC/USDT"]
+tools = ["list_open_orders"]
+
+[desks.alpha.exchange]
+mode = "live"
+feed = "ccxt"
+
+[desks.alpha.exchange.ccxt]
+exchange_id = "binance"
+api_key_env = "FAKE_BINANCE_KEY"
+secret_env = "FAKE_BINANCE_SECRET"
+api_urls = {{ {urls} }}
+options = {{ fetchMarkets = {{ types = ["spot"] }}, fetchCurrencies = false, fetchMargins = false }}
+client_settings = {{ timeout_on_exit = 0 }}
+timeout_seconds = 2
+enable_rate_limit = false
+""")
+    return load_settings(config)
+
+
+async def _run_once(settings: Settings,
+                    until: Callable[[list[Event]], bool] | None = None) -> list[Event]:
+    """Starts the daemon (its start publishes what it found), collects its events until
+    ``until`` holds (10 s at most; at once without it), stops."""
+    seen: list[Event] = []
+    async with open_daemon(settings, environ=ENVIRON) as daemon, \
+            anyio.create_task_group() as group:
+        with daemon.event_bus.subscribe("test") as events:
+            group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+            await group.start(daemon.supervisor.run)
+            with anyio.fail_after(10):
+                while (event := events.get_nowait()) is not None or until is not None:
+                    if event is None:
+                        event = await events.get()
+                    seen.append(event)
+                    if until is not None and until(seen):
+                        break
+        group.cancel_scope.cancel()
+    return seen
+
+
+async def test_a_restart_reports_what_changed_on_the_exchange_to_operators_and_the_desk(
+        binance: FakeBinance, scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.responder = lambda request: Reply("Noted.")
+    settings = _live_daemon(tmp_path, scripted_server.base_url, binance)
+    # A first run sees the account as it is: nothing to report, no turn.
+    first = await _run_once(settings)
+    # While the daemon is down: an order of ours placed by hand, a stranger's, a deposit.
+    binance.place_directly(new_client_order_id(), price="15100.00000000")
+    binance.place_directly("web_8812", side="SELL", price="19000.00000000")
+    binance.set_balance("USDT", "12000.00000000")
+
+    events = await _run_once(settings, lambda seen: any(e.type == "turn_end" for e in seen))
+
+    assert not any(isinstance(e, ReconciliationReported) for e in first)
+    [report] = [e for e in events if isinstance(e, ReconciliationReported)]
+    assert report.desk == "alpha" and len(report.adopted) == 1
+    lines = "\n".join(report.differences)
+    assert "web_8812" in lines and "It was left alone." in lines
+    assert "was not in the journal; its client id" in lines  # ours: adopted
+    assert "The USDT balance is 12000 (+2000)" in lines
+    # The desk's next turn opens with the same differences.
+    [turn] = [e for e in events if e.type == "turn_start"]
+    notice = str(scripted_server.requests[-1].messages[-1]["content"])
+    assert "web_8812" in notice and "USDT balance is 12000" in notice
+    assert turn.desk == "alpha"

@@ -179,7 +179,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         for name, desk_settings in settings.desks.items():
             runtime = await build(name, desk_settings, settings)
             runtimes.append(runtime)
-            await _reconcile(name, venues[name], bus, runtime.desk)
+            await _reconcile(name, venues[name], runtime, bus)
         services = _replays(feeds)
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
@@ -223,9 +223,11 @@ async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus
     return guard
 
 
-async def _reconcile(name: str, venue: TradingVenue, bus: EventBus, desk: Desk) -> None:
+async def _reconcile(name: str, venue: TradingVenue, runtime: DeskRuntime,
+                     bus: EventBus) -> None:
     """Compares a live desk's exchange with its order journal before its first turn: every
-    difference goes to the operators as an event and to the desk as its next turn."""
+    difference goes to the desk as its next turn, and to the operators as an event once the
+    desk runs (so the streams that open with the API see it)."""
     if venue.mode != "live":
         return
     from trading_agent.trading.ccxt_exchange import CcxtExchange
@@ -238,10 +240,15 @@ async def _reconcile(name: str, venue: TradingVenue, bus: EventBus, desk: Desk) 
     notice = report.notice()
     if notice is None:
         return
-    bus.publish(ReconciliationReported(desk=name, exchange=report.exchange,
-                                       differences=tuple(report.differences),
-                                       adopted=tuple(o.id for o in report.adopted)))
-    desk.fire(Trigger(kind="command", text=notice, source="reconciliation"))
+    event = ReconciliationReported(desk=name, exchange=report.exchange,
+                                   differences=tuple(report.differences),
+                                   adopted=tuple(o.id for o in report.adopted))
+
+    async def announce() -> None:
+        bus.publish(event)
+
+    runtime.services.append(("reconciliation report", announce))
+    runtime.desk.fire(Trigger(kind="command", text=notice, source="reconciliation"))
 
 
 def _backoff(settings: Settings) -> Backoff:
