@@ -80,7 +80,8 @@ async def _running(folder: Path, model_url: str) -> AsyncIterator[tuple[Daemon, 
     daemon and the page's base URL."""
     path = folder / "daemon.toml"
     path.write_text(_CONFIG.format(state=folder / "state", model_url=model_url))
-    async with open_daemon(load_settings(path), environ={DEFAULT_TOKEN_ENV: TOKEN}) as daemon, \
+    async with open_daemon(load_settings(path), environ={DEFAULT_TOKEN_ENV: TOKEN},
+                           config_path=path) as daemon, \
             anyio.create_task_group() as group:
         group.start_soon(daemon.store.persist_events, daemon.store_subscription)
         assert daemon.serve_api is not None
@@ -322,3 +323,28 @@ async def test_the_kill_switch_on_the_page_and_flatten_only_once_confirmed(
         assert not [line for line in browser.console if line.startswith("exception")], \
             browser.console
     assert shot.stat().st_size > 10_000
+
+
+async def test_the_reload_button_applies_a_good_config_and_shows_why_a_bad_one_is_refused(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    async with _running(state_dir, scripted_server.base_url) as (_, url), \
+            open_browser() as browser:
+        await _open(browser, url)
+        config = state_dir / "daemon.toml"
+        text = config.read_text()
+        config.write_text(text.replace("You are beta, a paper desk", "You are beta, a careful "
+                                                                       "paper desk"))
+        await _click(browser, "#reload")
+        await browser.wait_for(_log_has("Config reloaded: desk beta: system_prompt changed; "
+                                        "applies from its next turn"), "the reload")
+        config.write_text(text.replace('symbols = ["BTC/USDT"]', 'symbols = "BTC/USDT"', 1))
+        await browser.wait_for("!document.getElementById('reload').disabled",
+                               "the first reload to finish")
+        await _click(browser, "#reload")
+        await browser.wait_for(_log_has("Config reload refused, nothing changed"),
+                               "the refusal")
+        refused = (await _notes(browser, "error"))[-1]
+        desks = await _get(url, "/api/desks")
+
+    assert "desks.alpha.symbols" in refused
+    assert [d["name"] for d in desks["desks"]] == ["alpha", "beta"]

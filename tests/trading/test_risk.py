@@ -167,7 +167,7 @@ async def test_a_daily_loss_halts_the_day_and_switches_the_kill_switch_on(
                                "orders are halted until 00:00 UTC on 2023-01-04.")
     assert later.limit == after_restart.limit == next_day.limit == "kill_switch"
     assert str(next_day).startswith("Refused (kill_switch): halted by risk limit "
-                                    "max_daily_loss at ")
+                                    "max_daily_loss at 2023-01-03 ")
     assert "UTC: daily loss 19.9" in str(next_day)
     assert switched_off.status == "closed"
 

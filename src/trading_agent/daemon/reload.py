@@ -16,7 +16,7 @@ Every reload, applied or refused, is published as :class:`ConfigReloaded`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from trading_agent.daemon.events import ConfigReloaded
 from trading_agent.daemon.spend import SpendGuard
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
 from trading_agent.errors import ConfigError
-from trading_agent.settings import DeskSettings, Settings, load_settings
+from trading_agent.settings import DeskSettings, Settings, load_settings, missing_secrets
 
 __all__ = ["ConfigReloader", "DeskBuilder"]
 
@@ -48,11 +48,15 @@ class ConfigReloader:
         build: Builds a desk from new settings.
         spend: The daily spend caps.
         bus: Where the outcome is published.
+        environ: Where the daemon reads its secrets (``os.environ`` by default): a new
+            config naming a secret that is not there is refused.
     """
 
     def __init__(self, path: Path, settings: Settings, supervisor: Supervisor,
-                 build: DeskBuilder, spend: SpendGuard, bus: EventBus) -> None:
+                 build: DeskBuilder, spend: SpendGuard, bus: EventBus,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.path = path
+        self._environ = environ
         self.settings = settings
         self._supervisor = supervisor
         self._build = build
@@ -69,8 +73,10 @@ class ConfigReloader:
             ConfigError: The file is not a valid config; nothing changed.
         """
         try:
-            new = await anyio.to_thread.run_sync(
-                lambda: load_settings(self.path, check_environment=True))
+            new = await anyio.to_thread.run_sync(load_settings, self.path)
+            missing = missing_secrets(new, self.path, self._environ)
+            if missing:
+                raise ConfigError("\n".join(missing))
         except ConfigError as exc:
             message = str(exc)
             _log.warning("config_reload_refused", by=by, error=message)

@@ -190,7 +190,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
         if config_path is not None:
-            reloader = ConfigReloader(config_path, settings, supervisor, build, spend, bus)
+            reloader = ConfigReloader(config_path, settings, supervisor, build, spend, bus,
+                                      environ)
             supervisor.reloader = reloader
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]

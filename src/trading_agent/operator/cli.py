@@ -10,8 +10,9 @@ In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it re
 the current tool round); the desk's text streams as it is written, tool calls and results
 show as compact lines. Commands: ``/image PATH [caption]`` (send a picture: PNG, JPEG, GIF or
 WebP), ``/compact``, ``/status``, ``/approvals``, ``/approve ID [note]``, ``/deny ID
-[reason]``, ``/help``, ``/quit``. Start a line with ``//`` to send text that begins with a
-slash.
+[reason]``, the controls ``/pause [reason]``, ``/resume``, ``/cancel [--now]``, ``/kill on|off
+...`` and ``/reload``, ``/help``, ``/quit``. Start a line with ``//`` to send text that begins
+with a slash.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def add_subcommands(subparsers: Any) -> None:
                     "written, tool calls show as compact lines, and a line you type is sent at "
                     "once (mid-turn it steers the desk). Commands: /image PATH [caption], "
                     "/compact, /status, /approvals, /approve ID [note], /deny ID [reason], "
-                    "/help, /quit.")
+                    "/pause [reason], /resume, /cancel [--now], /kill on|off [--all] "
+                    "[--cancel-orders] [--flatten] REASON, /reload, /help, /quit.")
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
     add_connection_options(chat)
     chat.add_argument("--operator", default=None, metavar="NAME",
@@ -299,6 +301,7 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
                        refuse every new order of this desk (--all: of every desk);
                        --flatten closes positions at market, after you confirm
   /kill off [--all]    switch it off
+  /reload              read the daemon's config file again (a bad one changes nothing)
   /help                this help
   /quit                leave (the desk keeps running)
 Start a line with // to send text beginning with a slash."""
@@ -402,6 +405,10 @@ class _Chat:
                           "point.") if cancelled else "No turn is running.")
             elif command == "/kill":
                 await self.kill(rest)
+            elif command == "/reload":
+                result = await self.client.reload(self.operator)
+                changes = result.get("changes") or ["nothing changed"]
+                self.say(self.style.good("Config reloaded: " + "; ".join(changes)))
             else:
                 self.say(self.style.bad(f"Unknown command {command}; /help lists them "
                                         "(// sends a line starting with a slash)."))

@@ -411,8 +411,10 @@ class RiskPolicy:
         """The daily loss limit is reached: no more orders today, and the kill switch on."""
         text = self._loss_text(loss)
         state = await self.journal.halt(state.day, text)
-        # Stamped with the wall clock, as an operator's switch is (not the replay's time).
-        await self.kill_switch.switch_on(self.desk, "risk limit max_daily_loss", text)
+        # Stamped with the desk's clock (a backtest's is simulated: no later time may leak
+        # into what its model reads).
+        await self.kill_switch.switch_on(self.desk, "risk limit max_daily_loss", text,
+                                         self.exchange.now())
         return state
 
     def _loss_text(self, loss: Decimal) -> str:

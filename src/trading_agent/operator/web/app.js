@@ -790,7 +790,21 @@
     }
   }
 
+  async function reloadConfig() {
+    $("reload").disabled = true;
+    try {
+      // What changed (or why nothing did) comes back as a config_reloaded event.
+      await api("/api/reload", { method: "POST", body: { operator: state.operator } });
+      await loadDesks();
+    } catch (error) {
+      if (error.status !== 400) addNote(`Config not reloaded: ${error.message}`, "error");
+    } finally {
+      $("reload").disabled = false;
+    }
+  }
+
   function setupControls() {
+    $("reload").addEventListener("click", reloadConfig);
     $("pause").addEventListener("click", pauseOrResume);
     $("cancel-turn").addEventListener("click", cancelTurn);
     const desk = $("desk-controls");
