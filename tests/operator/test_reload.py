@@ -168,3 +168,30 @@ async def test_sighup_reloads_a_running_daemon_and_the_cli_reports_a_bad_config(
     assert b"the config was not reloaded; nothing changed:" in cli.stderr
     assert b"context_window" in cli.stderr
     assert daemon.returncode == 0
+
+
+async def test_a_desk_a_reload_adds_on_a_replay_of_its_own_gets_it_running(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    config = _config(state_dir, scripted_server.base_url, {"alpha": "You are alpha."})
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        config.write_text(config.read_text() + """
+[desks.fast]
+system_prompt = "You are fast."
+symbols = ["BTC/USDT"]
+tools = ["get_ticker"]
+
+[desks.fast.exchange.replay]
+speed = 6000
+""")
+        reloaded = await client.post("/api/reload", json={})
+        feed = running.daemon.venues["fast"].feed
+        started = feed.now()
+        with anyio.fail_after(10):
+            while feed.now() == started:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        services = [name for name, _ in running.daemon.supervisor.services]
+
+    assert "desk fast added and started" in reloaded.json()["changes"]
+    assert feed is not running.daemon.venues["alpha"].feed
+    assert "replay (BTC/USDT)" in services

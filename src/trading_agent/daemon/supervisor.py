@@ -281,6 +281,12 @@ class Supervisor:
         async with self._reloading:
             return await self.reloader(by)
 
+    def start_service(self, name: str, service: Service) -> None:
+        """Starts a shared service while the desks run (a replay a reload brought in)."""
+        assert self._group is not None, "the supervisor is not running"
+        self.services.append((name, service))
+        self._group.start_soon(self._keep_running, "*", name, service, name=name)
+
     async def add_desk(self, runtime: DeskRuntime, waiting: Sequence[Trigger] = ()) -> None:
         """Starts a desk a reload built, with the triggers that waited for it."""
         assert self._group is not None, "the supervisor is not running"

@@ -161,8 +161,13 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
         async def build(name: str, desk_settings: DeskSettings,
                         in_force: Settings) -> DeskRuntime:
+            known = list(feeds.feeds)
             feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
                                    risk_limits=desk_settings.risk)
+            if supervisor_ref and isinstance(feed, ReplayFeed) and feed not in known:
+                # A reload brought a replay no desk used: it runs as the others do.
+                supervisor_ref[0].start_service(f"replay ({', '.join(feed.symbols)})",
+                                                feed.run)
             venue = await stack.enter_async_context(open_exchange(
                 desk_settings.exchange, database=database, account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
@@ -175,6 +180,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 name, desk_settings, venue, backend, stack=stack, database=database,
                 store=store, bus=bus, approvals=approvals, settings=in_force)
 
+        supervisor_ref: list[Supervisor] = []  # set once built: reloads build desks too
         runtimes = []
         for name, desk_settings in settings.desks.items():
             runtime = await build(name, desk_settings, settings)
@@ -185,6 +191,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
             service_backoff=_backoff(settings), services=services, kill_switch=kill_switch)
+        supervisor_ref.append(supervisor)
         spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store)
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
