@@ -223,8 +223,8 @@ def test_a_missing_key_names_the_file_the_key_and_what_is_allowed(tmp_path: Path
 def test_a_wrong_type_names_the_value_and_the_type(tmp_path: Path) -> None:
     path = _write(tmp_path, VALID.replace("maximum_rounds = 3", 'maximum_rounds = "three"'))
     assert _one_error(path) == (
-        f"{path}: desks.beta.maximum_rounds: Input should be a valid integer, unable to parse "
-        "string as an integer (got 'three'; allowed: an integer >= 1, <= 1000)")
+        f"{path}: desks.beta.maximum_rounds: a string where an integer is expected; write the "
+        "number without quotes (got 'three'; allowed: an integer >= 1, <= 1000)")
 
 
 def test_an_unknown_key_is_an_error_with_a_suggestion(tmp_path: Path) -> None:
@@ -246,6 +246,120 @@ def test_a_toml_syntax_error_names_the_line_and_column(tmp_path: Path) -> None:
     path = _write(tmp_path, '[daemon]\nlog_level = "info"\nwatchdog = \n')
     assert _one_error(path) == (
         f"{path}: line 3, column 12: invalid TOML: Invalid value (the line: 'watchdog =')")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "shown", "reason"),
+    [
+        ('[daemon]\nlog_level = "info"\n\n[desks.alpha]\nsystem_prompt = """You trade.\n'
+         'symbols = ["BTC/USDT"]\n\n', 5, 'system_prompt = """You trade.', "Unterminated string"),
+        ('[daemon]\nlog_level = "info"\n[desks.alpha]\nsymbols = ["BTC/USDT",\n  "ETH/USDT",'
+         '\n\n# the end\n', 4, 'symbols = ["BTC/USDT",', "Invalid value"),
+        ('[daemon]\nlog_level = "info"\n\n[desks.alpha', 4, "[desks.alpha",
+         "Expected ']' at the end of a table declaration"),
+        ("[desks.alpha]\nsystem_prompt = '''You trade.\n", 2, "system_prompt = '''You trade.",
+         "Expected \"'''\""),
+    ],
+    ids=["string", "array", "table", "literal string"],
+)
+def test_a_value_left_open_at_the_end_of_the_file_is_named_where_it_opens(
+        tmp_path: Path, text: str, line: int, shown: str, reason: str) -> None:
+    path = _write(tmp_path, text)
+    assert _one_error(path) == (
+        f"{path}: line {line}: invalid TOML: the string, array or table opened on this line is "
+        f"never closed (at the end of the file: {reason}; the line: {shown!r})")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("maximum_rounds = 3", "maximum_rounds = true",
+         "desks.beta.maximum_rounds: a boolean where an integer is expected (got true; allowed: "
+         "an integer >= 1, <= 1000)"),
+        ("maximum_rounds = 3", "maximum_rounds = 3.0",
+         "desks.beta.maximum_rounds: a number with a fraction or an exponent where an integer "
+         "is expected (got 3.0; allowed: an integer >= 1, <= 1000)"),
+        ('log_level = "debug"', 'log_level = "debug"\nwatchdog = "no"',
+         "daemon.watchdog: a string where true or false is expected; write true or false "
+         "without quotes (got 'no'; allowed: true or false)"),
+        ('log_level = "debug"', 'log_level = "debug"\nwatchdog = 0',
+         "daemon.watchdog: an integer where true or false is expected (got 0; allowed: true or "
+         "false)"),
+        ("context_window = 32000", "context_window = 1e27",
+         "model.context_window: a number with a fraction or an exponent where an integer is "
+         "expected (got 1e+27; allowed: an integer > 0, <= 10000000)"),
+        ("context_window = 32000", "context_window = 100_000_000",
+         "model.context_window: Input should be less than or equal to 10000000 (got 100000000; "
+         "allowed: an integer > 0, <= 10000000)"),
+        ("context_window = 32000", "context_window = 32000\nrequest_timeout = inf",
+         "model.request_timeout: inf or nan where a finite number is expected (got inf; "
+         "allowed: a number > 0, <= 3600)"),
+        ("context_window = 32000", 'context_window = 32000\nrequest_timeout = "30"',
+         "model.request_timeout: a string where a number is expected; write the number without "
+         "quotes (got '30'; allowed: a number > 0, <= 3600)"),
+        ('taker_fee = "0.002"', "taker_fee = true",
+         "desks.beta.exchange.paper.taker_fee: a boolean where a number is expected (got true; "
+         "allowed: a number"),
+        ("ticks = { move_percent = 0.5,", "ticks = { move_percent = false,",
+         "desks.alpha.triggers.ticks.move_percent: a boolean where a number is expected (got "
+         "false; allowed: a number > 0, <= 100, or leave the key out)"),
+        ("[exchange.paper]", "[exchange.replay]\nspeed = 1e300\n[exchange.paper]",
+         "exchange.replay.speed: Input should be less than or equal to 1000000"),
+        ("[exchange.paper]", "[exchange.replay]\nstart = 1700000000\n[exchange.paper]",
+         "exchange.replay.start: an integer where a date and time is expected (got 1700000000; "
+         "allowed: a date and time such as 2024-05-01T00:00:00Z, or leave the key out)"),
+        ("[exchange.paper]", "[operator]\nmax_message_chars = true\n[exchange.paper]",
+         "operator.max_message_chars: a boolean where an integer is expected (got true;"),
+        ("maximum_rounds = 3", "maximum_rounds = 3\n[desks.beta.subagents]\nenabled = 1",
+         "desks.beta.subagents.enabled: an integer where true or false is expected (got 1;"),
+        ("maximum_rounds = 3", "maximum_rounds = 3\n[desks.beta.controls]\n"
+         "max_tokens_per_day = 1e6",
+         "desks.beta.controls.max_tokens_per_day: a number with a fraction or an exponent where "
+         "an integer is expected (got 1000000.0;"),
+    ],
+    ids=["bool for int", "float for int", "string for bool", "int for bool", "1e27 window",
+         "huge window", "inf timeout", "quoted number", "bool for decimal", "bool for float",
+         "huge replay speed", "number for date", "operator table", "subagent table",
+         "spend cap"],
+)
+def test_the_file_is_held_to_its_types(tmp_path: Path, old: str, new: str,
+                                       expected: str) -> None:
+    """pydantic alone reads true as 1, "no" as false and 1e27 as an integer."""
+    assert old in VALID
+    path = _write(tmp_path, VALID.replace(old, new))
+    errors = _errors(path)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"{path}: {expected}"), errors
+
+
+def test_the_environment_still_spells_numbers_and_booleans_as_text(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment variable is text: "5" is an integer there, "false" a boolean."""
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__WATCHDOG", "false")
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__RESTART_BACKOFF_SECONDS", "2.5")
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__SPEND__MAX_TOKENS_PER_DAY", "50000")
+    monkeypatch.setenv("TRADING_AGENT_DESKS__ALPHA__MAXIMUM_ROUNDS", "5")
+    monkeypatch.setenv("TRADING_AGENT_DESKS__ALPHA__CONTROLS__HALT_AFTER_FAILED_TURNS", "2")
+    monkeypatch.setenv("TRADING_AGENT_MODEL__CONTEXT_WINDOW", "64000")
+    # The environment wins over a value of the wrong type in the file.
+    path = _write(tmp_path, VALID.replace("maximum_rounds = 3", "maximum_rounds = true"))
+    monkeypatch.setenv("TRADING_AGENT_DESKS__BETA__MAXIMUM_ROUNDS", "7")
+    settings = load_settings(path)
+    assert settings.daemon.watchdog is False
+    assert settings.daemon.restart_backoff_seconds == 2.5
+    assert settings.daemon.spend.max_tokens_per_day == 50000
+    assert settings.desks["alpha"].maximum_rounds == 5
+    assert settings.desks["beta"].maximum_rounds == 7
+    assert settings.desks["alpha"].controls.halt_after_failed_turns == 2
+    assert settings.desks["alpha"].model.context_window == 64000
+    # Still refused there: what is not an integer, and what is out of bounds.
+    monkeypatch.setenv("TRADING_AGENT_DESKS__ALPHA__MAXIMUM_ROUNDS", "true")
+    monkeypatch.setenv("TRADING_AGENT_MODEL__CONTEXT_WINDOW", "100000000")
+    errors = _errors(path)
+    assert [line.split(": ")[:2] for line in errors] == [
+        ["environment variable TRADING_AGENT_MODEL__CONTEXT_WINDOW", "model.context_window"],
+        ["environment variable TRADING_AGENT_DESKS__ALPHA__MAXIMUM_ROUNDS",
+         "desks.alpha.maximum_rounds"]], errors
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,17 @@ def test_the_unit_asks_for_notify_watchdog_restarts_state_and_hardening() -> Non
     assert directives["EnvironmentFile"] == "/etc/trading-agent/env"
 
 
+def test_the_unit_sets_a_descriptor_limit_with_room_beyond_the_tcp_api() -> None:
+    from trading_agent.operator.server import MAX_TCP_CONNECTIONS
+
+    directives = _directives(UNIT.read_text())
+    assert "LimitNOFILE" in directives, "the unit must set LimitNOFILE="
+    limit = directives["LimitNOFILE"]
+    assert limit.isdigit(), f"LimitNOFILE={limit}: one number, soft and hard alike"
+    # The TCP listener takes at most a quarter of the limit: here its full allowance.
+    assert int(limit) >= 4 * MAX_TCP_CONNECTIONS
+
+
 def test_the_env_example_names_every_secret_the_live_template_needs() -> None:
     from trading_agent.settings import load_settings
 

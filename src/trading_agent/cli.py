@@ -3,7 +3,8 @@
 - ``trading-agent check-config FILE``: validates a config file (with the ``TRADING_AGENT_*``
   variables over it); prints ``OK: ...`` and exits 0, or prints every problem and exits 2.
 - ``trading-agent run --config FILE``: starts the daemon; a bad config is refused the same
-  way (exit 2), before anything starts.
+  way (exit 2), before anything starts. The daemon runs with the umask 0077: what it writes
+  (the state directory, the SQLite files, the lock, the socket) is its user's alone.
 - The operator's commands (chat, status, ...) come from :mod:`trading_agent.operator.cli`.
 - ``trading-agent backtest`` and ``trading-agent data fetch`` come from
   :mod:`trading_agent.backtest.cli` and :mod:`trading_agent.backtest.fetch`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +33,10 @@ EXIT_CONFIG = 2
 
 EXIT_FAILURE = 1
 """The exit code when the daemon stops on an error (systemd's Restart=on-failure restarts)."""
+
+_DAEMON_UMASK = 0o077
+"""Files and folders the daemon makes are its user's alone (the unit sets ``UMask=0077`` too;
+a daemon started by hand under the usual 0022 would make them readable by everyone)."""
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -101,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from trading_agent.daemon.supervisor import run_daemon
 
+    previous_umask = os.umask(_DAEMON_UMASK)
     try:
         anyio.run(functools.partial(run_daemon, settings, config_path=Path(args.config)),
                   backend="asyncio")
@@ -110,6 +117,8 @@ def _run(args: argparse.Namespace) -> int:
     except TradingAgentError as exc:
         print(f"trading-agent stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    finally:
+        os.umask(previous_umask)  # for a caller in the same process (tests)
     return 0
 
 

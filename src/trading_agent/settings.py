@@ -43,11 +43,18 @@ Example::
 
 :func:`load_settings` reads and validates the file and raises :class:`ConfigError` listing
 every problem, one a line, as ``FILE: key.path: message (got VALUE; allowed ...)``.
+
+The file is held to its TOML types: an integer key takes an integer (not ``true``, not
+``3.0``, not ``"3"``), a boolean key ``true`` or ``false`` (not ``"no"``, not ``0``), a number
+key a finite number; pydantic alone would convert them. An environment variable is text, so
+there ``"5"`` and ``"false"`` still spell the number and the boolean. Sizes and durations have
+upper bounds (a context window at most :data:`~trading_agent.backends.config.MAX_CONTEXT_WINDOW`).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -84,10 +91,11 @@ from pydantic_settings.exceptions import SettingsError
 
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.image_preparer import ImageLimits
-from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.config import MAX_CONTEXT_WINDOW, OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelConfig
 from trading_agent.errors import ConfigError
 from trading_agent.operator.config import OperatorConfig
+from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
 from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
@@ -135,7 +143,7 @@ _SECRET_KEY = re.compile(r"(^|_)(api_?key|secret|token|password|passphrase)$", r
 class _Strict(BaseModel):
     """A config table: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SpendCaps(_Strict):
@@ -152,8 +160,8 @@ class SpendCaps(_Strict):
             ``price_output_per_million``).
     """
 
-    max_tokens_per_day: int | None = Field(default=None, gt=0, strict=True)
-    max_cost_per_day: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_tokens_per_day: int | None = Field(default=None, gt=0, le=1_000_000_000_000)
+    max_cost_per_day: float | None = Field(default=None, gt=0, le=1_000_000_000)
 
 
 class ControlSettings(SpendCaps):
@@ -168,7 +176,7 @@ class ControlSettings(SpendCaps):
     """
 
     when_paused: Literal["wait", "drop"] = "wait"
-    halt_after_failed_turns: int = Field(default=5, ge=0, le=1000, strict=True)
+    halt_after_failed_turns: int = Field(default=5, ge=0, le=1000)
 
 
 class DaemonSettings(_Strict):
@@ -195,8 +203,8 @@ class DaemonSettings(_Strict):
     log_format: Literal["auto", "json", "console"] = "auto"
     watchdog: bool = True
     shutdown_timeout_seconds: float = Field(default=8.0, gt=0)
-    restart_backoff_seconds: float = Field(default=1.0, gt=0)
-    restart_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    restart_backoff_seconds: float = Field(default=1.0, gt=0, le=3600)
+    restart_backoff_max_seconds: float = Field(default=300.0, gt=0, le=86400)
     spend: SpendCaps = Field(default_factory=SpendCaps)
 
     @field_validator("shutdown_timeout_seconds")
@@ -260,9 +268,18 @@ class LocalModelSettings(LocalModelConfig):
             own: without a cap it writes until the context window is full.
     """
 
+    model_config = ConfigDict(allow_inf_nan=False)
+
     provider: Literal["local"]
     cache_dir: Path = Field(default_factory=_default_cache_dir)
-    max_output_tokens: int = Field(default=512, gt=0)
+    max_output_tokens: int = Field(default=512, gt=0, le=MAX_CONTEXT_WINDOW)
+
+    @field_validator("context_window")
+    @classmethod
+    def _check_context_window(cls, value: int) -> int:
+        if value > MAX_CONTEXT_WINDOW:
+            raise ValueError(f"at most {MAX_CONTEXT_WINDOW} tokens")
+        return value
 
     def server_config(self) -> LocalModelConfig:
         """The local server's own config (these settings without the request-side keys)."""
@@ -301,9 +318,9 @@ class ContextSettings(_Strict):
 
     flush_threshold: float = Field(default=0.70, gt=0, lt=1)
     hard_threshold: float = Field(default=0.85, gt=0, lt=1)
-    keep_recent_tokens: int | None = Field(default=None, gt=0)
-    summary_max_tokens: int = Field(default=1200, gt=0)
-    tool_result_max_tokens: int | None = Field(default=None, ge=64)
+    keep_recent_tokens: int | None = Field(default=None, gt=0, le=MAX_CONTEXT_WINDOW)
+    summary_max_tokens: int = Field(default=1200, gt=0, le=MAX_CONTEXT_WINDOW)
+    tool_result_max_tokens: int | None = Field(default=None, ge=64, le=MAX_CONTEXT_WINDOW)
     flush_max_rounds: int = Field(default=3, ge=1, le=20)
     clear_tool_results: bool = True
     clear_keep_rounds: int = Field(default=3, ge=0, le=1000)
@@ -356,8 +373,8 @@ class ImageSettings(_Strict):
             text placeholders.
     """
 
-    max_side: int = Field(default=1568, ge=64)
-    max_bytes: int = Field(default=3_750_000, ge=10_000)
+    max_side: int = Field(default=1568, ge=64, le=16_384)
+    max_bytes: int = Field(default=3_750_000, ge=10_000, le=50_000_000)
     keep: int = Field(default=4, ge=1, le=16)
 
 
@@ -611,6 +628,8 @@ class Settings(BaseSettings):
         model: The default model of every desk (a desk may override keys or replace it).
         exchange: The default exchange of every desk.
         operator: The operator API.
+        telemetry: OpenTelemetry traces of the desks' turns, model and tool calls.
+        webhooks: Signed POSTs of the events chosen (fills, approvals waiting, ...).
         desks: The desks, by name, in file order.
     """
 
@@ -622,6 +641,8 @@ class Settings(BaseSettings):
     model: ModelSettings | None = None
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     operator: OperatorConfig = Field(default_factory=OperatorConfig)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
     desks: dict[DeskName, DeskSettings] = Field(min_length=1)
 
     @classmethod
@@ -686,7 +707,14 @@ class Settings(BaseSettings):
 
     def _secret_references(self) -> Iterator[tuple[str, str, bool]]:
         """(key path, variable name, whether the daemon cannot run without it)."""
-        yield "operator.token_env", self.operator.token_env, self.operator.tcp_address is not None
+        # Required on TCP, unless the daemon makes one itself (a loopback demo).
+        yield ("operator.token_env", self.operator.token_env,
+               self.operator.tcp_address is not None and not self.operator.generate_token)
+        if self.telemetry.otlp_headers_env:
+            yield ("telemetry.otlp_headers_env", self.telemetry.otlp_headers_env,
+                   self.telemetry.otlp_endpoint is not None)
+        for index, hook in enumerate(self.webhooks):
+            yield f"webhooks[{index}].secret_env", hook.secret_env, True
         for desk_name, desk in self.desks.items():
             prefix = f"desks.{desk_name}"
             if isinstance(desk.model, OpenAIModelSettings) and desk.model.api_key_env:
@@ -785,6 +813,111 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
                 fix(desk.get("model"), "cache_dir")
 
 
+class _WrongType:
+    """A value of the file whose TOML type is not the key's, put in its place so that the
+    schema refuses it there, where pydantic would convert it (``true`` to 1, ``"no"`` to
+    false, ``1e27`` to an integer).
+
+    Only the file is held to its types: an environment variable is text, and ``"5"`` or
+    ``"false"`` there is read as the number or the boolean it spells.
+
+    Attributes:
+        value: The value as the file has it.
+        reason: What is wrong, for the error line.
+    """
+
+    __slots__ = ("reason", "value")
+
+    def __init__(self, value: Any, reason: str) -> None:
+        self.value = value
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return _toml_repr(self.value)
+
+
+def _mark_loose_types(data: dict[str, Any]) -> None:
+    """Replaces, in place, each value of the file whose TOML type is not its key's with a
+    :class:`_WrongType`: an integer key takes only an integer, a boolean key only ``true`` or
+    ``false``, a number key only a finite integer or float, a decimal key no boolean, a date
+    key no number."""
+    model = data.get("model")
+    provider = model.get("provider") if isinstance(model, Mapping) else None
+    _check_types(data, Settings, provider)
+
+
+def _check_types(value: Any, annotation: Any, provider: Any) -> Any:
+    """``value``, or a :class:`_WrongType` in its place; tables and arrays are checked (and
+    changed) in place.
+
+    Args:
+        value: A value of the file.
+        annotation: The type its key has in the schema.
+        provider: The top-level model's ``provider``, which a desk's model table without one
+            inherits (it picks the table's keys).
+    """
+    annotation = _unwrap(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        models = _union_members(annotation)
+        if models and isinstance(value, dict):
+            tag = value.get("provider", provider)
+            for member in models:
+                if tag in typing.get_args(member.model_fields["provider"].annotation):
+                    return _check_types(value, member, provider)
+        return value  # several plain types (bool | str) have validators of their own
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                field = annotation.model_fields.get(key)
+                if field is not None:
+                    value[key] = _check_types(item, field.annotation, provider)
+        return value
+    if origin is dict and isinstance(value, dict):
+        item_type = typing.get_args(annotation)[1]
+        for key, item in value.items():
+            value[key] = _check_types(item, item_type, provider)
+        return value
+    if origin in (list, tuple) and isinstance(value, list):
+        item_type = typing.get_args(annotation)[0]
+        value[:] = [_check_types(item, item_type, provider) for item in value]
+        return value
+    reason = _type_mismatch(value, annotation)
+    return value if reason is None else _WrongType(value, reason)
+
+
+def _type_mismatch(value: Any, annotation: Any) -> str | None:
+    """Why a value of the file cannot be taken for a key of this type, or None."""
+    written = ("a boolean" if isinstance(value, bool) else
+               "a string" if isinstance(value, str) else
+               "a number with a fraction or an exponent" if isinstance(value, float) else
+               "an integer" if isinstance(value, int) else None)
+    if written is None:
+        return None  # a table, an array or a date: the schema's own check refuses them
+    unquote = "; write the number without quotes" if isinstance(value, str) else ""
+    if annotation is bool and not isinstance(value, bool):
+        hint = "; write true or false without quotes" if isinstance(value, str) else ""
+        return f"{written} where true or false is expected{hint}"
+    if annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{written} where an integer is expected{unquote}"
+    if annotation in (float, Decimal) and isinstance(value, float) and not math.isfinite(value):
+        return "inf or nan where a finite number is expected"
+    if annotation is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        return f"{written} where a number is expected{unquote}"
+    if annotation is Decimal and isinstance(value, bool):
+        return f"{written} where a number is expected"
+    if annotation is datetime and isinstance(value, int | float):
+        return f"{written} where a date and time is expected"
+    return None
+
+
+def _toml_repr(value: Any) -> str:
+    """A value as the file writes it (``true``, not ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
 def load_settings(path: Path | str, *, check_environment: bool = False) -> Settings:
     """Reads and validates a config file, with the ``TRADING_AGENT_*`` variables over it.
 
@@ -811,6 +944,7 @@ def load_settings(path: Path | str, *, check_environment: bool = False) -> Setti
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {_describe_toml_error(exc, text)}") from exc
     _resolve_paths(data, path.resolve().parent)
+    _mark_loose_types(data)
     token = _toml_data.set(data)
     try:
         settings = Settings()
@@ -854,6 +988,8 @@ def missing_secrets(settings: Settings, path: Path | str,
 
 def _describe_toml_error(exc: tomllib.TOMLDecodeError, text: str) -> str:
     message = str(exc)
+    if message.endswith("(at end of document)"):
+        return _describe_unclosed(message.removesuffix("(at end of document)").strip(), text)
     found = re.search(r"\(at line (\d+), column (\d+)\)", message)
     if found is None:
         return f"invalid TOML: {message}"
@@ -862,6 +998,69 @@ def _describe_toml_error(exc: tomllib.TOMLDecodeError, text: str) -> str:
     lines = text.splitlines()
     shown = f" (the line: {lines[line - 1].strip()!r})" if 0 < line <= len(lines) else ""
     return f"line {line}, column {found.group(2)}: invalid TOML: {reason}{shown}"
+
+
+def _describe_unclosed(reason: str, text: str) -> str:
+    """An error at the end of the file: a string, array, inline table or table header was
+    opened and never closed. tomllib reports the end of the file; the line named here is
+    the one where that value opens."""
+    line = _unclosed_line(text)
+    if line is None:
+        return f"invalid TOML at the end of the file: {reason}"
+    shown = text.splitlines()[line - 1].strip()
+    return (f"line {line}: invalid TOML: the string, array or table opened on this line is "
+            f"never closed (at the end of the file: {reason}; the line: {shown!r})")
+
+
+def _unclosed_line(text: str) -> int | None:
+    """The line (from 1) where the outermost value still open at the end of ``text`` opens.
+
+    A small scan of TOML's brackets, strings and comments, enough for a file that tomllib
+    read without error up to its end.
+    """
+    opened: list[int] = []  # the lines of the brackets still open, outermost first
+    header: int | None = None  # the line of a [table] header still open
+    line, index, size = 1, 0, len(text)
+    while index < size:
+        char = text[index]
+        if char == "\n":
+            line += 1
+        elif char == "#":
+            end = text.find("\n", index)
+            index = size if end < 0 else end
+            continue
+        elif char in "\"'":
+            quote = char * 3 if text.startswith(char * 3, index) else char
+            start_line, index = line, index + len(quote)
+            while index < size and not text.startswith(quote, index):
+                if text[index] == "\\" and char == '"':
+                    index += 1  # an escape: the next character never ends the string
+                elif text[index] == "\n":
+                    line += 1
+                index += 1
+            if index >= size:
+                return start_line
+            # A multi-line string may end in up to two quotes of its own before its closing three.
+            for _ in range(2 if len(quote) == 3 else 0):
+                if text.startswith(char, index + 3):
+                    index += 1
+            index += len(quote)
+            continue
+        elif char == "[" and not opened and header is None and (
+                not text[text.rfind("\n", 0, index) + 1:index].strip()):
+            header = line
+            if text.startswith("[[", index):
+                index += 1
+        elif char == "]" and header is not None and not opened:
+            header = None
+        elif char in "[{":
+            opened.append(line)
+        elif char in "]}" and opened:
+            opened.pop()
+        index += 1
+    if opened:
+        return opened[0]
+    return header
 
 
 def _environment_data() -> dict[str, Any]:
@@ -918,6 +1117,11 @@ class _ErrorReport:
             message = (f"no model: add a top-level [model] table or a [desks.{keys[1]}.model] "
                        "table")
             details.append("allowed: " + _describe(annotation, parent, keys))
+        elif isinstance(value, _WrongType):
+            message = value.reason
+            details.append(f"got {_show(value.value, keys)}")
+            if annotation is not None:
+                details.append("allowed: " + _describe(annotation, parent, keys))
         elif kind == "missing":
             message = "required key is missing"
             details.append("allowed: " + _describe(annotation, parent, keys))
@@ -1068,7 +1272,7 @@ def _show(value: Any, keys: Sequence[str | int]) -> str:
     """A value for an error line: short, and hidden when its key looks like a secret."""
     if keys and _SECRET_KEY.search(str(keys[-1])):
         return "<hidden>"
-    text = repr(value)
+    text = _toml_repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -3,10 +3,14 @@ each new candle, with no tool call; desks on one replay config share one replaye
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -16,8 +20,9 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.daemon.wiring import open_daemon
 from trading_agent.errors import RiskLimitError
-from trading_agent.settings import load_settings
+from trading_agent.settings import Settings, load_settings
 from trading_agent.store.store import database_path
+from trading_agent.telemetry.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from trading_agent.trading.exchange import Candle, OrderRequest
 from trading_agent.trading.ledger import PaperLedger
 from trading_agent.trading.paper import PaperExchange
@@ -93,10 +98,31 @@ async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def test_resting_orders_fill_and_the_risk_day_starts_on_candles_without_a_tool_call(
-        scripted_server: ScriptedServer, tmp_path: Path) -> None:
-    settings = load_settings(_config(tmp_path, scripted_server.base_url))
-    database = database_path(settings.state_directory())
+        scripted_server: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOK_SECRET", "s3cret-for-hooks")
+    with _Receiver() as receiver:
+        hook = (f'[[webhooks]]\nurl = "{receiver.url}"\nevents = ["fill", "kill_switch"]\n'
+                'secret_env = "HOOK_SECRET"\n')
+        settings = load_settings(_config(tmp_path, scripted_server.base_url, extra=hook))
+        await _run_books(settings)
+        with anyio.fail_after(10):
+            while len(receiver.received) < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
 
+    # The fill and the halt reached the webhook, signed with its secret.
+    kinds = [body["kind"] for _, body in receiver.received]
+    assert kinds == ["fill", "kill_switch"]
+    for headers, _ in receiver.received:
+        assert verify_signature(b"s3cret-for-hooks", headers["raw"],
+                                headers[TIMESTAMP_HEADER.lower()],
+                                headers[SIGNATURE_HEADER.lower()])
+    fill = receiver.received[0][1]["event"]
+    assert fill["type"] == "order_filled" and fill["desk"] == "alpha"
+    assert fill["text"].startswith("order P1 filled: buy 0.5 BTC on BTC/USDT at 950")
+
+
+async def _run_books(settings: Settings) -> None:
+    database = database_path(settings.state_directory())
     async with open_daemon(settings) as daemon:
         alpha, beta = daemon.venues["alpha"], daemon.venues["beta"]
         risk = beta.risk
@@ -227,3 +253,35 @@ async def test_the_books_are_kept_once_per_candle_time_before_its_triggers_fire(
     # Once per candle time (not per symbol), and each tick (102, then 103: 1% or more from
     # 100) after its candle's books.
     assert seen == ["books", "books", "tick BTC/USDT", "books", "tick BTC/USDT"]
+
+
+class _Receiver:
+    """A webhook receiver on 127.0.0.1: keeps each POST's headers (and raw body) and JSON."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                headers: dict[str, Any] = {k.lower(): v for k, v in self.headers.items()}
+                headers["raw"] = raw
+                received.append((headers, json.loads(raw)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -3,7 +3,8 @@
 A real ``trading-agent run`` process on a copy of ``config/demo.toml`` (its state directory
 and model cache moved to scratch folders through the environment, as an operator would
 override them) starts Gemma 3 270M in llama-cpp-python's server, prints how to watch and steer
-the desks, and answers a message sent through the operator API on its Unix socket. The test
+the desks and the web page's address (127.0.0.1, with a token made at start), serves that
+page and its API, and answers a message sent through the operator API on its Unix socket. The test
 checks protocol facts (the request went out, every tool call got its result, the turn ended
 with text, events and transcript are stored), never the model's wisdom: the 270M base model
 is no trader. The demo's desks also wake on their own (price moves, candle closes), so the
@@ -13,6 +14,7 @@ message may start a turn or steer one already running; either way it must be ans
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import signal
 import uuid
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from tests.daemon.process import ROOT, DaemonProcess, short_dir
@@ -67,6 +70,26 @@ async def _collect_until_answered(watcher: OperatorClient, events: list[dict[str
                 return
 
 
+async def _the_page_opens_with_the_banner_token(log: str) -> str:
+    """The banner's address serves the page; its token opens the API, nothing else does.
+    Returns the token."""
+    found = re.search(r"web page: (http://127\.0\.0\.1:(\d+)/)#token=([\w-]{40,})", log)
+    assert found is not None, log[-3000:]
+    url, port, token = found.group(1), int(found.group(2)), found.group(3)
+    assert 8765 <= port < 8775  # the demo's port, or one of the next nine when it is taken
+    assert log.count(token) == 1  # shown in the banner, never in a log line
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        page = await client.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert (await client.get("/api/desks")).status_code == 401
+        wrong = await client.get("/api/desks", headers={"Authorization": "Bearer not-it"})
+        assert wrong.status_code == 401
+        desks = await client.get("/api/desks", headers={"Authorization": f"Bearer {token}"})
+        assert desks.status_code == 200
+        assert [desk["name"] for desk in desks.json()["desks"]] == ["momentum", "review"]
+    return token
+
+
 async def _wait_for_banner(daemon: DaemonProcess, within: float) -> str:
     with anyio.fail_after(within):
         while "trading-agent events --follow" not in daemon.log():  # noqa: ASYNC110
@@ -84,6 +107,8 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
             # One llama.cpp thread: its threads spin at each step's barrier, and on a busy
             # two-core machine two of them run ~3x slower than one (measured).
             "TRADING_AGENT_MODEL__THREADS": "1",
+            # As on a newcomer's machine: no token set, so the daemon makes one.
+            "TRADING_AGENT_OPERATOR_TOKEN": "",
         })
         try:
             await daemon.wait_ready(within=240)  # assembles the model, loads it, starts desks
@@ -93,6 +118,7 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
             for command in ("desks", f"chat {DESK}", "events --follow"):
                 assert f"trading-agent {command} {socket}" in log, log[-3000:]
             assert "momentum, review" in log
+            token = await _the_page_opens_with_the_banner_token(log)
 
             async with daemon.client() as client:
                 assert [desk["name"] for desk in await client.desks()] == ["momentum", "review"]
@@ -144,6 +170,7 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
 
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait_exit(within=30) == 0, daemon.log()[-3000:]
+            assert daemon.log().count(token) == 1  # a whole run's log lines: never there
         finally:
             daemon.close()
 

@@ -6,23 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from playwright.async_api import expect
 
-from tests.operator.cdp import chromium_path, open_browser
+from tests.operator.browser import needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
+from tests.operator.test_web_page import _type
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 
 TOKEN = "web-cache-token-0123456789abcdef"
 
-pytestmark = [
-    pytest.mark.skipif(chromium_path() is None,
-                       reason="chromium is not installed (scripts/ensure-test-tools.sh "
-                              "installs it with apt-get as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [needs_chromium, pytest.mark.slow]
 
-_FIGURE = ("[...document.querySelectorAll('#desk-figures .figure')]"
-           ".find(f => f.querySelector('dt').textContent === 'Cached prompt')"
-           "?.querySelector('dd').textContent")
+_FIGURE = "#desk-figures .figure:has(> dt:text-is('Cached prompt')) > dd"
+"""The desk's "Cached prompt" figure."""
 
 
 async def test_the_page_shows_the_desks_cache_share(scripted_server: ScriptedServer,
@@ -34,23 +30,17 @@ async def test_the_page_shows_the_desks_cache_share(scripted_server: ScriptedSer
     )
     async with running_daemon(state_dir, scripted_server.base_url, token=TOKEN) as daemon:
         assert daemon.url is not None
-        async with open_browser() as browser:
-            await browser.command("Page.navigate",
-                                  url=f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
-            await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
             # Before any request there is no share to show.
-            await browser.wait_for(f"{_FIGURE} === '–'", "an empty cache figure")
-            await browser.evaluate("document.getElementById('message').focus()")
-            await browser.command("Input.insertText", text="How is BTC?")
-            for kind in ("keyDown", "keyUp"):
-                await browser.command("Input.dispatchKeyEvent", type=kind, key="Enter",
-                                      code="Enter", windowsVirtualKeyCode=13)
+            await expect(page.locator(_FIGURE)).to_have_text("–")
+            await _type(tab, "How is BTC?")
             # 2,944 of the turn's 6,200 prompt tokens came from the cache: 47%.
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('47% cached')",
-                "the turn's cache share")
-            await browser.evaluate("location.reload()")
-            await browser.wait_for(f"{_FIGURE} === '47%'", "today's cache share")
-            assert not [line for line in browser.console if line.startswith("exception")], \
-                browser.console
+            await expect(page.locator("#log")).to_contain_text("47% cached",
+                                                               use_inner_text=True)
+            await page.reload()
+            await expect(page.locator(_FIGURE)).to_have_text("47%")
+            assert not tab.errors, tab.errors
     scripted_server.assert_complete()

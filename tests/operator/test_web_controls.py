@@ -1,4 +1,5 @@
-"""The operator's controls on the web page, in headless Chromium against a real daemon: pause
+"""The operator's controls on the web page, in headless Chromium (driven by Playwright) against
+a real daemon: pause
 and resume with a reason, cancel a running turn at once, the kill switch of one desk and of
 every desk (flattening only after a confirmation in the page), today's spend cap use, and the
 control events in the desk's activity."""
@@ -6,6 +7,7 @@ control events in the desk's activity."""
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +16,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from playwright.async_api import expect
 
-from tests.operator.cdp import Browser, chromium_path, open_browser
+from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.test_web_page import _screenshot_dir, _type
 from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.daemon.events import ConfigReloaded
@@ -26,12 +29,7 @@ from trading_agent.settings import load_settings
 
 TOKEN = "web-controls-token-0123456789abcdef"
 
-pytestmark = [
-    pytest.mark.skipif(chromium_path() is None,
-                       reason="chromium is not installed (scripts/ensure-test-tools.sh "
-                              "installs it with apt-get as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 _CONFIG = """\
 [daemon]
@@ -102,34 +100,39 @@ async def _get(url: str, path: str) -> Any:
         return response.json()
 
 
-async def _open(browser: Browser, url: str) -> None:
+async def _open(tab: BrowserPage, url: str) -> None:
     """Opens the page on desk alpha as operator erin, and records what it posts."""
-    await browser.command("Page.navigate", url=f"{url}/?desk=alpha#token={TOKEN}&operator=erin")
-    await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
-    await browser.wait_for("document.querySelectorAll('.desk-card').length === 2", "two desks")
-    await browser.evaluate(
-        "window.posted = []; const pageFetch = window.fetch; window.fetch = (url, init) => {"
+    page = tab.page
+    await page.goto(f"{url}/?desk=alpha#token={TOKEN}&operator=erin")
+    await expect(page.locator("body")).to_have_attribute("data-live", "true")
+    await expect(page.locator(".desk-card")).to_have_count(2)
+    await page.evaluate(
+        "() => { window.posted = []; const pageFetch = window.fetch;"
+        " window.fetch = (url, init) => {"
         " if (init && init.method === 'POST') window.posted.push([String(url), init.body]);"
-        " return pageFetch(url, init); }; true")
+        " return pageFetch(url, init); }; }")
 
 
-async def _fill(browser: Browser, selector: str, text: str) -> None:
+async def _fill(tab: BrowserPage, selector: str, text: str) -> None:
     """Types into a field as a person would (its input events fire)."""
-    await browser.evaluate(f"document.querySelector({selector!r}).focus()")
-    await browser.command("Input.insertText", text=text)
+    await tab.page.locator(selector).focus()
+    await tab.page.keyboard.insert_text(text)
 
 
-async def _click(browser: Browser, selector: str) -> None:
-    await browser.evaluate(f"document.querySelector({selector!r}).click()")
+async def _click(tab: BrowserPage, selector: str) -> None:
+    await tab.page.locator(selector).click()
 
 
-def _log_has(text: str) -> str:
-    return f"document.getElementById('log').innerText.includes({text!r})"
+async def _log_has(tab: BrowserPage, text: str) -> None:
+    await expect(tab.page.locator("#log")).to_contain_text(text, use_inner_text=True)
 
 
-async def _notes(browser: Browser, kind: str) -> list[str]:
-    return list(await browser.evaluate(
-        f"[...document.querySelectorAll('#log .note-{kind}')].map((n) => n.innerText)"))
+async def _notes(tab: BrowserPage, kind: str) -> list[str]:
+    return await tab.page.locator(f"#log .note-{kind}").all_inner_texts()
+
+
+async def _posted(tab: BrowserPage) -> list[list[str]]:
+    return list(await tab.page.evaluate("window.posted"))
 
 
 async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
@@ -141,72 +144,54 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
     )
     try:
         async with _running(state_dir, scripted_server.base_url) as (daemon, url), \
-                open_browser() as browser:
-            await _open(browser, url)
+                open_page() as tab:
+            page = tab.page
+            await _open(tab, url)
             # A turn of 810,000 tokens: 81% of alpha's cap, 16% of the daemon's.
-            await _type(browser, "Anything to do?")
-            await browser.wait_for(_log_has("nothing to do."), "the answer")
-            alert = await browser.wait_for(
-                "[...document.querySelectorAll('#log .note-warn')].map((n) => n.innerText)"
-                ".find((t) => t.includes('spend cap')) || ''", "the spend alert")
-            assert "desk alpha's daily spend cap is 81% used: 810,000 of 1,000,000 tokens" \
-                in alert
-            figure = await browser.wait_for(
-                "((t) => t.includes('81%') && t)([...document.querySelectorAll("
-                "'#desk-figures .figure-wide dd')].map((d) => d.textContent).join(' | '))",
-                "today's spend in the desk's figures")
-            assert figure == "tokens 81% of 1,000,000 | daemon tokens 16% of 5,000,000"
-            card = await browser.evaluate(
-                "document.querySelector('.desk-card[data-desk=alpha]').innerText")
-            assert "tokens 81% of 1,000,000" in card
-            assert await browser.evaluate(
-                "document.querySelector('.desk-card[data-desk=alpha] .spend')"
-                ".classList.contains('spend-warn')")
+            await _type(tab, "Anything to do?")
+            await _log_has(tab, "nothing to do.")
+            await expect(page.locator("#log .note-warn", has_text="spend cap")).to_contain_text(
+                "desk alpha's daily spend cap is 81% used: 810,000 of 1,000,000 tokens")
+            await expect(page.locator("#desk-figures .figure-wide dd")).to_have_text(
+                ["tokens 81% of 1,000,000", "daemon tokens 16% of 5,000,000"])
+            card = page.locator(".desk-card[data-desk=alpha]")
+            await expect(card).to_contain_text("tokens 81% of 1,000,000")
+            await expect(card.locator(".spend").first).to_have_class(
+                re.compile(r"\bspend-warn\b"))
 
             # Pause with a reason: the page and the API say so, and why.
-            await _fill(browser, "#control-reason", "FOMC in ten minutes")
-            await _click(browser, "#pause")
-            await browser.wait_for(
-                "document.getElementById('desk-state').textContent === 'paused'", "paused")
-            banner = await browser.wait_for(
-                "document.querySelector('#desk-banners .banner-paused')?.innerText",
-                "the pause banner")
-            assert "paused by erin at " in banner and "FOMC in ten minutes" in banner
-            assert "FOMC in ten minutes" in await browser.evaluate(
-                "document.querySelector('.desk-card[data-desk=alpha] .desk-card-note')"
-                ".innerText")
-            await browser.wait_for(_log_has("⏸ paused by erin until resumed: FOMC in ten "
-                                            "minutes"), "the pause in the log")
+            await _fill(tab, "#control-reason", "FOMC in ten minutes")
+            await _click(tab, "#pause")
+            await expect(page.locator("#desk-state")).to_have_text("paused")
+            banner = page.locator("#desk-banners .banner-paused")
+            await expect(banner).to_contain_text("FOMC in ten minutes")
+            assert "paused by erin at " in await banner.inner_text()
+            await expect(card.locator(".desk-card-note")).to_contain_text("FOMC in ten minutes")
+            await _log_has(tab, "⏸ paused by erin until resumed: FOMC in ten minutes")
             status = await _get(url, "/api/desks/alpha")
             assert status["state"] == "paused"
             assert status["paused_reason"].startswith("paused by erin at ")
             assert "FOMC in ten minutes" in status["paused_reason"]
-            assert await browser.evaluate("document.getElementById('pause').textContent") \
-                == "Resume"
-            shot = await browser.screenshot(
-                _screenshot_dir(tmp_path) / "operator-web-paused.png")
+            await expect(page.locator("#pause")).to_have_text("Resume")
+            shot = _screenshot_dir(tmp_path) / "operator-web-paused.png"
+            await page.screenshot(path=shot)
 
-            await _click(browser, "#pause")
-            await browser.wait_for(
-                "document.getElementById('desk-state').textContent === 'idle'", "resumed")
-            await browser.wait_for(_log_has("▶ resumed by erin"), "the resume in the log")
-            assert await browser.evaluate(
-                "document.querySelector('#desk-banners .banner-paused')") is None
+            await _click(tab, "#pause")
+            await expect(page.locator("#desk-state")).to_have_text("idle")
+            await _log_has(tab, "▶ resumed by erin")
+            await expect(banner).to_have_count(0)
             status = await _get(url, "/api/desks/alpha")
             assert (status["state"], status["paused_reason"]) == ("idle", "")
 
             # A turn that hangs on its model, cut at once.
-            await _type(browser, "Check the book.")
-            await browser.wait_for("!document.getElementById('cancel-turn').disabled",
-                                   "a running turn to cancel")
-            await _click(browser, "#cancel-now")
-            await _click(browser, "#cancel-turn")
-            await browser.wait_for(_log_has("✋ turn cancelled by erin (at once)"),
-                                   "the cancel in the log")
-            await browser.wait_for(
-                "document.getElementById('desk-state').textContent === 'idle'", "an idle desk")
+            await _type(tab, "Check the book.")
+            await expect(page.locator("#cancel-turn")).to_be_enabled()
+            await _click(tab, "#cancel-now")
+            await _click(tab, "#cancel-turn")
+            await _log_has(tab, "✋ turn cancelled by erin (at once)")
+            await expect(page.locator("#desk-state")).to_have_text("idle")
             assert ["/api/desks/alpha/cancel", '{"operator":"erin","now":true}'] in [
-                [u.removeprefix(url), b] for u, b in await browser.evaluate("window.posted")]
+                [u.removeprefix(url), b] for u, b in await _posted(tab)]
 
             # What the daemon says on its own shows too: a reload (for every desk) and a
             # reconciliation with the exchange.
@@ -217,13 +202,10 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
                 differences=("order 8812 (buy 0.01 BTC/USDT) is open on the exchange and "
                              "not in the journal",),
                 adopted=("8812",)))
-            await browser.wait_for(_log_has("Config reloaded: alpha: risk.max_order_notional "
-                                            "5000 -> 2500"), "the reload")
-            await browser.wait_for(_log_has("⚖ binance differs from the journal (1): order "
-                                            "8812"), "the reconciliation")
-            assert "adopted: 8812" in (await _notes(browser, "warn"))[-1]
-            assert not [line for line in browser.console if line.startswith("exception")], \
-                browser.console
+            await _log_has(tab, "Config reloaded: alpha: risk.max_order_notional 5000 -> 2500")
+            await _log_has(tab, "⚖ binance differs from the journal (1): order 8812")
+            assert "adopted: 8812" in (await _notes(tab, "warn"))[-1]
+            assert not tab.errors, tab.errors
     finally:
         release.set()
     assert shot.stat().st_size > 10_000
@@ -233,117 +215,102 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
 async def test_the_kill_switch_on_the_page_and_flatten_only_once_confirmed(
         scripted_server: ScriptedServer, state_dir: Path, tmp_path: Path) -> None:
     async with _running(state_dir, scripted_server.base_url) as (_, url), \
-            open_browser() as browser:
-        await _open(browser, url)
+            open_page() as tab:
+        page = tab.page
+        await _open(tab, url)
 
         # No reason, no kill switch: the page asks for one and sends nothing.
-        await _click(browser, "#desk-controls [data-action=kill]")
-        refusal = await browser.wait_for(
-            "[...document.querySelectorAll('#log .note-error')].map((n) => n.innerText)"
-            ".join()", "the request for a reason")
-        assert "Say why the kill switch goes on for desk alpha" in refusal
-        assert await browser.evaluate(
-            "document.getElementById('control-reason').classList.contains('invalid')")
+        await _click(tab, "#desk-controls [data-action=kill]")
+        await expect(page.locator("#log .note-error")).to_contain_text(
+            "Say why the kill switch goes on for desk alpha")
+        [refusal] = await _notes(tab, "error")
+        await expect(page.locator("#control-reason")).to_have_class(re.compile(r"\binvalid\b"))
 
         # One desk's switch, with a reason: red on the desk, listed by the API.
-        await _fill(browser, "#control-reason", "the feed looks stale")
-        await _click(browser, "#desk-controls [data-option=cancel_orders]")
-        await _click(browser, "#desk-controls [data-action=kill]")
-        banner = await browser.wait_for(
-            "document.querySelector('#desk-banners .banner-kill')?.innerText",
-            "the kill switch banner")
-        assert banner.startswith("⛔ Kill switch on: halted by erin at ")
-        assert "the feed looks stale" in banner
-        card = await browser.evaluate(
-            "document.querySelector('.desk-card[data-desk=alpha] .desk-card-kill').innerText")
+        await _fill(tab, "#control-reason", "the feed looks stale")
+        await _click(tab, "#desk-controls [data-option=cancel_orders]")
+        await _click(tab, "#desk-controls [data-action=kill]")
+        banner = page.locator("#desk-banners .banner-kill")
+        await expect(banner).to_be_visible()
+        text = await banner.inner_text()
+        assert text.startswith("⛔ Kill switch on: halted by erin at ")
+        assert "the feed looks stale" in text
+        card = await page.locator(".desk-card[data-desk=alpha] .desk-card-kill").inner_text()
         assert card.startswith("⛔ halted by erin at ") and card.endswith("the feed looks stale")
-        assert await browser.evaluate(
-            "document.querySelector('.desk-card[data-desk=beta] .desk-card-kill')") is None
-        await browser.wait_for(
-            "[...document.querySelectorAll('#log .note-kill')].some((n) => "
-            "n.innerText.includes('kill switch ON (alpha): halted by erin'))",
-            "the kill switch in the log")
+        await expect(page.locator(".desk-card[data-desk=beta] .desk-card-kill")).to_have_count(0)
+        await expect(page.locator(
+            "#log .note-kill", has_text=re.compile(r"kill switch ON \(alpha\): halted by erin")
+        ).first).to_be_visible()
         [halt] = (await _get(url, "/api/kill-switch"))["halts"]
         assert (halt["scope"], halt["by"], halt["reason"]) == (
             "alpha", "erin", "the feed looks stale")
-        assert await browser.evaluate(
-            "document.querySelector('#desk-controls [data-action=kill]').textContent") \
-            == "Switch off (alpha)"
+        await expect(page.locator("#desk-controls [data-action=kill]")).to_have_text(
+            "Switch off (alpha)")
 
         # Every desk, flattening: the page asks first, and a no sends nothing.
-        posts = len(await browser.evaluate("window.posted"))
-        await _fill(browser, "#kill-all [data-field=reason]", "exchange incident")
-        await _click(browser, "#kill-all [data-option=flatten]")
-        await _click(browser, "#kill-all [data-action=kill]")
-        question = await browser.wait_for(
-            "!document.querySelector('#kill-all .confirm').hidden && "
-            "document.querySelector('#kill-all .confirm').innerText", "the confirmation")
+        posts = len(await _posted(tab))
+        await _fill(tab, "#kill-all [data-field=reason]", "exchange incident")
+        await _click(tab, "#kill-all [data-option=flatten]")
+        await _click(tab, "#kill-all [data-action=kill]")
+        confirm = page.locator("#kill-all .confirm")
+        await expect(confirm).to_be_visible()
+        question = await confirm.inner_text()
         assert "Flatten closes every open position of every desk at market" in question
         assert "Flatten every desk now" in question
-        await _click(browser, "#kill-all [data-action=keep-positions]")
-        await browser.wait_for("document.querySelector('#kill-all .confirm').hidden",
-                               "the confirmation gone")
-        await browser.wait_for(_log_has("flattening every desk was not confirmed"),
-                               "the note that nothing was sent")
-        assert len(await browser.evaluate("window.posted")) == posts
+        await _click(tab, "#kill-all [data-action=keep-positions]")
+        await expect(confirm).to_be_hidden()
+        await _log_has(tab, "flattening every desk was not confirmed")
+        assert len(await _posted(tab)) == posts
         assert [h["scope"] for h in (await _get(url, "/api/kill-switch"))["halts"]] == ["alpha"]
 
         # Asked again and confirmed: sent, with flatten.
-        await _click(browser, "#kill-all [data-action=kill]")
-        await browser.wait_for("!document.querySelector('#kill-all .confirm').hidden",
-                               "the confirmation again")
-        shot = await browser.screenshot(_screenshot_dir(tmp_path) / "operator-web-kill.png")
-        await _click(browser, "#kill-all [data-action=confirm-flatten]")
-        state = await browser.wait_for(
-            "!document.querySelector('#kill-all .kill-state').hidden && "
-            "document.querySelector('#kill-all .kill-state').innerText", "every desk halted")
+        await _click(tab, "#kill-all [data-action=kill]")
+        await expect(confirm).to_be_visible()
+        shot = _screenshot_dir(tmp_path) / "operator-web-kill.png"
+        await page.screenshot(path=shot)
+        await _click(tab, "#kill-all [data-action=confirm-flatten]")
+        every_desk = page.locator("#kill-all .kill-state")
+        await expect(every_desk).to_be_visible()
+        state = await every_desk.inner_text()
         assert state.startswith("⛔ halted by erin at ") and state.endswith("exchange incident")
-        [(path, body)] = (await browser.evaluate("window.posted"))[posts:]
+        [(path, body)] = (await _posted(tab))[posts:]
         assert path.removeprefix(url) == "/api/kill-switch"
         assert body == ('{"on":true,"operator":"erin","reason":"exchange incident",'
                         '"cancel_orders":false,"flatten":true}')
         halts = (await _get(url, "/api/kill-switch"))["halts"]
         assert [h["scope"] for h in halts] == ["*", "alpha"]
-        await browser.wait_for(
-            "document.querySelector('.desk-card[data-desk=beta] .desk-card-kill')"
-            "?.innerText.endsWith('exchange incident')", "beta halted with every desk")
-        assert await _notes(browser, "error") == [refusal]  # nothing failed meanwhile
+        await expect(page.locator(".desk-card[data-desk=beta] .desk-card-kill")).to_have_text(
+            re.compile(r"exchange incident$"), use_inner_text=True)
+        assert await _notes(tab, "error") == [refusal]  # nothing failed meanwhile
 
         # alpha's own switch off: alpha stays halted by every desk's.
-        await _click(browser, "#desk-controls [data-action=kill]")
-        await browser.wait_for(
-            "document.querySelector('#desk-banners .banner-kill')?.innerText"
-            ".startsWith('⛔ Kill switch on (every desk): halted by erin')",
-            "alpha halted by every desk's switch only")
+        await _click(tab, "#desk-controls [data-action=kill]")
+        await expect(banner).to_have_text(
+            re.compile(r"^⛔ Kill switch on \(every desk\): halted by erin"), use_inner_text=True)
         assert [h["scope"] for h in (await _get(url, "/api/kill-switch"))["halts"]] == ["*"]
-        await browser.wait_for(
-            "[...document.querySelectorAll('#log .note-good')].some((n) => "
-            "n.innerText.includes('kill switch off (alpha)'))",
-            "the switch off in the log")
-        assert not [line for line in browser.console if line.startswith("exception")], \
-            browser.console
+        await expect(page.locator("#log .note-good",
+                                  has_text="kill switch off (alpha)").first).to_be_visible()
+        assert not tab.errors, tab.errors
     assert shot.stat().st_size > 10_000
 
 
 async def test_the_reload_button_applies_a_good_config_and_shows_why_a_bad_one_is_refused(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     async with _running(state_dir, scripted_server.base_url) as (_, url), \
-            open_browser() as browser:
-        await _open(browser, url)
+            open_page() as tab:
+        await _open(tab, url)
         config = state_dir / "daemon.toml"
         text = config.read_text()
         config.write_text(text.replace("You are beta, a paper desk", "You are beta, a careful "
                                                                        "paper desk"))
-        await _click(browser, "#reload")
-        await browser.wait_for(_log_has("Config reloaded: desk beta: system_prompt changed; "
-                                        "applies from its next turn"), "the reload")
+        await _click(tab, "#reload")
+        await _log_has(tab, "Config reloaded: desk beta: system_prompt changed; applies from "
+                            "its next turn")
         config.write_text(text.replace('symbols = ["BTC/USDT"]', 'symbols = "BTC/USDT"', 1))
-        await browser.wait_for("!document.getElementById('reload').disabled",
-                               "the first reload to finish")
-        await _click(browser, "#reload")
-        await browser.wait_for(_log_has("Config reload refused, nothing changed"),
-                               "the refusal")
-        refused = (await _notes(browser, "error"))[-1]
+        await expect(tab.page.locator("#reload")).to_be_enabled()
+        await _click(tab, "#reload")
+        await _log_has(tab, "Config reload refused, nothing changed")
+        refused = (await _notes(tab, "error"))[-1]
         desks = await _get(url, "/api/desks")
 
     assert "desks.alpha.symbols" in refused

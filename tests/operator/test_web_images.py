@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from playwright.async_api import expect
 
 from tests.agent.test_image_preparer import chart
-from tests.operator.cdp import Browser, chromium_path, open_browser
+from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
 from tests.operator.test_web_page import _screenshot_dir, _type
 from tests.scripted_server import Reply, ScriptedServer
@@ -23,12 +24,7 @@ from trading_agent.operator.client import OperatorClient
 
 TOKEN = "web-image-token-0123456789abcdef"
 
-pytestmark = [
-    pytest.mark.skipif(chromium_path() is None,
-                       reason="chromium is not installed (scripts/ensure-test-tools.sh "
-                              "installs it with apt-get as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 
 def _file(data: bytes, name: str, media_type: str) -> str:
@@ -40,15 +36,15 @@ def _file(data: bytes, name: str, media_type: str) -> str:
             f"{{ type: {json.dumps(media_type)} }})); return transfer; }})()")
 
 
-async def _paste(browser: Browser, data: bytes, name: str, media_type: str) -> None:
-    await browser.evaluate(
+async def _paste(tab: BrowserPage, data: bytes, name: str, media_type: str) -> None:
+    await tab.page.evaluate(
         "document.getElementById('message').dispatchEvent(new ClipboardEvent('paste', "
         f"{{ clipboardData: {_file(data, name, media_type)}, bubbles: true, "
         "cancelable: true }))")
 
 
-async def _drop(browser: Browser, data: bytes, name: str, media_type: str) -> None:
-    await browser.evaluate(
+async def _drop(tab: BrowserPage, data: bytes, name: str, media_type: str) -> None:
+    await tab.page.evaluate(
         "document.getElementById('composer').dispatchEvent(new DragEvent('drop', "
         f"{{ dataTransfer: {_file(data, name, media_type)}, bubbles: true, "
         "cancelable: true }))")
@@ -60,58 +56,44 @@ async def test_a_pasted_picture_is_sent_and_a_dropped_bad_one_is_refused(
     limit = ImageLimits().max_side  # this daemon's desks keep the default limits
     async with running_daemon(state_dir, scripted_server.base_url, token=TOKEN) as daemon:
         assert daemon.url is not None
-        async with open_browser() as browser:
-            await browser.command("Page.navigate",
-                                  url=f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
-            await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
 
-            await _paste(browser, chart(2400, 1200), "image.png", "image/png")
-            await browser.wait_for("document.querySelectorAll('.attachment img').length === 1",
-                                   "the pasted picture in the composer")
-            await _type(browser, "Did the breakout hold?")
-            await browser.wait_for(
-                "document.querySelector('.entry.you .tag')?.textContent === 'starts a turn'",
-                "the message accepted")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('no reason to act.')",
-                "the answer")
-            assert await browser.evaluate(
-                "document.querySelectorAll('.entry.you .bubble-pictures img').length") == 1
-            assert await browser.evaluate("document.getElementById('attachments').hidden")
+            await _paste(tab, chart(2400, 1200), "image.png", "image/png")
+            await expect(page.locator(".attachment img")).to_have_count(1)
+            await _type(tab, "Did the breakout hold?")
+            await expect(page.locator(".entry.you .tag").first).to_have_text("starts a turn")
+            await expect(page.locator("#log")).to_contain_text("no reason to act.",
+                                                               use_inner_text=True)
+            await expect(page.locator(".entry.you .bubble-pictures img")).to_have_count(1)
+            await expect(page.locator("#attachments")).to_be_hidden()
 
             # Bytes that claim to be a PNG: the daemon refuses them; the page says why and
             # keeps the picture in the composer to remove or replace.
-            await _drop(browser, b"this is not a picture", "broken.png", "image/png")
-            await browser.wait_for("document.querySelectorAll('.attachment').length === 1",
-                                   "the dropped file in the composer")
-            await _type(browser, "And this one?")
-            refusal = await browser.wait_for(
-                "[...document.querySelectorAll('.note-error')].map((n) => n.innerText)"
-                ".find((t) => t.includes('Not sent')) || ''", "the refusal")
-            assert ("the picture was refused: not a readable picture: no known picture format"
-                    in refusal)
-            assert await browser.evaluate(
-                "document.querySelectorAll('.attachment').length") == 1
-            shot = await browser.screenshot(_screenshot_dir(tmp_path) / "operator-web-images.png")
+            await _drop(tab, b"this is not a picture", "broken.png", "image/png")
+            await expect(page.locator(".attachment")).to_have_count(1)
+            await _type(tab, "And this one?")
+            refusal = page.locator(".note-error", has_text="Not sent")
+            await expect(refusal).to_contain_text(
+                "the picture was refused: not a readable picture: no known picture format")
+            await expect(page.locator(".attachment")).to_have_count(1)
+            shot = _screenshot_dir(tmp_path) / "operator-web-images.png"
+            await page.screenshot(path=shot)
 
             # Not a picture at all: never attached, and the page says so.
-            await _drop(browser, b"buy the dip", "notes.txt", "text/plain")
-            note = await browser.wait_for(
-                "[...document.querySelectorAll('.note-error')].map((n) => n.innerText)"
-                ".find((t) => t.includes('Not attached')) || ''", "the note")
-            assert "notes.txt is not a PNG, JPEG, GIF or WebP picture (text/plain)" in note
-            assert await browser.evaluate(
-                "document.querySelectorAll('.attachment').length") == 1
+            await _drop(tab, b"buy the dip", "notes.txt", "text/plain")
+            await expect(page.locator(".note-error", has_text="Not attached")).to_contain_text(
+                "notes.txt is not a PNG, JPEG, GIF or WebP picture (text/plain)")
+            await expect(page.locator(".attachment")).to_have_count(1)
             # Opened again: the stored message names its picture; the refused one is not there.
-            await browser.command("Page.reload")
-            chip = await browser.wait_for(
-                "document.querySelector('.entry.you .picture-chip')?.textContent",
-                "the stored picture's name")
-            assert chip == "🖼 picture from erin (image.png)"
-            history = await browser.evaluate("document.getElementById('log').innerText")
+            await page.reload()
+            await expect(page.locator(".entry.you .picture-chip").first).to_have_text(
+                "🖼 picture from erin (image.png)")
+            history = await page.locator("#log").inner_text()
             assert "Did the breakout hold?" in history and "And this one?" not in history
-            assert not [line for line in browser.console if line.startswith("exception")], \
-                browser.console
+            assert not tab.errors, tab.errors
         async with OperatorClient(socket_path=daemon.socket_path) as client:
             transcript = await client.transcript("alpha")
 

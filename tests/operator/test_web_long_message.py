@@ -1,7 +1,8 @@
 """The web page says when a message was too long for the desk's model to read whole.
 
-Headless Chromium against a real daemon (``trading-agent run``), whose desk ``alpha`` keeps a
-tiny recent budget: its model reads at most 256 characters of one message.
+Headless Chromium, driven by Playwright, against a real daemon (``trading-agent run``), whose
+desk ``alpha`` keeps a tiny recent budget: its model reads at most 256 characters of one
+message.
 """
 
 from __future__ import annotations
@@ -9,20 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from playwright.async_api import expect
 
-from tests.operator.cdp import chromium_path, open_browser
+from tests.operator.browser import needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
 from tests.operator.test_web_page import _type
 from tests.scripted_server import Reply, ScriptedServer
 
 TOKEN = "web-long-token-0123456789abcdef"
 
-pytestmark = [
-    pytest.mark.skipif(chromium_path() is None,
-                       reason="chromium is not installed (scripts/ensure-test-tools.sh "
-                              "installs it with apt-get as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 
 async def test_the_page_says_a_long_message_was_shortened(
@@ -30,30 +27,24 @@ async def test_the_page_says_a_long_message_was_shortened(
     scripted_server.add(Reply("Noted."), Reply("Fine."))
     async with running_daemon(state_dir, scripted_server.base_url, token=TOKEN) as daemon:
         assert daemon.url is not None
-        async with open_browser() as browser:
-            await browser.command("Page.navigate",
-                                  url=f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
-            await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
             # The desk is chosen once the page has read the desks: then the composer sends.
-            await browser.wait_for(
-                "document.body.innerText.includes('scripted-model · BTC/USDT')", "the desk")
-            await _type(browser, "Closes: " + " ".join(["16751.3"] * 100))
-            tag = await browser.wait_for(
-                "document.querySelector('.entry.you .tag')?.textContent?.includes('shortened')"
-                " && document.querySelector('.entry.you .tag').textContent", "the tag")
-            assert tag == "starts a turn · shortened"
-            note = await browser.wait_for(
-                "[...document.querySelectorAll('.note')].map((n) => n.innerText)"
-                ".find((t) => t.includes('Shortened')) || ''", "the note")
-            assert "The message is 807 characters; this desk's model reads at most 256" in note
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('Noted.')", "the answer")
+            await expect(page.locator("body")).to_contain_text("scripted-model · BTC/USDT",
+                                                               use_inner_text=True)
+            await _type(tab, "Closes: " + " ".join(["16751.3"] * 100))
+            await expect(page.locator(".entry.you .tag").first).to_have_text(
+                "starts a turn · shortened")
+            await expect(page.locator(".note", has_text="Shortened")).to_contain_text(
+                "The message is 807 characters; this desk's model reads at most 256")
+            await expect(page.locator("#log")).to_contain_text("Noted.", use_inner_text=True)
             # A short one is read whole: no tag, no note.
-            await _type(browser, "Short now.")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('Fine.')", "the answer")
-            tags = await browser.evaluate(
-                "[...document.querySelectorAll('.entry.you .tag')].map((t) => t.textContent)")
-            assert tags == ["starts a turn · shortened", "starts a turn"]
+            await _type(tab, "Short now.")
+            await expect(page.locator("#log")).to_contain_text("Fine.", use_inner_text=True)
+            await expect(page.locator(".entry.you .tag")).to_have_text(
+                ["starts a turn · shortened", "starts a turn"])
+            await expect(page.locator(".note", has_text="Shortened")).to_have_count(1)
     sent = scripted_server.requests[0].messages[-1]["content"]
     assert "characters of this message were cut here" in sent

@@ -1,5 +1,6 @@
-"""The web page in headless Chromium (driven over the DevTools protocol): a message sent from
-the page reaches a real daemon's desk and the answer streams in; approvals by button."""
+"""The web page in headless Chromium (driven by Playwright): a message sent from the page
+reaches a real daemon's desk and the answer streams in; approvals by button; the equity chart
+ends at the figure the header shows."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from playwright.async_api import expect
 
-from tests.operator.cdp import Browser, chromium_path, open_browser
+from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
 from tests.operator.harness import LoopDeskControl, build_control, running_api
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
@@ -19,12 +21,14 @@ from trading_agent.operator.config import OperatorConfig
 
 TOKEN = "web-test-token-0123456789abcdef"
 
-pytestmark = [
-    pytest.mark.skipif(chromium_path() is None,
-                       reason="chromium is not installed (scripts/ensure-test-tools.sh "
-                              "installs it with apt-get as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [needs_chromium, pytest.mark.slow]
+
+HEADER_AND_CHART_AGREE = (
+    "((figure) => figure && document.getElementById('equity-caption').textContent"
+    ".startsWith(`Equity ${figure} `) && figure)([...document.querySelectorAll("
+    "'#desk-figures .figure')].find((f) => f.querySelector('dt').textContent === 'Equity')"
+    "?.querySelector('dd').textContent)")
+"""The equity the header shows, once the chart's caption names the same figure."""
 
 
 async def _wander(control: LoopDeskControl, stop: anyio.Event) -> None:
@@ -40,12 +44,11 @@ def _screenshot_dir(tmp_path: Path) -> Path:
     return Path(os.environ.get("OPERATOR_SCREENSHOT_DIR", str(tmp_path)))
 
 
-async def _type(browser: Browser, text: str) -> None:
-    await browser.evaluate("document.getElementById('message').focus()")
-    await browser.command("Input.insertText", text=text)
-    for kind in ("keyDown", "keyUp"):  # Enter sends, as a person would press it
-        await browser.command("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
-                              windowsVirtualKeyCode=13)
+async def _type(tab: BrowserPage, text: str) -> None:
+    """Types a message into the composer and presses Enter, as a person sends one."""
+    await tab.page.locator("#message").focus()
+    await tab.page.keyboard.insert_text(text)
+    await tab.page.keyboard.press("Enter")
 
 
 async def test_a_message_from_the_page_reaches_the_desk_and_the_answer_streams(
@@ -55,35 +58,29 @@ async def test_a_message_from_the_page_reaches_the_desk_and_the_answer_streams(
                               chunk_delay=0.05))
     async with running_daemon(state_dir, scripted_server.base_url, token=TOKEN) as daemon:
         assert daemon.url is not None
-        async with open_browser() as browser:
-            await browser.command("Page.navigate",
-                                  url=f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
-            await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
-            await browser.wait_for("document.querySelectorAll('.desk-card').length === 2",
-                                   "two desks")
-            await _type(browser, "Anything to do?")
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
+            await expect(page.locator(".desk-card")).to_have_count(2)
+            await _type(tab, "Anything to do?")
             # Mid-stream, the page already shows part of the answer, and then all of it.
-            await browser.wait_for("document.querySelector('.entry.streaming .text') !== null",
-                                   "text streaming in")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('until it breaks 64,500.')",
-                "the whole answer")
-            await browser.wait_for("document.querySelector('.entry.streaming') === null",
-                                   "the turn's end")
-            await browser.wait_for(
-                "document.getElementById('desk-state').textContent === 'idle'", "an idle desk")
-            shot = await browser.screenshot(_screenshot_dir(tmp_path) / "operator-web-daemon.png")
+            await expect(page.locator(".entry.streaming .text").first).to_be_attached()
+            await expect(page.locator("#log")).to_contain_text("until it breaks 64,500.",
+                                                               use_inner_text=True)
+            await expect(page.locator(".entry.streaming")).to_have_count(0)
+            await expect(page.locator("#desk-state")).to_have_text("idle")
+            shot = _screenshot_dir(tmp_path) / "operator-web-daemon.png"
+            await page.screenshot(path=shot)
             # Opened again, the page shows the same exchange from the daemon's stored
             # transcript.
-            await browser.command("Page.reload")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('until it breaks 64,500.')",
-                "the answer, from the transcript")
-            history = await browser.evaluate("document.getElementById('log').innerText")
+            await page.reload()
+            await expect(page.locator("#log")).to_contain_text("until it breaks 64,500.",
+                                                               use_inner_text=True)
+            history = await page.locator("#log").inner_text()
             assert "erin" in history and "Anything to do?" in history
             assert "[Message from" not in history  # the marker the model reads is not shown
-            assert not [line for line in browser.console if line.startswith("exception")], \
-                browser.console
+            assert not tab.errors, tab.errors
     sent = scripted_server.requests[0].messages[-1]["content"]
     assert sent == "[Message from erin, a human operator]\nAnything to do?"
     assert shot.stat().st_size > 10_000
@@ -118,52 +115,44 @@ async def test_the_page_approves_a_held_order(scripted_server: ScriptedServer,
         group.start_soon(_wander, control, stop)
         await anyio.sleep(1.5)  # a minute of samples, compressed, for the chart
         assert endpoints.url is not None
-        async with open_browser() as browser:
-            await browser.command(
-                "Page.navigate",
-                url=f"{endpoints.url}?desk=btc-momentum#token={TOKEN}&operator=dana")
-            await browser.wait_for("document.body.dataset.live === 'true'", "a live stream")
-            await browser.wait_for("document.querySelectorAll('.desk-card').length === 3",
-                                   "three desks")
-            assert await browser.evaluate("location.hash") == ""  # the token left the URL
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{endpoints.url}?desk=btc-momentum#token={TOKEN}&operator=dana")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
+            await expect(page.locator(".desk-card")).to_have_count(3)
+            assert await page.evaluate("location.hash") == ""  # the token left the URL
 
-            await _type(browser, "How does BTC look?")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('pullback toward 63,400.')",
-                "the streamed answer")
-            await browser.wait_for("document.querySelector('.step-done') !== null",
-                                   "the finished tool step")
-            log = await browser.evaluate("document.getElementById('log').innerText")
+            await _type(tab, "How does BTC look?")
+            await expect(page.locator("#log")).to_contain_text("pullback toward 63,400.",
+                                                               use_inner_text=True)
+            await expect(page.locator(".step-done").first).to_be_attached()
+            log = await page.locator("#log").inner_text()
             assert "How does BTC look?" in log and "starts a turn" in log
             assert "get_price" in log and "BTC/USDT last 64000" in log
 
-            await _type(browser, "Buy 0.05 BTC now.")
-            await browser.wait_for("document.querySelector('.approval') !== null",
-                                   "the approval card")
+            await _type(tab, "Buy 0.05 BTC now.")
+            await expect(page.locator(".approval")).to_have_count(1)
             assert gate.orders == []
-            await browser.evaluate("document.querySelector('.approval-reason').value = "
-                                   "'within today\\'s budget'")
+            await page.locator(".approval-reason").fill("within today's budget")
             stop.set()
             await anyio.sleep(0.3)
-            await browser.evaluate("document.getElementById('log').scrollTop = 1e9")
-            pending = await browser.screenshot(shots / "operator-web-approval.png")
+            await page.evaluate("document.getElementById('log').scrollTop = 1e9")
+            pending = shots / "operator-web-approval.png"
+            await page.screenshot(path=pending)
 
-            await browser.evaluate(
-                "document.querySelector('.approval button[data-action=approve]').click()")
-            await browser.wait_for(
-                "document.getElementById('log').innerText.includes('the stop sits at 62,900')",
-                "the answer after approval")
-            await browser.wait_for("document.getElementById('approvals').hidden", "no approval")
-            await browser.wait_for(
-                "document.querySelector('.entry.streaming') === null", "the turn's end")
-            await browser.wait_for(
-                "document.getElementById('desk-state').textContent === 'idle'", "an idle desk")
-            final = await browser.screenshot(shots / "operator-web.png")
-            caption = await browser.evaluate(
-                "document.getElementById('equity-caption').textContent")
-            assert caption.startswith("Equity ")
-            assert not [line for line in browser.console if line.startswith("exception")], \
-                browser.console
+            await page.locator(".approval button[data-action=approve]").click()
+            await expect(page.locator("#log")).to_contain_text("the stop sits at 62,900",
+                                                               use_inner_text=True)
+            await expect(page.locator("#approvals")).to_be_hidden()
+            await expect(page.locator(".entry.streaming")).to_have_count(0)
+            await expect(page.locator("#desk-state")).to_have_text("idle")
+            final = shots / "operator-web.png"
+            await page.screenshot(path=final)
+            # The chart ends at the equity the header shows.
+            figure = await tab.wait_for(HEADER_AND_CHART_AGREE, "the header's equity in the "
+                                                                "chart's caption")
+            assert figure != "–"
+            assert not tab.errors, tab.errors
     assert gate.orders == [{"symbol": "BTC/USDT", "side": "buy", "amount": 0.05,
                             "price": 64000.0}]
     sent = scripted_server.requests[0].messages[-1]["content"]

@@ -166,6 +166,14 @@ class EventBus:
         self._root._subscriptions.append(subscription)
         return subscription
 
+    def dropped_totals(self) -> dict[str, int]:
+        """Events dropped over each live subscription's life, by subscriber name."""
+        totals: dict[str, int] = {}
+        for subscription in self._root._subscriptions:
+            totals[subscription.name] = totals.get(subscription.name, 0) + \
+                subscription.dropped_total
+        return totals
+
     def _remove(self, subscription: Subscription) -> None:
         root = self._root
         if subscription in root._subscriptions:

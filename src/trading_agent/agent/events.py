@@ -140,7 +140,8 @@ class ToolHeartbeat(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolResultReady(Event):
-    """A tool call finished; ``text`` is what the model reads."""
+    """A tool call finished; ``text`` is what the model reads; ``refused_limit`` names the
+    risk limit that refused it, when one did."""
 
     type: ClassVar[str] = "tool_result"
     call_id: str
@@ -149,6 +150,7 @@ class ToolResultReady(Event):
     is_error: bool
     image_count: int
     duration: float
+    refused_limit: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

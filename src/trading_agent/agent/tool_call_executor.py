@@ -33,7 +33,7 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ToolCallStarted, ToolHeartbeat, ToolResultReady
 from trading_agent.agent.image_preparer import ImagePreparer, ImageRejectedError
 from trading_agent.agent.tool_registry import Tool, ToolContext, ToolOutput, ToolRegistry
-from trading_agent.errors import ToolError
+from trading_agent.errors import RiskLimitError, ToolError
 
 __all__ = ["ApprovalGate", "ExecutedCall", "ToolCallExecutor"]
 
@@ -109,7 +109,7 @@ class ToolCallExecutor:
         events.publish(ToolResultReady(
             desk=context.desk, turn=context.turn, call_id=call.id, name=call.name,
             text=text, is_error=output.is_error, image_count=len(images),
-            duration=time.monotonic() - started))
+            duration=time.monotonic() - started, refused_limit=output.refused_limit))
 
     async def _sized(self, images: Sequence[ImageBlock]) -> tuple[list[ImageBlock], list[str]]:
         """The tool's pictures sized to the limits, and a line for each that could not be."""
@@ -163,7 +163,7 @@ class ToolCallExecutor:
             with anyio.fail_after(tool.timeout_seconds):
                 await tool.precheck(arguments, context)
         except ToolError as exc:
-            return _error(f"Error: {exc}")
+            return _refused(exc)
         except TimeoutError:
             return _error(f"Error: the checks of {tool.name} did not finish within "
                           f"{tool.timeout_seconds:g} s; {tool.name} was not run.")
@@ -186,7 +186,7 @@ class ToolCallExecutor:
                                 f"{tool.timeout_seconds:g} s and was abandoned; it may or may "
                                 "not have taken effect.")
             except ToolError as exc:
-                output = _error(f"Error: {exc}")
+                output = _refused(exc)
             except Exception as exc:
                 output = _error(f"Error: {tool.name} failed: {type(exc).__name__}: {exc}")
             finally:
@@ -205,6 +205,12 @@ class ToolCallExecutor:
 
 def _error(text: str) -> ToolOutput:
     return ToolOutput(text=text, is_error=True)
+
+
+def _refused(exc: ToolError) -> ToolOutput:
+    """A tool's own refusal, in its words; a risk limit's is named too."""
+    limit = exc.limit if isinstance(exc, RiskLimitError) else None
+    return ToolOutput(text=f"Error: {exc}", is_error=True, refused_limit=limit)
 
 
 def _describe(exc: ValidationError) -> str:

@@ -71,12 +71,14 @@ class ToolOutput:
             the desk's limits before the model or the store sees it.
         is_error: Whether this reports a failure.
         usage: Tokens the tool itself spent on a model (a subagent), added to the turn's.
+        refused_limit: The risk limit that refused the call, when one did (for metrics).
     """
 
     text: str
     images: tuple[ImageBlock, ...] = ()
     is_error: bool = False
     usage: Usage | None = None
+    refused_limit: str | None = None
 
 
 ToolHandler = Callable[[Any, ToolContext], Awaitable[ToolOutput | str]]

@@ -13,13 +13,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trading_agent.agent.backend import Pricing
 
-__all__ = ["OpenAIBackendConfig"]
+__all__ = ["MAX_CONTEXT_WINDOW", "OpenAIBackendConfig"]
 
 _RESERVED_BODY_KEYS = frozenset(
     {"model", "messages", "tools", "stream", "stream_options", "max_tokens",
      "max_completion_tokens", "temperature", "prompt_cache_key"}
 )
 _MAX_CACHE_KEY_LENGTH = 256
+
+MAX_CONTEXT_WINDOW = 10_000_000
+"""The largest context window (or token count) a config may give: several times the largest
+window any model offers, so a typo (``1e27``) is refused rather than trusted."""
+
+_MAX_REQUEST_TIMEOUT = 3600.0
+"""An hour: a server silent for longer is gone, not thinking."""
 
 
 class OpenAIBackendConfig(BaseModel):
@@ -55,15 +62,15 @@ class OpenAIBackendConfig(BaseModel):
             llama.cpp, ``{"top_p": 0.9}``...).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     base_url: str = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key_env: str | None = None
-    context_window: int = Field(gt=0)
-    max_output_tokens: int | None = Field(default=None, gt=0)
+    context_window: int = Field(gt=0, le=MAX_CONTEXT_WINDOW)
+    max_output_tokens: int | None = Field(default=None, gt=0, le=MAX_CONTEXT_WINDOW)
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
-    request_timeout: float = Field(default=120.0, gt=0)
+    request_timeout: float = Field(default=120.0, gt=0, le=_MAX_REQUEST_TIMEOUT)
     price_input_per_million: float | None = Field(default=None, ge=0)
     price_output_per_million: float | None = Field(default=None, ge=0)
     price_cached_input_per_million: float | None = Field(default=None, ge=0)

@@ -118,10 +118,10 @@ class LocalModelConfig(BaseModel):
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "trading-agent" / "models")
     context_window: int = Field(default=8192, ge=512)
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, le=1024)
     chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
     port: int = Field(default=0, ge=0, le=65535)
-    startup_timeout: float = Field(default=120.0, gt=0)
+    startup_timeout: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
     shutdown_grace: float = Field(default=1.0, ge=0, le=1.0)
     llama_verbose: bool = False
 

@@ -58,6 +58,7 @@ from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
 from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled
 from trading_agent.daemon.trigger_queue import TriggerQueue
 from trading_agent.errors import BackendError, BackendUnavailableError, ContextOverflowError
+from trading_agent.logging_setup import redact_secrets
 
 __all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore", "Hold"]
 
@@ -244,6 +245,9 @@ class Desk:
         when_paused: What a trigger that fires while the desk is held does: ``wait`` in the
             queue (ticks coalesced) or ``drop``. An operator's message always waits.
         on_failed_turns: Told after each failed turn (the kill switch goes on after enough).
+        redact: Hides secrets in what an operator writes (a message, a pause's reason)
+            before it is stored, published or shown to the model; by default the secrets
+            the process's logs hide (:func:`~trading_agent.logging_setup.redact_secrets`).
     """
 
     def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
@@ -254,7 +258,8 @@ class Desk:
                  on_stop: Sequence[Callable[[], None]] = (),
                  image_preparer: ImagePreparer | None = None,
                  when_paused: Literal["wait", "drop"] = "wait",
-                 on_failed_turns: FailedTurns | None = None) -> None:
+                 on_failed_turns: FailedTurns | None = None,
+                 redact: Callable[[str], str] = redact_secrets) -> None:
         self.profile = profile
         self.name = profile.name
         self.loop = loop
@@ -280,6 +285,7 @@ class Desk:
         self._nap: anyio.CancelScope | None = None
         self.when_paused = when_paused
         self.on_failed_turns = on_failed_turns
+        self._redact = redact
         self._hold: Hold | None = None
         self._dropped = 0
         self._turn_scope: anyio.CancelScope | None = None
@@ -308,6 +314,10 @@ class Desk:
                            images: Sequence[ImageBlock] = ()) -> str:
         """Gives an operator's message to the desk; it is stored before this returns.
 
+        A secret of the daemon's pasted in it (the value of a variable the config names as
+        one) is replaced by ``[REDACTED]`` first: the README promises it never shows in
+        events, the stream or the store, and the model has no use for it either.
+
         Args:
             text: What the operator wrote.
             source: Who wrote it.
@@ -321,10 +331,11 @@ class Desk:
             ImageRejectedError: A picture is not one, not an accepted format, or too large;
                 nothing was stored.
         """
-        prepared = [await self.image_preparer.prepare_async(image.data, image.description,
-                                                            formats=OPERATOR_FORMATS)
+        prepared = [await self.image_preparer.prepare_async(
+                        image.data, self._redact(image.description), formats=OPERATOR_FORMATS)
                     for image in images]
-        message = SteeringMessage(text=text, source=source, images=tuple(prepared))
+        message = SteeringMessage(text=self._redact(text), source=source,
+                                  images=tuple(prepared))
         await self.store.add_operator_message(self.name, message)
         if message.id in self._operator_ids:
             return message.id  # a restore during the await already queued it
@@ -365,11 +376,12 @@ class Desk:
         """
         if self._hold is not None:
             return False
-        hold = self._hold = Hold(by, reason, self._clock(), until)
+        hold = self._hold = Hold(by, self._redact(reason), self._clock(), until)
         self._dropped = 0
         await self.store.record_desk_hold(self.name, hold)
-        self._log.info("desk_held", by=by, reason=reason, until=until)
-        self.event_bus.publish(DeskPaused(desk=self.name, by=by, reason=reason, until=until))
+        self._log.info("desk_held", by=by, reason=hold.reason, until=until)
+        self.event_bus.publish(DeskPaused(desk=self.name, by=by, reason=hold.reason,
+                                          until=until))
         if self._in_turn:
             self._stop_turn(f"the desk was paused by {by}")
         return True

@@ -12,8 +12,8 @@ from typing import ClassVar, Literal
 
 from trading_agent.agent.events import Event
 
-__all__ = ["ConfigReloaded", "DeskPaused", "DeskResumed", "KillSwitchChanged", "SpendAlert",
-           "TurnCancelled"]
+__all__ = ["ConfigReloaded", "DeskPaused", "DeskResumed", "KillSwitchChanged", "OrderFilled",
+           "SpendAlert", "TurnCancelled"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,3 +113,29 @@ class ConfigReloaded(Event):
     type: ClassVar[str] = "config_reloaded"
     ok: bool
     changes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderFilled(Event):
+    """A resting order of the desk filled (a paper order on a later candle).
+
+    Attributes:
+        order_id: The order.
+        symbol: Its market.
+        side: ``buy`` or ``sell``.
+        amount: The base amount filled, as text.
+        price: The price, as text.
+        fee: The fee, as text, with ``fee_currency``.
+        fee_currency: The fee's currency.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "order_filled"
+    order_id: str
+    symbol: str
+    side: str
+    amount: str
+    price: str
+    fee: str
+    fee_currency: str
+    text: str

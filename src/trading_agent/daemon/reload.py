@@ -136,8 +136,9 @@ class ConfigReloader:
         new_daemon = new.daemon.model_dump(exclude={"spend"})
         for key in sorted(k for k in old_daemon if old_daemon[k] != new_daemon[k]):
             found.append(f"daemon.{key} changed; applies after a restart")
-        if old.operator != new.operator:
-            found.append("operator changed; applies after a restart")
+        for key in ("operator", "telemetry", "webhooks"):
+            if getattr(old, key) != getattr(new, key):
+                found.append(f"{key} changed; applies after a restart")
         return found
 
 

@@ -52,7 +52,7 @@ def hold_state_lock(state_dir: Path | str) -> Iterator[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # Not O_TRUNC: the holder's pid must still be there to read when the lock is taken.
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise ConfigError(f"cannot open the daemon lock {path}: {exc.strerror or exc}") from exc
     try:

@@ -573,6 +573,9 @@ def _print_banner(desks: Sequence[str], endpoints: Any,
     """Tells the person who started the daemon (``make run``) how to watch and steer it.
 
     On stderr, apart from the log lines on stdout; under systemd it lands in the journal once.
+    With a TCP listener it leads with the web page's address to open: with its token when
+    the token was made at start (``generate_token``: this is the one place it is shown),
+    else with the variable that holds it, never its value.
     """
     command = _operator_command()
     where = ""
@@ -585,6 +588,14 @@ def _print_banner(desks: Sequence[str], endpoints: Any,
     first = desks[0] if desks else "DESK"
     lines = [f"trading-agent is running {len(desks)} desk{'s' if len(desks) != 1 else ''}: "
              f"{', '.join(desks)}"]
+    if endpoints is not None and endpoints.url:
+        if endpoints.generated_token:
+            lines += [f"  web page: {endpoints.url}#token={endpoints.generated_token}",
+                      "    (open it in a browser; the token was made for this run and is shown "
+                      "only here)"]
+        else:
+            lines += [f"  web page: {endpoints.url}#token=${endpoints.token_env}",
+                      f"    (with the token from ${endpoints.token_env} after #token=)"]
     if endpoints is not None:
         lines.append(f"  operator API: {endpoints.socket_path}"
                      + (f" and {endpoints.url}" if endpoints.url else ""))

@@ -48,7 +48,7 @@ from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
-from trading_agent.daemon.events import KillSwitchChanged
+from trading_agent.daemon.events import KillSwitchChanged, OrderFilled
 from trading_agent.daemon.reload import ConfigReloader
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
@@ -56,11 +56,15 @@ from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.errors import BackendError, ConfigError, TradingAgentError
+from trading_agent.logging_setup import secret_values
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
+from trading_agent.store.database import prepare_state_directory
 from trading_agent.store.store import Store, database_path
+from trading_agent.telemetry.traces import open_tracing
+from trading_agent.telemetry.webhooks import open_webhooks
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
 from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
@@ -137,7 +141,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         StoreError: The store cannot be opened.
     """
     state_dir = settings.state_directory(environ)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    prepare_state_directory(state_dir)  # 0700, its files 0600; one line when it cannot be made
     async with AsyncExitStack() as stack:
         stack.enter_context(hold_state_lock(state_dir))  # one daemon per state directory
         database = database_path(state_dir)
@@ -196,6 +200,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
+        await _telemetry(settings, supervisor, bus, stack, environ)
         if config_path is not None:
             reloader = ConfigReloader(config_path, settings, supervisor, build, spend, bus,
                                       environ)
@@ -205,10 +210,29 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                             = anyio.TASK_STATUS_IGNORED) -> None:
             await serve_operator_api(supervisor, approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
-                                     task_status=task_status)
+                                     equity_samples=store, task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues)
+
+
+async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
+                     stack: AsyncExitStack, environ: Mapping[str, str] | None) -> None:
+    """Traces and webhooks read the bus like the store and the log; subscribed now, before
+    the desks run, so they miss nothing."""
+
+    def model_of(desk: str) -> str | None:
+        return supervisor.desk(desk).profile.model if desk in supervisor.desk_names() else None
+
+    tracing = open_tracing(settings.telemetry, bus, environ=environ, model_of=model_of)
+    if tracing is not None:
+        stack.push_async_callback(tracing.aclose)
+        supervisor.services.append(("traces", tracing.run))
+    webhooks = open_webhooks(settings.webhooks, bus, environ=environ,
+                             redact=secret_values(settings.secret_env_vars(), environ))
+    if webhooks is not None:
+        stack.push_async_callback(webhooks.aclose)
+        supervisor.services.append(("webhooks", webhooks.run))
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,
@@ -337,7 +361,7 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     watcher = MarketWatcher(venue.feed, config.symbols, desk.fire,
                             move_percent=ticks.move_percent,
                             candle_timeframes=ticks.on_candle_close,
-                            on_step=functools.partial(_keep_books, name, venue))
+                            on_step=functools.partial(_keep_books, name, venue, bus))
     desk.on_turn_start.append(watcher.desk_looked)
     schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
                  for s in config.triggers.schedules]
@@ -484,16 +508,26 @@ def _replays(feeds: SharedFeeds) -> list[tuple[str, Service]]:
             for index, feed in enumerate(replays, start=1)]
 
 
-async def _keep_books(desk: str, venue: TradingVenue) -> None:
-    """A new candle on the desk's feed: resting paper orders are matched against it, and the
-    risk policy records the day (its starting value is the day's first candle's, and a loss
-    past the limit halts new orders even if prices recover before the next order)."""
+async def _keep_books(desk: str, venue: TradingVenue, bus: EventBus) -> None:
+    """A new candle on the desk's feed: resting paper orders are matched against it (each
+    fill published), and the risk policy records the day (its starting value is the day's
+    first candle's, and a loss past the limit halts new orders even if prices recover before
+    the next order)."""
     try:
         if isinstance(venue.exchange, PaperExchange):
             fills = await venue.exchange.sync()
             if fills:
                 _log.info("paper_orders_filled", desk=desk,
                           orders=[fill.order_id for fill in fills])
+            for fill in fills:
+                base = fill.symbol.partition("/")[0]
+                bus.publish(OrderFilled(
+                    desk=desk, order_id=fill.order_id, symbol=fill.symbol, side=fill.side,
+                    amount=str(fill.amount), price=str(fill.price), fee=str(fill.fee),
+                    fee_currency=fill.fee_currency,
+                    text=f"order {fill.order_id} filled: {fill.side} {fill.amount} {base} on "
+                         f"{fill.symbol} at {fill.price} (fee {fill.fee} "
+                         f"{fill.fee_currency})"))
         if venue.risk is not None:
             await venue.risk.observe()
     except TradingAgentError as exc:  # no price yet, the exchange unreachable: next candle

@@ -18,7 +18,9 @@ POST        /api/desks/{desk}/messages            ``{"text", "source"?, "images"
                                                   it ended, or 504 ``no_reply``
 POST        /api/desks/{desk}/compact             flush memory and compact now -> ``{"compacted"}``
 GET         /api/desks/{desk}/transcript          ``?before=SEQ&limit=N`` (1..500, default 50)
-GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``
+GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``,
+                                                  oldest first, kept across restarts; the
+                                                  last is the status's equity now
 GET         /api/approvals                        pending approvals, ``?desk=`` to filter
 POST        /api/approvals/{id}/approve           ``{"operator"?, "reason"?}`` -> the approval
 POST        /api/approvals/{id}/deny              ``{"operator"?, "reason"?}`` -> the approval
@@ -39,6 +41,9 @@ GET         /api/events                           server-sent events; ``?desk=``
                                                   (or the ``Last-Event-ID`` header, which wins),
                                                   ``?tail=N`` (the last N held in memory),
                                                   ``?follow=0`` (end once caught up)
+GET         /metrics                              Prometheus' text format (``trading_agent_*``,
+                                                  see :mod:`.metrics`); on TCP the token in
+                                                  the ``Authorization: Bearer`` header
 GET         /  and  /static/*                     the web page
 ==========  ====================================  ============================================
 
@@ -47,18 +52,29 @@ an empty message (without a picture) or one longer than ``max_message_chars``, t
 unpaired surrogate escape, a picture that is not base64, not a picture or not a PNG, JPEG,
 GIF or WebP, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 413 for a
 picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing or
-wrong token (TCP only); 400 ``reason_required`` for a kill switch switched on without a
+wrong token, or ``?token=`` anywhere but the event stream (TCP only); 403 ``cross_origin``
+and 415 ``unsupported_media_type`` for a POST from another site's page or not in JSON (TCP
+only, below); 400 ``reason_required`` for a kill switch switched on without a
 reason; 404 for an unknown desk, approval or route; 409 for an approval
 already answered; 503 when the model is unavailable for ``/compact``; 500, still JSON, for a
-failure of the daemon. A refused request never reaches a desk.
+failure of the daemon. A refused request never reaches a desk. The server itself answers
+408 ``request_timeout`` to a connection that sends no complete headers in time and 503
+``too_many_connections`` beyond the TCP listener's limit (:mod:`.server`).
 
 Authentication: the Unix socket is guarded by its file mode (0600). On TCP every ``/api``
-request needs the bearer token, as ``Authorization: Bearer <token>`` or, because a browser's
-EventSource cannot set headers, as a ``?token=`` query parameter; both are compared in
-constant time (:func:`hmac.compare_digest`). A token in a URL can end up in a proxy's or a
-browser's history, so prefer the header where there is a choice; the API itself logs no URLs.
-The web page takes the token from its URL fragment (``/#token=...``), which browsers never
-send to servers.
+request needs the bearer token as ``Authorization: Bearer <token>``; only ``GET
+/api/events`` also takes it as ``?token=``, because a browser's EventSource cannot set
+headers. Both are compared in constant time (:func:`hmac.compare_digest`). A token in a URL
+can end up in a proxy's or a browser's history, so a leaked stream URL opens the stream and
+nothing else; the API itself logs no URLs. The web page takes the token from its URL
+fragment (``/#token=...``), which browsers never send to servers.
+
+Requests from other sites (TCP): a page elsewhere can make a browser send a form or a
+body-less request to this address, never a JSON body or an ``Authorization`` header without
+a CORS preflight, which this API never grants. So every POST (any method but GET, HEAD and
+OPTIONS) must carry its body as ``Content-Type: application/json`` (415 otherwise; a POST
+with no body at all may leave the type out, as ``/compact`` does), and when it names an
+``Origin``, that must be the address it was sent to, its ``Host`` (403 otherwise).
 """
 
 from __future__ import annotations
@@ -90,14 +106,16 @@ from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageReject
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.errors import BackendError, ConfigError, TradingAgentError
 from trading_agent.jsontext import json_bytes
+from trading_agent.logging_setup import redact_secrets
 from trading_agent.operator.approvals import (
     ApprovalAlreadyResolvedError,
     ApprovalBook,
     UnknownApprovalError,
 )
 from trading_agent.operator.config import OperatorConfig
-from trading_agent.operator.equity import EquityHistory
+from trading_agent.operator.equity import EquityHistory, EquitySamples
 from trading_agent.operator.event_stream import STREAM_CURSOR_HEADER, EventHub, sse_frames
+from trading_agent.operator.metrics import METRICS_CONTENT_TYPE, DaemonMetrics
 
 __all__ = ["WEB_DIR", "ApiError", "OperatorService", "create_app", "json_response"]
 
@@ -178,21 +196,25 @@ class OperatorService:
         control: The running daemon.
         approvals: The daemon's approval book.
         config: The operator settings.
+        equity_samples: Where the equity chart's samples are kept (the daemon's store, so
+            the curve outlives a restart); in memory when None.
     """
 
     def __init__(self, control: DeskControl, approvals: ApprovalBook,
-                 config: OperatorConfig) -> None:
+                 config: OperatorConfig, *, equity_samples: EquitySamples | None = None) -> None:
         self.control = control
         self.approvals = approvals
         self.config = config
         self.hub = EventHub(control.event_bus, config.event_buffer_size)
-        self.equity = EquityHistory(control, config.equity_sample_seconds)
+        self.equity = EquityHistory(control, config.equity_sample_seconds,
+                                    samples=equity_samples)
         self.keepalive_seconds = 15.0
         self.linger_seconds = _LINGER_SECONDS
 
     def close(self) -> None:
-        """Ends every open event stream (the server is stopping)."""
+        """Ends every open event stream and the equity sampling's (the server is stopping)."""
         self.hub.close()
+        self.equity.close()
 
 
 # --------------------------------------------------------------------------- request helpers
@@ -552,7 +574,8 @@ async def _kill_switch(request: Request) -> Response:
     if not body.on and (body.cancel_orders or body.flatten):
         raise ApiError(400, "bad_request", "cancel_orders and flatten go with on: true")
     result = await service.control.set_kill_switch(
-        body.on, desk=body.desk, by=body.operator, reason=body.reason.strip(),
+        body.on, desk=body.desk, by=body.operator,
+        reason=redact_secrets(body.reason.strip()),
         cancel_orders=body.cancel_orders, flatten=body.flatten)
     return json_response(result)
 
@@ -589,7 +612,7 @@ async def _transcript(request: Request) -> Response:
 async def _equity(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
-    return json_response({"desk": desk, "points": service.equity.points(desk)})
+    return json_response({"desk": desk, "points": await service.equity.curve(desk)})
 
 
 @_endpoint
@@ -607,7 +630,8 @@ async def _approve(request: Request) -> Response:
     service.approvals.get(approval_id)  # 404 before reading the body
     body = await _json_body(request, _DecisionBody, 16_384)
     _utf8_text("reason", body.reason)
-    approval = service.approvals.approve(approval_id, body.operator, body.reason)
+    approval = service.approvals.approve(approval_id, body.operator,
+                                         redact_secrets(body.reason))
     return json_response({"approval": approval.to_dict()})
 
 
@@ -618,7 +642,8 @@ async def _deny(request: Request) -> Response:
     service.approvals.get(approval_id)
     body = await _json_body(request, _DecisionBody, 16_384)
     _utf8_text("reason", body.reason)
-    approval = service.approvals.deny(approval_id, body.operator, body.reason)
+    approval = service.approvals.deny(approval_id, body.operator,
+                                      redact_secrets(body.reason))
     return json_response({"approval": approval.to_dict()})
 
 
@@ -654,6 +679,24 @@ async def _events(request: Request) -> Response:
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
 
+@_endpoint
+async def _metrics(request: Request) -> Response:
+    metrics: DaemonMetrics = request.app.state.metrics
+    token: bytes | None = request.app.state.metrics_token
+    if token is not None and not _bearer_matches(request, token):
+        return _error(401, "unauthorized", "a valid bearer token is required (Authorization: "
+                      "Bearer <token>)", {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
+    return Response(await metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def _bearer_matches(request: Request, token: bytes) -> bool:
+    """Whether the request's ``Authorization: Bearer`` header holds ``token``; compared in
+    constant time. A header only: a scraper can always send one, so no URL carries it."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return (scheme.lower() == "bearer"
+            and hmac.compare_digest(given.strip().encode("latin-1"), token))
+
+
 async def _index(request: Request) -> Response:
     return FileResponse(WEB_DIR / "index.html", headers=_PAGE_HEADERS)
 
@@ -670,25 +713,32 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- authentication
 
 
+_QUERY_TOKEN_ROUTE = ("GET", "/api/events")
+"""The one request that may carry the token as ``?token=``: a browser's EventSource cannot
+send headers. Elsewhere a token in a URL (leaked from a history or a proxy's log) opens
+nothing."""
+
+
 class _BearerAuth:
-    """Requires the bearer token on every ``/api`` request (the TCP listener)."""
+    """Requires the bearer token on every ``/api`` request (the TCP listener): in the
+    ``Authorization`` header, or as ``?token=`` on the event stream only."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self._app = app
         self._token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope["path"].startswith("/api")
-                and not self._allowed(scope)):
-            response = _error(401, "unauthorized",
-                              "a valid bearer token is required (Authorization: Bearer "
-                              "<token>, or ?token= for an event stream)",
-                              {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
-            await response(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["path"].startswith("/api"):
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                response = _error(401, "unauthorized", refusal,
+                                  {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
+                await response(scope, receive, send)
+                return
         await self._app(scope, receive, send)
 
-    def _allowed(self, scope: Scope) -> bool:
+    def _refusal(self, scope: Scope) -> str | None:
+        """Why the request is refused, or None when it carries the token."""
         given: bytes | None = None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -700,18 +750,94 @@ class _BearerAuth:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             values = query.get("token")
             if values:
+                if (scope["method"], scope["path"]) != _QUERY_TOKEN_ROUTE:
+                    return ("?token= is accepted only on GET /api/events (a browser's "
+                            "EventSource cannot send headers); send the token as "
+                            "Authorization: Bearer <token>")
                 given = values[-1].encode()
         # compare_digest takes time independent of where the strings differ.
-        return given is not None and hmac.compare_digest(given, self._token)
+        if given is not None and hmac.compare_digest(given, self._token):
+            return None
+        return ("a valid bearer token is required (Authorization: Bearer <token>, or "
+                "?token= on GET /api/events)")
 
 
-def create_app(service: OperatorService, *, token: str | None = None) -> ASGIApp:
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class _SameOriginJson:
+    """Refuses a request that may change something (a POST; any method but GET, HEAD and
+    OPTIONS) unless its body is JSON and, if it names an ``Origin``, it comes from the API's
+    own (the TCP listener).
+
+    A page on another site can make a browser send a form (URL-encoded, multipart, or
+    ``text/plain``, which can spell a JSON object) or a body-less fetch, but never a JSON
+    body without asking first (a CORS preflight, which this API never grants); and the
+    browser names that page's origin in ``Origin``. So: 415 for a body not declared
+    ``application/json`` (a POST with no body at all may leave the type out), 403 for a
+    foreign ``Origin``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in _SAFE_METHODS:
+            refusal = _cross_site_refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+def _cross_site_refusal(scope: Scope) -> Response | None:
+    """A 403 for a foreign ``Origin``, a 415 for a body that is not JSON, or None."""
+    headers: dict[bytes, list[bytes]] = {}
+    for name, value in scope.get("headers", ()):
+        headers.setdefault(name, []).append(value)
+    origins = headers.get(b"origin", [])
+    hosts = headers.get(b"host", [])
+    if origins and not (len(hosts) == 1
+                        and all(_same_origin(origin, hosts[0]) for origin in origins)):
+        shown = origins[0].decode("latin-1")[:200]
+        return _error(403, "cross_origin",
+                      f"a request from {shown!r} may not change anything here: only this "
+                      "API's own page may (Origin must match the Host it was sent to)")
+    types = headers.get(b"content-type", [])
+    lengths = headers.get(b"content-length", [])
+    has_body = b"transfer-encoding" in headers or any(v.strip() != b"0" for v in lengths)
+    if types or has_body:
+        media = [t.partition(b";")[0].strip().lower() for t in types]
+        if media != [b"application/json"]:
+            given = types[0].decode("latin-1")[:100] if types else "none"
+            return _error(415, "unsupported_media_type",
+                          f"a request body must be JSON with Content-Type: application/json "
+                          f"(this one's type: {given})")
+    return None
+
+
+def _same_origin(origin: bytes, host: bytes) -> bool:
+    """Whether an ``Origin`` (``http://127.0.0.1:8765``) names the ``Host`` a request was
+    sent to (``127.0.0.1:8765``); a default port may be written or left out."""
+    scheme, separator, authority = origin.decode("latin-1").lower().partition("://")
+    if not separator or scheme not in ("http", "https") or not authority:
+        return False  # "null" (a sandboxed frame or a file) among others
+    default = ":443" if scheme == "https" else ":80"
+    return authority.removesuffix(default) == host.decode("latin-1").lower().removesuffix(
+        default)
+
+
+def create_app(service: OperatorService, *, token: str | None = None,
+               metrics: DaemonMetrics | None = None) -> ASGIApp:
     """The ASGI app for one listener.
 
     Args:
         service: The daemon, approvals, stream and settings the handlers use.
-        token: The bearer token every ``/api`` request must carry (TCP); None for none (the
-            Unix socket, guarded by its file mode).
+        token: The bearer token every ``/api`` request must carry (TCP), which also makes
+            every POST prove it is no cross-site one (JSON, its own ``Origin``); None for
+            none of this (the Unix socket, guarded by its file mode).
+        metrics: The daemon's metrics, served at ``GET /metrics`` (with ``token`` too);
+            None for no such route.
 
     Returns:
         The app.
@@ -737,10 +863,14 @@ def create_app(service: OperatorService, *, token: str | None = None) -> ASGIApp
         Route("/api/events", _events, methods=["GET"]),
         Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", _metrics, methods=["GET"]))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.service = service
+    app.state.metrics = metrics
+    app.state.metrics_token = token.encode() if token else None
     if token is None:
         return app
     if not token:
         raise ValueError("an empty token would let anyone in")
-    return _BearerAuth(app, token)
+    return _BearerAuth(_SameOriginJson(app), token)

@@ -256,6 +256,8 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
     if kind == "turn_cancelled":
         how = "at once" if data.get("now") else "at its next safe point"
         return style.warn(f"✋ turn cancelled by {data.get('by')} ({how})")
+    if kind == "order_filled":
+        return style.good(f"✓ {_short(data.get('text'), 200)}")
     if kind == "spend_alert":
         return style.warn(f"$ {_short(data.get('text'), 200)}")
     if kind == "config_reloaded":

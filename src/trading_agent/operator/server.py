@@ -4,30 +4,62 @@
 sockets itself (the Unix socket gets mode 0600 before anyone can connect), serves them with
 uvicorn without uvicorn's signal handlers (the daemon owns SIGTERM), and on cancellation ends
 every open event stream, lets uvicorn close its connections, and removes the socket file.
+
+Every connection goes through :class:`_GuardedH11Protocol`, uvicorn's h11 protocol with
+three guards, because a listener anyone on the network can reach must not be able to starve
+the daemon:
+
+- a connection that has not sent a request's complete headers within
+  :data:`HEADER_TIMEOUT_SECONDS` (of opening, or of its previous answer) gets a 408 and is
+  closed: idle half-requests hold no descriptor for long;
+- the TCP listener serves at most :func:`tcp_connection_limit` connections at once (a quarter
+  of the descriptor limit, at most :data:`MAX_TCP_CONNECTIONS`), accepts in small batches,
+  and answers any beyond with a 503: the Unix socket, the store and the exchange keep the
+  rest of the descriptors, so a flood of TCP connections cannot take the daemon down;
+- ``TCP_NODELAY`` on accepted TCP sockets: without it Nagle's algorithm and delayed ACKs
+  held every answer on a reused connection for about 40 ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import os
+import resource
+import secrets
 import socket
 import stat
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
 import uvicorn
 from anyio.abc import TaskStatus
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from trading_agent.daemon.control import DeskControl
 from trading_agent.errors import ConfigError
+from trading_agent.jsontext import json_bytes
 from trading_agent.operator.api import OperatorService, create_app
 from trading_agent.operator.approvals import ApprovalBook
-from trading_agent.operator.config import OperatorConfig, parse_tcp_address
+from trading_agent.operator.config import OperatorConfig, format_tcp_address, parse_tcp_address
+from trading_agent.operator.equity import EquitySamples
+from trading_agent.operator.metrics import DaemonMetrics
 
-__all__ = ["MIN_TOKEN_CHARS", "OperatorEndpoints", "read_token", "serve_operator_api"]
+__all__ = [
+    "HEADER_TIMEOUT_SECONDS",
+    "MAX_TCP_CONNECTIONS",
+    "MIN_TOKEN_CHARS",
+    "OperatorEndpoints",
+    "read_token",
+    "serve_operator_api",
+    "tcp_connection_limit",
+]
 
 _log = structlog.get_logger(__name__)
 
@@ -37,6 +69,28 @@ MIN_TOKEN_CHARS = 16
 _UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes on Linux, the last for the terminating NUL."""
 
+HEADER_TIMEOUT_SECONDS = 10.0
+"""How long a connection may take to send a request's complete headers."""
+
+MAX_TCP_CONNECTIONS = 128
+"""The most connections the TCP listener serves at once, however high the descriptor limit:
+a few browsers (each holds an event stream and a handful of requests) and scripts need far
+fewer."""
+
+_TCP_BACKLOG = 16
+"""The TCP listener's queue, and how many connections asyncio accepts in one go before any
+of them is counted: small, so a burst cannot take descriptors past the limit."""
+
+_UNIX_BACKLOG = 128
+"""The Unix socket's queue (only its owner can connect)."""
+
+_MAX_REFUSING = 16
+"""Refused connections kept open for a moment so the client reads its 503; beyond this
+many at once, the rest are closed at once (each holds a descriptor)."""
+
+_REFUSAL_LINGER_SECONDS = 1.0
+"""How long a refused connection stays open for its client to read the 503."""
+
 
 @dataclass(frozen=True)
 class OperatorEndpoints:
@@ -45,10 +99,16 @@ class OperatorEndpoints:
     Attributes:
         socket_path: The Unix socket.
         tcp: ``(host, port)`` of the TCP listener (the real port when 0 was asked), or None.
+        generated_token: The TCP listener's token when it was made at start
+            (``generate_token``), for the banner alone; None when it came from the
+            environment. Left out of ``repr``.
+        token_env: The variable the TCP listener's token is read from (None without TCP).
     """
 
     socket_path: Path
     tcp: tuple[str, int] | None = None
+    generated_token: str | None = field(default=None, repr=False)
+    token_env: str | None = None
 
     @property
     def url(self) -> str | None:
@@ -65,6 +125,139 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+def tcp_connection_limit() -> int:
+    """How many connections the TCP listener serves at once.
+
+    Returns:
+        A quarter of the process's descriptor limit (``RLIMIT_NOFILE``, ``LimitNOFILE=``
+        under systemd), at most :data:`MAX_TCP_CONNECTIONS` and at least 8.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_TCP_CONNECTIONS
+    return max(8, min(MAX_TCP_CONNECTIONS, soft // 4))
+
+
+@dataclass
+class _ConnectionLimits:
+    """One listener's guards, shared by its connections.
+
+    Attributes:
+        header_timeout: Seconds a connection has to send a request's complete headers.
+        max_connections: The most connections served at once; None for no limit.
+        refusing: Refused connections still open (reading their 503).
+        at_limit: Whether the limit was reached (logged once each time it is).
+    """
+
+    header_timeout: float
+    max_connections: int | None = None
+    refusing: int = 0
+    at_limit: bool = False
+
+
+class _ListenerConfig(uvicorn.Config):
+    """uvicorn's settings, carrying the listener's :class:`_ConnectionLimits` to its
+    connections (uvicorn hands each connection its config)."""
+
+    def __init__(self, app: Any, limits: _ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(app, http=_GuardedH11Protocol, **kwargs)
+        self.limits = limits
+
+
+def _error_bytes(status: int, reason: str, code: str, message: str,
+                 headers: str = "") -> bytes:
+    body = json_bytes({"error": {"status": status, "code": code, "message": message}})
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n{headers}\r\n"
+            ).encode("latin-1") + body
+
+
+class _GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the header timeout, the connection limit and
+    ``TCP_NODELAY`` (see the module's docstring)."""
+
+    def __init__(self, config: uvicorn.Config, server_state: ServerState,
+                 app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        assert isinstance(config, _ListenerConfig)
+        self._limits = config.limits
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._lingering = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        limit = self._limits.max_connections
+        if limit is not None and len(self.connections) >= limit:
+            self._refuse(transport, limit)
+            return
+        self._limits.at_limit = False
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        if self._refused:
+            if self._lingering:
+                self._lingering = False
+                self._limits.refusing -= 1
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:  # a refused connection's request is read and dropped
+            super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        # Armed for the request just answered, before a pipelined next one can start.
+        self._arm_header_timer()
+        super().on_response_complete()
+
+    def _refuse(self, transport: asyncio.Transport, limit: int) -> None:
+        if not self._limits.at_limit:
+            self._limits.at_limit = True
+            _log.warning("operator_api_connection_limit", limit=limit,
+                         note="new TCP connections get a 503 until some close")
+        self._refused = True
+        if self._limits.refusing >= _MAX_REFUSING:
+            transport.abort()
+            return
+        # The 503 and our end closed, then a moment for the client to read it: closing
+        # at once, with its request unread, would make the kernel reset the connection.
+        self._lingering = True
+        self._limits.refusing += 1
+        transport.write(_error_bytes(
+            503, "Service Unavailable", "too_many_connections",
+            f"the operator API is serving {limit} connections, its limit; try again shortly",
+            "retry-after: 5\r\n"))
+        transport.write_eof()
+        self.loop.call_later(_REFUSAL_LINGER_SECONDS, transport.abort)
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(
+            self._limits.header_timeout, self._header_timeout, self.cycle)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self, cycle: object) -> None:
+        # A new request (its headers complete) replaces the cycle: then nothing is late.
+        self._header_timer = None
+        if self.cycle is not cycle or self.transport.is_closing():
+            return
+        self.transport.write(_error_bytes(
+            408, "Request Timeout", "request_timeout",
+            f"no complete request headers within {self._limits.header_timeout:g} s"))
+        self.transport.close()
 
 
 def read_token(config: OperatorConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -90,6 +283,19 @@ def read_token(config: OperatorConfig, environ: Mapping[str, str] | None = None)
             "Refusing to open a TCP listener without a token. Make one with: python -c "
             "'import secrets; print(secrets.token_urlsafe(32))'")
     return token
+
+
+def _listener_token(config: OperatorConfig,
+                    environ: Mapping[str, str] | None) -> tuple[str, bool]:
+    """The TCP listener's bearer token, and whether it was made here (then only the banner
+    may show it): made (:func:`secrets.token_urlsafe`) when ``generate_token`` is set and
+    ``token_env`` is unset or empty; a value that is set but too short is still refused,
+    since someone meant it. Raises :class:`ConfigError` as :func:`read_token` does."""
+    env = os.environ if environ is None else environ
+    if (config.generate_token and config.tcp_is_loopback
+            and not env.get(config.token_env, "").strip()):
+        return secrets.token_urlsafe(32), True
+    return read_token(config, env), False
 
 
 def _bind_unix(path: Path) -> socket.socket:
@@ -140,11 +346,36 @@ def _bind_tcp(address: str) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app: object) -> _EmbeddedServer:
-    config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+def _bind_tcp_trying(config: OperatorConfig) -> socket.socket:
+    """The TCP listener on ``tcp_address``, or on one of the ``tcp_port_tries - 1`` ports
+    after it when that one is in use."""
+    assert config.tcp_address is not None
+    host, port = parse_tcp_address(config.tcp_address)
+    last = min(port + config.tcp_port_tries - 1, 65535) if port else port
+    for candidate in range(port, last + 1):
+        try:
+            return _bind_tcp(format_tcp_address(host, candidate))
+        except ConfigError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE):
+                raise
+            if candidate == last:
+                if last == port:
+                    raise
+                raise ConfigError(f"cannot listen on operator.tcp_address {config.tcp_address} "
+                                  f"nor on the ports after it up to {last} "
+                                  f"(operator.tcp_port_tries): all are in use") from cause
+    raise AssertionError("unreachable")
+
+
+def _uvicorn_server(app: object, *, tcp: bool = False) -> _EmbeddedServer:
+    limits = _ConnectionLimits(HEADER_TIMEOUT_SECONDS,
+                               tcp_connection_limit() if tcp else None)
+    config = _ListenerConfig(
+        app,
+        limits,
+        backlog=_TCP_BACKLOG if tcp else _UNIX_BACKLOG,
         lifespan="off",
-        http="h11",
         ws="none",
         log_config=None,
         access_log=False,  # URLs may carry ?token=
@@ -162,6 +393,7 @@ async def serve_operator_api(
     *,
     state_dir: Path,
     environ: Mapping[str, str] | None = None,
+    equity_samples: EquitySamples | None = None,
     task_status: TaskStatus[OperatorEndpoints] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serves the operator API until cancelled.
@@ -176,6 +408,8 @@ async def serve_operator_api(
         config: The operator settings.
         state_dir: The daemon's state directory (the default socket lives there).
         environ: Where the TCP token is read from (``os.environ`` by default).
+        equity_samples: Where the equity chart's samples are kept (the daemon's store), so
+            the history outlives a restart; in memory when None.
         task_status: Receives the :class:`OperatorEndpoints` once every listener is up.
 
     Raises:
@@ -183,30 +417,36 @@ async def serve_operator_api(
             bound, or another daemon holds the socket.
     """
     socket_path = config.socket_in(state_dir)
-    token = read_token(config, environ) if config.tcp_address else None
-    service = OperatorService(control, approvals, config)
+    token, generated = _listener_token(config, environ) if config.tcp_address else (None, False)
+    service = OperatorService(control, approvals, config, equity_samples=equity_samples)
     listeners: list[tuple[_EmbeddedServer, socket.socket]] = []
     unix_socket = _bind_unix(socket_path)
+    metrics = DaemonMetrics(control, approvals, stream=service.hub)
     try:
-        listeners.append((_uvicorn_server(create_app(service)), unix_socket))
+        listeners.append((_uvicorn_server(create_app(service, metrics=metrics)), unix_socket))
         tcp: tuple[str, int] | None = None
         if config.tcp_address is not None:
             assert token is not None
-            tcp_socket = _bind_tcp(config.tcp_address)
-            listeners.append((_uvicorn_server(create_app(service, token=token)), tcp_socket))
+            tcp_socket = _bind_tcp_trying(config)
+            listeners.append((_uvicorn_server(create_app(service, token=token,
+                                                         metrics=metrics), tcp=True),
+                              tcp_socket))
             host, port = tcp_socket.getsockname()[:2]
             tcp = (str(host), int(port))
     except BaseException:
         for _, sock in listeners:
             sock.close()
+        metrics.close()
         unix_socket.close()
         socket_path.unlink(missing_ok=True)
         raise
-    endpoints = OperatorEndpoints(socket_path, tcp)
+    endpoints = OperatorEndpoints(socket_path, tcp, token if generated else None,
+                                  config.token_env if tcp is not None else None)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(service.hub.run)
             group.start_soon(service.equity.run)
+            group.start_soon(metrics.run)
             for server, sock in listeners:
                 group.start_soon(_serve_shielded, server, sock)
             try:
@@ -221,6 +461,7 @@ async def serve_operator_api(
             finally:
                 # Streams end first, so uvicorn finds every connection idle and closes it.
                 service.close()
+                metrics.close()
                 for server, _ in listeners:
                     server.should_exit = True
     finally:

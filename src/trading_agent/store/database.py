@@ -18,11 +18,17 @@ that is cancelled once its batch has started still runs to its end (the thread i
 abandoned), so a transaction is never cut in half; one cancelled while still queued is
 dropped. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a second process or
 component writing the same file waits (``busy_timeout``) instead of failing half-way.
+
+Who may read it: the file is created 0600 (SQLite gives its ``-wal`` and ``-shm`` files the
+mode of the file itself), and :func:`prepare_state_directory` makes the daemon's state
+directory 0700: the conversations, orders and balances are the operator's alone.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,11 +37,12 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import anyio
+import structlog
 
 from trading_agent.blocking import run_blocking
-from trading_agent.errors import StoreError
+from trading_agent.errors import ConfigError, StoreError
 
-__all__ = ["Database", "Migration", "transaction"]
+__all__ = ["Database", "Migration", "prepare_state_directory", "transaction"]
 
 T = TypeVar("T")
 
@@ -47,6 +54,74 @@ _BUSY_TIMEOUT_MS = 10_000
 _MAX_BATCH = 1000
 """The most writes committed together: a batch holds the file's write lock, which the
 trading layer's own connections wait for."""
+
+_PRIVATE_DIRECTORY = 0o700
+_PRIVATE_FILE = 0o600
+
+_log = structlog.get_logger(__name__)
+
+
+def prepare_state_directory(folder: Path) -> None:
+    """Creates the daemon's state directory for its owner alone (0700); when it exists with
+    more open permissions (made before this rule, or by hand), closes it and the files in
+    it (0600), and logs what it changed.
+
+    Args:
+        folder: The state directory.
+
+    Raises:
+        ConfigError: The directory cannot be created (a file is in the way, no permission,
+            a read-only file system), naming it and the system's reason.
+    """
+    try:
+        folder.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = ("it exists and is not a directory" if isinstance(exc, FileExistsError)
+                  else exc.strerror or str(exc))
+        raise ConfigError(f"cannot create the state directory {folder}: {reason}") from exc
+    try:
+        entries = _entries(folder)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the state directory {folder}: "
+                          f"{exc.strerror or exc}") from exc
+    tightened = [path for path, mode in entries if _tighten(path, mode)]
+    if tightened:
+        _log.warning("state_permissions_tightened", state_dir=str(folder),
+                     paths=[str(path) for path in tightened],
+                     reason="group and others could read the daemon's state")
+
+
+def _entries(folder: Path) -> list[tuple[Path, int]]:
+    """The folder and the files (sockets included) directly in it, with their modes; not
+    what a symbolic link points to."""
+    found = [(folder, folder.stat().st_mode)]
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISREG(mode) or stat.S_ISSOCK(mode):
+                found.append((Path(entry.path), mode))
+    return found
+
+
+def _tighten(path: Path, mode: int) -> bool:
+    """Takes group's and others' permissions off ``path``; whether it changed anything."""
+    if not stat.S_IMODE(mode) & 0o077:
+        return False
+    wanted = _PRIVATE_DIRECTORY if stat.S_ISDIR(mode) else _PRIVATE_FILE
+    try:
+        os.chmod(path, wanted)
+    except OSError as exc:  # another user's file: say so, and run anyway
+        _log.warning("state_permissions_not_tightened", path=str(path),
+                     mode=oct(stat.S_IMODE(mode)), error=exc.strerror or str(exc))
+        return False
+    return True
+
+
+def _create_private(path: Path) -> None:
+    """Creates the SQLite file empty and 0600 when missing (SQLite would make it 0644 less
+    the umask, and its ``-wal`` and ``-shm`` files take the file's mode)."""
+    if not os.path.lexists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, _PRIVATE_FILE))
 
 
 @contextmanager
@@ -206,7 +281,8 @@ class Database:
         """
 
         def connect() -> Database:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+            _create_private(path)
             writer = _connect(path, read_only=False)
             try:
                 _migrate(writer, migrations, component)

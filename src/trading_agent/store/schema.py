@@ -113,4 +113,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             day TEXT NOT NULL,
             PRIMARY KEY (desk, day))""",
     )),
+    (4, (
+        # Each desk's equity over time, for the web page's chart: sampled on a timer and on
+        # every fill, and thinned as it grows (Store.record_equity_sample keeps it bounded).
+        """CREATE TABLE equity_samples (
+            desk TEXT NOT NULL,
+            at REAL NOT NULL,
+            equity REAL NOT NULL)""",
+        "CREATE INDEX equity_samples_by_desk ON equity_samples (desk, at)",
+    )),
 )

@@ -109,8 +109,8 @@ class SubagentConfig(BaseModel):
 
     enabled: bool = True
     max_concurrent: int = Field(default=2, ge=1, le=32)
-    maximum_rounds: int = Field(default=8, ge=1)
-    timeout_seconds: float = Field(default=180.0, gt=0)
+    maximum_rounds: int = Field(default=8, ge=1, le=1000)
+    timeout_seconds: float = Field(default=180.0, gt=0, le=86_400, allow_inf_nan=False)
     allow_place_order: bool = False
     system_prompt: str = Field(default=DEFAULT_SUBAGENT_PROMPT, min_length=1)
 

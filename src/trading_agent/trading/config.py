@@ -60,14 +60,14 @@ class RiskLimits(BaseModel):
             for the rest of that day.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     allowed_symbols: list[str] = Field(default_factory=lambda: ["BTC/USDT"])
     quote_currency: str = "USDT"
     max_order_notional: Decimal = Field(default=Decimal("10000"), gt=0)
     max_position_notional: Decimal = Field(default=Decimal("25000"), gt=0)
-    max_open_orders: int = Field(default=10, ge=0)
-    max_orders_per_hour: int = Field(default=30, ge=0)
+    max_open_orders: int = Field(default=10, ge=0, le=100_000)
+    max_orders_per_hour: int = Field(default=30, ge=0, le=1_000_000)
     max_daily_loss: Decimal = Field(default=Decimal("1000"), gt=0)
 
 
@@ -86,7 +86,7 @@ class PaperExchangeConfig(BaseModel):
             uses: a decision at a candle's close cannot trade at that close).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     starting_balances: dict[str, Decimal] = Field(
         default_factory=lambda: {"USDT": Decimal("10000")})
@@ -129,7 +129,7 @@ class CcxtExchangeConfig(BaseModel):
             client order id.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     exchange_id: str = "binance"
     sandbox: bool = False
@@ -139,12 +139,12 @@ class CcxtExchangeConfig(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     api_urls: dict[str, str] = Field(default_factory=dict)
     client_settings: dict[str, Any] = Field(default_factory=dict)
-    timeout_seconds: float = Field(default=10.0, gt=0)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     enable_rate_limit: bool = True
-    read_attempts: int = Field(default=4, ge=1)
-    backoff_seconds: float = Field(default=0.5, ge=0)
-    max_backoff_seconds: float = Field(default=8.0, ge=0)
-    lookup_attempts: int = Field(default=3, ge=1)
+    read_attempts: int = Field(default=4, ge=1, le=100)
+    backoff_seconds: float = Field(default=0.5, ge=0, le=600)
+    max_backoff_seconds: float = Field(default=8.0, ge=0, le=3600)
+    lookup_attempts: int = Field(default=3, ge=1, le=100)
 
     @field_validator("client_settings")
     @classmethod
@@ -175,12 +175,12 @@ class ReplayConfig(BaseModel):
             (overrides ``start_offset``).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     files: dict[str, Path] = Field(default_factory=lambda: {"BTC/USDT": PACKAGED_CANDLES})
     timeframe: str = "5m"
-    speed: float | None = Field(default=60.0, ge=0)
-    start_offset: int = Field(default=288, ge=0)
+    speed: float | None = Field(default=60.0, ge=0, le=1_000_000)
+    start_offset: int = Field(default=288, ge=0, le=100_000_000)
     start: datetime | None = None
 
     @field_validator("files")
@@ -204,7 +204,7 @@ class ExchangeConfig(BaseModel):
         ccxt: The real exchange (needed in live mode and for the ccxt feed).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mode: Literal["paper", "live"] = "paper"
     feed: Literal["replay", "ccxt"] = "replay"

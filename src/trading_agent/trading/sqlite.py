@@ -5,11 +5,13 @@ desk's notes), in WAL mode so readers never block the writer. Calls run one at a
 worker thread (``anyio.to_thread``; inline in a backtest, see :mod:`trading_agent.blocking`);
 a call that is cancelled still finishes its transaction,
 so the file never holds half an order. Tables are appended to or updated row by row, never
-rewritten whole.
+rewritten whole. A file created here is 0600 (its ``-wal`` and ``-shm`` files follow): it holds
+the account's orders and balances.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,10 @@ from trading_agent.errors import StoreError
 __all__ = ["SqliteDatabase"]
 
 T = TypeVar("T")
+
+_PRIVATE_FILE = 0o600
+_NOT_FILES = frozenset({"", ":memory:"})
+"""Paths SQLite takes for a database of its own, not a file to create."""
 
 
 class SqliteDatabase:
@@ -40,12 +46,16 @@ class SqliteDatabase:
                  synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
         self.path = str(path)
         try:
+            if self.path not in _NOT_FILES and not os.path.lexists(self.path):
+                # SQLite would create it 0644 less the umask; its -wal and -shm take its mode.
+                os.close(os.open(self.path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC,
+                                 _PRIVATE_FILE))
             self._connection = sqlite3.connect(self.path, check_same_thread=False,
                                                timeout=10.0)
             self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute(f"PRAGMA synchronous={synchronous}")
             self._connection.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the database {self.path}: {exc}") from exc
         self._lock = anyio.Lock()
         self._closed = False

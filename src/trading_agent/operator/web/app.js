@@ -14,7 +14,8 @@
     turns: new Map(),         // turn id -> {el, body, lastText, steps: Map(call_id -> el)}
     approvals: new Map(),     // approval id -> approval
     source: null,             // EventSource
-    equity: [],
+    equity: [],               // the selected desk's stored samples: [[time, equity], ...]
+    equityDesk: null,         // the desk they belong to
     refreshTimer: null,
     halts: [],                // the kill switches that are on: [{scope, by, at, reason, text}]
   };
@@ -137,6 +138,7 @@
       await selectDesk(state.desks.has(wanted) ? wanted : first);
     } else {
       renderDeskHead();
+      drawEquity();  // the chart ends with the equity the header now shows
     }
   }
 
@@ -500,7 +502,7 @@
 
   // The operator's controls and what the daemon says about money, as lines of the log.
   const CONTROL_EVENTS = new Set(["kill_switch", "desk_paused", "desk_resumed", "turn_cancelled",
-    "spend_alert", "config_reloaded", "reconciliation"]);
+    "spend_alert", "config_reloaded", "reconciliation", "order_filled"]);
 
   function onControlEvent(data, turnId) {
     switch (data.type) {
@@ -520,6 +522,9 @@
         break;
       case "spend_alert":
         addNote(`$ ${data.text}`, data.share >= 1 ? "error" : "warn", data.at);
+        break;
+      case "order_filled":
+        addNote(`✓ ${data.text}`, "good", data.at);
         break;
       case "config_reloaded": {
         const changes = (data.changes || []).join("; ");
@@ -820,12 +825,30 @@
   // ------------------------------------------------------------------ equity chart
 
   async function loadEquity() {
-    if (!state.selected) return;
+    const desk = state.selected;
+    if (!desk) return;
     try {
-      const data = await api(`/api/desks/${encodeURIComponent(state.selected)}/equity`);
+      const data = await api(`/api/desks/${encodeURIComponent(desk)}/equity`);
+      if (desk !== state.selected) return;  // another desk was chosen meanwhile
       state.equity = data.points;
+      state.equityDesk = desk;
       drawEquity();
     } catch (_) { /* the chart waits for the next poll */ }
+  }
+
+  // The points drawn: the desk's samples, ending with the equity its status reports, the
+  // figure the header shows (the status refreshes more often than the samples), so the
+  // chart and the header never disagree.
+  function equityPoints() {
+    if (state.equityDesk !== state.selected) return [];
+    const points = state.equity.slice();
+    const desk = state.desks.get(state.selected);
+    const now = desk && desk.equity !== null && desk.equity !== undefined ? Number(desk.equity) : NaN;
+    if (Number.isFinite(now)) {
+      const last = points[points.length - 1];
+      if (!last || last[1] !== now) points.push([Math.max(Date.now() / 1000, last ? last[0] : 0), now]);
+    }
+    return points;
   }
 
   function drawEquity() {
@@ -838,7 +861,7 @@
     const g = canvas.getContext("2d");
     g.setTransform(ratio, 0, 0, ratio, 0, 0);
     g.clearRect(0, 0, width, height);
-    const points = state.equity;
+    const points = equityPoints();
     const caption = $("equity-caption");
     if (!points.length) {
       g.fillStyle = "#5d6b82";
@@ -880,7 +903,8 @@
     const last = values[values.length - 1];
     const change = values[0] ? ((last - values[0]) / values[0]) * 100 : 0;
     caption.textContent = `Equity ${money(last)}  ${change >= 0 ? "+" : ""}${change.toFixed(2)}%  ·  range ${money(Math.min(...values))} – ${money(Math.max(...values))}`;
-    caption.title = `${points.length} samples since ${clock(points[0][0])}`;
+    const first = points[0][0];
+    caption.title = `${points.length} samples since ${Date.now() / 1000 - first < 86400 ? clock(first) : utc(first)}`;
     caption.className = up ? "up" : "down";
   }
 
