@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import PACKAGED_CANDLES, CcxtExchangeConfig
 from trading_agent.trading.exchange import Candle
+from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.replay import ReplayFeed, load_candles_csv
 
 from .binance_server import FakeBinance
@@ -94,3 +96,21 @@ def fake_binance_config(binance: FakeBinance) -> CcxtExchangeConfig:
 @pytest.fixture
 def database(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "trading.sqlite3"
+
+
+@pytest.fixture
+async def journal(database: Path) -> AsyncIterator[OrderJournal]:
+    """The live exchange's order journal in the test's SQLite file."""
+    opened = await OrderJournal.open(database)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def exchange(ccxt_config: CcxtExchangeConfig, journal: OrderJournal,
+                   sleep: RecordingSleep) -> AsyncIterator[CcxtExchange]:
+    """A live ccxt exchange on the fake Binance, orders allowed, journaled."""
+    opened = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
+                                     environ=ENVIRON, sleep=sleep)
+    yield opened
+    await opened.close()

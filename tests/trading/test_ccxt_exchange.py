@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -26,22 +25,6 @@ from .conftest import API_KEY, ENVIRON, SECRET, RecordingSleep
 
 ORDER = "/api/v3/order"
 TICKER = "/api/v3/ticker/24hr"
-
-
-@pytest.fixture
-async def journal(database: Path) -> AsyncIterator[OrderJournal]:
-    opened = await OrderJournal.open(database)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
-async def exchange(ccxt_config: CcxtExchangeConfig, journal: OrderJournal,
-                   sleep: RecordingSleep) -> AsyncIterator[CcxtExchange]:
-    opened = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
-                                     environ=ENVIRON, sleep=sleep)
-    yield opened
-    await opened.close()
 
 
 def limit_buy(amount: str = "0.01", price: str = "16000") -> OrderRequest:

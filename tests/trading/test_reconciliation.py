@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import anyio
-import pytest
 
 from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.agent.events import Event
@@ -26,22 +25,6 @@ from trading_agent.trading.reconciliation import reconcile
 
 from .binance_server import FakeBinance
 from .conftest import ENVIRON, RecordingSleep
-
-
-@pytest.fixture
-async def journal(database: Path) -> AsyncIterator[OrderJournal]:
-    opened = await OrderJournal.open(database)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
-async def exchange(ccxt_config: CcxtExchangeConfig, journal: OrderJournal,
-                   sleep: RecordingSleep) -> AsyncIterator[CcxtExchange]:
-    opened = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
-                                     environ=ENVIRON, sleep=sleep)
-    yield opened
-    await opened.close()
 
 
 def limit_buy(price: str = "15000") -> OrderRequest:

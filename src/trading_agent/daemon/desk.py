@@ -59,6 +59,7 @@ from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled
 from trading_agent.daemon.trigger_queue import TriggerQueue
 from trading_agent.errors import BackendError, BackendUnavailableError, ContextOverflowError
 from trading_agent.logging_setup import redact_secrets
+from trading_agent.store.store import HoldFields
 
 __all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore", "Hold"]
 
@@ -99,26 +100,13 @@ class DeskStore(Protocol):
         not)."""
         ...
 
-    async def desk_hold(self, desk: str) -> HoldRecord | None:
+    async def desk_hold(self, desk: str) -> HoldFields | None:
         """Why the desk is paused, as last recorded, or None."""
         ...
 
-    async def record_desk_hold(self, desk: str, hold: HoldRecord | None) -> None:
+    async def record_desk_hold(self, desk: str, hold: HoldFields | None) -> None:
         """Records that the desk is paused, or (None) no longer is."""
         ...
-
-
-class HoldRecord(Protocol):
-    """A pause as the store keeps it (a :class:`Hold` is one)."""
-
-    @property
-    def by(self) -> str: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def at(self) -> float: ...
-    @property
-    def until(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
