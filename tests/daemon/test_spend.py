@@ -233,8 +233,8 @@ async def test_a_desk_over_its_cap_pauses_until_midnight_and_a_restart_pauses_it
         "%Y-%m-%d %H:%M UTC") == _tomorrow()
     assert status["state"] == "paused"
     assert status["paused_reason"].startswith("paused by spend cap at ")
-    assert status["paused_reason"].endswith(f"resumes by itself at {_tomorrow()}, or with "
-                                            "resume")
+    assert status["paused_reason"].endswith(f"(until {_tomorrow()}, or until an operator "
+                                            "resumes it)")
     assert status["spend"] == [{"scope": "desk", "measure": "tokens", "used": 1100.0,
                                 "cap": 1000.0, "share": pytest.approx(1.1)}]
     assert (await _status_after_restart(config, "alpha"))["state"] == "paused"

@@ -180,8 +180,8 @@ async def test_pause_and_resume_from_the_command_line(
         code, out, err = await _cli(socket, "pause", "alpha", "--reason", "lunch",
                                     "--operator", "ann")
         assert code == 0, err
-        assert re.fullmatch(r"alpha is paused: paused by ann at \S+ \S+ UTC: lunch; resume it "
-                            r"with resume\n", out)
+        assert re.fullmatch(r"alpha is paused: paused by ann at \S+ \S+ UTC: lunch \(until an "
+                            r"operator resumes it\)\n", out)
         code, out, _ = await _cli(socket, "pause", "alpha", "--operator", "bob")
         assert code == 0 and out.startswith("alpha was already paused: paused by ann")
         code, out, err = await _cli(socket, "send", "alpha", "Are you there?")
@@ -326,7 +326,8 @@ max_tokens_per_day = 1000
                      re.MULTILINE), out
     assert re.fullmatch(r"alpha: KILL SWITCH ON, new orders refused: halted by ann at \S+ \S+ "
                         r"UTC: audit", next(x for x in lines if x.startswith("alpha: KILL")))
-    assert "beta is paused: paused by ann at " in out and ": quiet day;" in out
+    assert "beta is paused: paused by ann at " in out
+    assert ": quiet day (until an operator resumes it)" in out
     assert "alpha spend caps today: desk tokens 85% of 1,000; daemon tokens 8% of 10,000" in lines
     assert "beta spend caps today: daemon tokens 8% of 10,000" in lines
     alpha = next(d for d in json.loads(raw) if d["name"] == "alpha")

@@ -458,8 +458,9 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
         assert response.status_code == 200
         answer = response.json()
         assert answer["changed"] is True and answer["status"]["state"] == "paused"
-        assert re.fullmatch(r"paused by ann at \d{4}-\d\d-\d\d \d\d:\d\d UTC: lunch break; "
-                            r"resume it with resume", answer["status"]["paused_reason"])
+        assert re.fullmatch(r"paused by ann at \d{4}-\d\d-\d\d \d\d:\d\d UTC: lunch break "
+                            r"\(until an operator resumes it\)",
+                            answer["status"]["paused_reason"])
         again = await client.post("/api/desks/alpha/pause", json={"operator": "bob"})
         assert again.json()["changed"] is False
         assert "paused by ann" in again.json()["status"]["paused_reason"]

@@ -35,7 +35,8 @@ async def test_a_pause_outlives_a_restart_and_a_message_waits_for_the_resume(
     assert paused.status_code == 200 and paused.json()["changed"] is True
     assert after_restart["state"] == "paused"
     assert after_restart["paused_reason"].startswith("paused by alice at ")
-    assert after_restart["paused_reason"].endswith(": FOMC at 18:00; resume it with resume")
+    assert after_restart["paused_reason"].endswith(
+        ": FOMC at 18:00 (until an operator resumes it)")
     assert waiting["state"] == "paused" and waiting["queued_triggers"] == 1
     assert asked_while_paused == 0
     assert resumed.json()["changed"] is True

@@ -166,13 +166,13 @@ class Hold:
     until: float | None = None
 
     def describe(self) -> str:
-        """``paused by NAME at TIME: REASON; resumes ...``, for the desk's status."""
+        """``paused by NAME at TIME: REASON (until ...)``, for the desk's status."""
         when = datetime.fromtimestamp(self.at, UTC).strftime("%Y-%m-%d %H:%M UTC")
         text = f"paused by {self.by} at {when}: {self.reason}"
         if self.until is not None:
             until = datetime.fromtimestamp(self.until, UTC).strftime("%Y-%m-%d %H:%M UTC")
-            return f"{text}; resumes by itself at {until}, or with resume"
-        return f"{text}; resume it with resume"
+            return f"{text} (until {until}, or until an operator resumes it)"
+        return f"{text} (until an operator resumes it)"
 
 
 FailedTurns = Callable[[int, str], Awaitable[None]]
