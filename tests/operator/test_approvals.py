@@ -17,7 +17,7 @@ from tests.operator.harness import (
     running_api,
     uds_client,
 )
-from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from tests.scripted_server import Reply, ScriptedServer, ToolCall, daemon_tables
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_registry import Tool, ToolContext
 from trading_agent.operator.approvals import ApprovalBook, order_notional
@@ -342,15 +342,7 @@ def _threshold_daemon(folder: Path, base_url: str) -> Path:
     risk limits allow 10,000 USDT an order (BTC trades near 16,600)."""
     path = folder / "daemon.toml"
     path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
+{daemon_tables(folder, base_url)}
 
 [operator]
 approval_timeout_seconds = 30

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.operator.harness import InProcessDaemon, uds_client
-from tests.scripted_server import Reply, ScriptedServer, ToolCall, rate_limited
+from tests.scripted_server import Reply, ScriptedServer, ToolCall, daemon_tables, rate_limited
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import (
     ModelRequest,
@@ -38,15 +38,7 @@ def _daemon_config(folder: Path, base_url: str) -> Path:
     an operator and above 10,000 USDT are refused; the API also listens on TCP."""
     path = folder / "daemon.toml"
     path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
+{daemon_tables(folder, base_url)}
 
 [operator]
 tcp_address = "127.0.0.1:0"

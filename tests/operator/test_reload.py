@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
-from tests.scripted_server import Reply, ScriptedServer
+from tests.scripted_server import Reply, ScriptedServer, daemon_tables
 
 
 def _config(folder: Path, base_url: str, desks: dict[str, str], *,
@@ -23,15 +23,7 @@ def _config(folder: Path, base_url: str, desks: dict[str, str], *,
     """A daemon with one paper desk per name on the replay, each with its prompt."""
     path = folder / "daemon.toml"
     text = f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
+{daemon_tables(folder, base_url)}
 """
     for name, prompt in desks.items():
         text += f"""

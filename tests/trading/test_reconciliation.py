@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 
-from tests.scripted_server import Reply, ScriptedServer
+from tests.scripted_server import Reply, ScriptedServer, daemon_tables
 from trading_agent.agent.events import Event
 from trading_agent.daemon.wiring import open_daemon
 from trading_agent.jsontext import json_text
@@ -233,15 +233,7 @@ def _live_daemon(folder: Path, base_url: str, binance: FakeBinance) -> Settings:
     config = folder / "daemon.toml"
     urls = ", ".join(f'{key} = "{value}"' for key, value in binance.api_urls().items())
     config.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
+{daemon_tables(folder, base_url)}
 
 [desks.alpha]
 system_prompt = "You are alpha."
