@@ -13,6 +13,7 @@ import argparse
 import getpass
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from trading_agent.operator.cli import add_connection_options, run_with_client
@@ -26,6 +27,9 @@ EXIT_REFUSED = 2
 
 EXIT_TURN_FAILED = 3
 """``send --wait``: the turn failed, was cancelled, or did not answer in time."""
+
+_Body = Callable[[OperatorClient, argparse.Namespace], Awaitable[int]]
+"""A command's work, given a client connected to the daemon; returns the exit code."""
 
 
 def add_control_subcommands(subparsers: Any) -> None:
@@ -48,9 +52,7 @@ def add_control_subcommands(subparsers: Any) -> None:
                       help="with on: also cancel the open orders")
     kill.add_argument("--flatten", action="store_true",
                       help="with on: also close every position at market")
-    _operator_option(kill)
-    add_connection_options(kill)
-    kill.set_defaults(handler=lambda args: run_with_client(args, _kill_switch))
+    _talks_to_the_daemon(kill, _kill_switch)
 
     pause = subparsers.add_parser(
         "pause", help="stop a desk from thinking until it is resumed",
@@ -59,16 +61,12 @@ def add_control_subcommands(subparsers: Any) -> None:
                     "controls.when_paused says; operator messages wait.")
     pause.add_argument("desk", metavar="DESK")
     pause.add_argument("--reason", default="", metavar="TEXT", help="shown in its status")
-    _operator_option(pause)
-    add_connection_options(pause)
-    pause.set_defaults(handler=lambda args: run_with_client(args, _pause))
+    _talks_to_the_daemon(pause, _pause)
 
     resume = subparsers.add_parser("resume", help="let a paused desk take turns again",
                                    description="What waited while it was paused runs now.")
     resume.add_argument("desk", metavar="DESK")
-    _operator_option(resume)
-    add_connection_options(resume)
-    resume.set_defaults(handler=lambda args: run_with_client(args, _resume))
+    _talks_to_the_daemon(resume, _resume)
 
     cancel = subparsers.add_parser(
         "cancel", help="end a desk's running turn",
@@ -78,9 +76,7 @@ def add_control_subcommands(subparsers: Any) -> None:
                     "trigger.")
     cancel.add_argument("desk", metavar="DESK")
     cancel.add_argument("--now", action="store_true", help="at once, not at a safe point")
-    _operator_option(cancel)
-    add_connection_options(cancel)
-    cancel.set_defaults(handler=lambda args: run_with_client(args, _cancel))
+    _talks_to_the_daemon(cancel, _cancel)
 
     send = subparsers.add_parser(
         "send", help="send one message to a desk (from a script or cron)",
@@ -93,23 +89,23 @@ def add_control_subcommands(subparsers: Any) -> None:
     send.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
                       help="with --wait: how long to wait (default 900)")
     send.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
-    _operator_option(send)
-    add_connection_options(send)
-    send.set_defaults(handler=lambda args: run_with_client(args, _send))
+    _talks_to_the_daemon(send, _send)
 
     reload = subparsers.add_parser(
         "reload", help="read the daemon's config file again (as SIGHUP does)",
         description="The config is read and validated again; a bad one changes nothing and "
                     "says why. Prompts, limits, triggers and models apply from each desk's "
                     "next turn; desks added start; desks removed stop at a safe point.")
-    _operator_option(reload)
-    add_connection_options(reload)
-    reload.set_defaults(handler=lambda args: run_with_client(args, _reload))
+    _talks_to_the_daemon(reload, _reload)
 
 
-def _operator_option(parser: argparse.ArgumentParser) -> None:
+def _talks_to_the_daemon(parser: argparse.ArgumentParser, body: _Body) -> None:
+    """What every control command shares: ``--operator``, where the daemon is, and its body
+    run with a client."""
     parser.add_argument("--operator", default=None, metavar="NAME",
                         help="your name, as the records show it (default: your login name)")
+    add_connection_options(parser)
+    parser.set_defaults(handler=lambda args: run_with_client(args, body))
 
 
 def _operator(args: argparse.Namespace) -> str:
