@@ -165,13 +165,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
         async def build(name: str, desk_settings: DeskSettings,
                         in_force: Settings) -> DeskRuntime:
-            known = list(feeds.feeds)
             feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
                                    risk_limits=desk_settings.risk)
-            if supervisor_ref and isinstance(feed, ReplayFeed) and feed not in known:
-                # A reload brought a replay no desk used: it runs as the others do.
-                supervisor_ref[0].start_service(f"replay ({', '.join(feed.symbols)})",
-                                                feed.run)
             venue = await stack.enter_async_context(open_exchange(
                 desk_settings.exchange, database=database, account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
@@ -184,7 +179,6 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 name, desk_settings, venue, backend, stack=stack, database=database,
                 store=store, bus=bus, approvals=approvals, settings=in_force)
 
-        supervisor_ref: list[Supervisor] = []  # set once built: reloads build desks too
         runtimes = []
         for name, desk_settings in settings.desks.items():
             runtime = await build(name, desk_settings, settings)
@@ -195,14 +189,25 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
             service_backoff=_backoff(settings), services=services, kill_switch=kill_switch)
-        supervisor_ref.append(supervisor)
         spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store)
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
         await _telemetry(settings, supervisor, bus, stack, environ)
         if config_path is not None:
-            reloader = ConfigReloader(config_path, settings, supervisor, build, spend, bus,
+
+            async def rebuild(name: str, desk_settings: DeskSettings,
+                              in_force: Settings) -> DeskRuntime:
+                """A desk built on reload; a replay no desk used before runs as the others."""
+                known = list(feeds.feeds)
+                runtime = await build(name, desk_settings, in_force)
+                for feed in feeds.feeds:
+                    if isinstance(feed, ReplayFeed) and feed not in known:
+                        supervisor.start_service(f"replay ({', '.join(feed.symbols)})",
+                                                 feed.run)
+                return runtime
+
+            reloader = ConfigReloader(config_path, settings, supervisor, rebuild, spend, bus,
                                       environ)
             supervisor.reloader = reloader
 
