@@ -767,6 +767,8 @@ async def _send_stream(writer: asyncio.StreamWriter, events: Sequence[bytes], de
     for index, event in enumerate(events):
         if delay > 0 and index:
             await asyncio.sleep(delay)
+        if not event:
+            continue  # a chunk of size 0 would end the body
         writer.write(b"%x\r\n%s\r\n" % (len(event), event))
         await writer.drain()
     if drop:

@@ -35,7 +35,8 @@ TEST_TOOLS = ("pytest", "pytest-asyncio", "pytest-timeout", "hypothesis")
 """The dev dependencies the lowest-versions run needs, themselves at their floors."""
 
 ADAPTER_TESTS = (
-    "tests/backends/test_openai_compatible.py",  # openai, httpx2 (scripted server)
+    "tests/backends/test_openai_compatible.py",  # openai, aiohttp (scripted server)
+    "tests/backends/test_wire_identity.py",      # the SDK's headers, byte-identical bodies
     "tests/test_settings.py",                    # pydantic, pydantic-settings
     "tests/operator/test_api.py",                # starlette, uvicorn, httpx (Unix socket)
     "tests/operator/test_tcp.py",                # the same on TCP, with the bearer token

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +47,7 @@ from trading_agent.backends.openai_compatible import (
     OpenAICompatibleBackend,
     encode_message,
 )
+from trading_agent.backends.sse_transport import HttpStatusError
 from trading_agent.errors import (
     BackendError,
     ConfigError,
@@ -193,7 +193,7 @@ async def test_retryable_statuses_are_transient(
     assert caught.value.status_code == status
     assert "upstream trouble" in str(caught.value)
     assert MODEL in str(caught.value)
-    assert isinstance(caught.value.__cause__, openai.APIStatusError)
+    assert isinstance(caught.value.__cause__, HttpStatusError)
 
 
 @pytest.mark.parametrize(("step", "expected"), [

@@ -5,8 +5,11 @@ OpenAI, vLLM, llama.cpp, Ollama, OpenRouter: one wire format, streamed over SSE.
 Speed matters here: a long-running desk sends hundreds of messages every round, and the SDK's
 ``chat.completions.create`` re-validates and re-serializes the whole list each time. So each
 :class:`Message` is encoded to its wire JSON **once**, memoized in ``message.cache``, and a
-request body is the cached byte strings joined. The bytes go out through the SDK's low-level
-``post`` (auth, base URL, timeouts, connection pool) with retries off: the agent loop retries.
+request body is the cached byte strings joined. The bytes go out through
+:class:`~trading_agent.backends.sse_transport.SSETransport`, whose connection pool costs the
+same per request however many desks have one in flight; the OpenAI SDK still says what is
+sent besides the body (its authentication and client headers, kept as they were, so the
+requests are what they were when the SDK sent them). Nothing retries here: the loop does.
 
 Prompt caching: the system prompt, the tools and the past messages go first and keep their
 bytes from one request to the next, so a server's prefix cache can serve them; the request's
@@ -24,6 +27,7 @@ Third-party errors stop here (``raise ... from exc``):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -38,11 +42,9 @@ from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any
 
-import anyio
 import httpx
 import httpx2
 import openai
-from openai import AsyncStream
 
 from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
 from trading_agent.agent.conversation import (
@@ -54,6 +56,13 @@ from trading_agent.agent.conversation import (
     estimate_tokens,
 )
 from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.sse_transport import (
+    ConnectionFailed,
+    EventStream,
+    HttpStatusError,
+    RequestTimeout,
+    SSETransport,
+)
 from trading_agent.errors import (
     BackendError,
     ConfigError,
@@ -80,16 +89,16 @@ _CONTEXT_MARKERS = (
     "prompt is too long",
 )
 
-# The SDK wraps its HTTP client's (httpx2) errors, but not on every path; plain httpx in
-# case a caller's client is one.
-_NETWORK_ERRORS: tuple[type[Exception], ...] = (
-    httpx2.HTTPError, httpx.HTTPError, OSError, anyio.EndOfStream, anyio.BrokenResourceError,
-)
-_CLIENT_ERRORS: tuple[type[Exception], ...] = (openai.OpenAIError, *_NETWORK_ERRORS)
-_STREAM_ERRORS: tuple[type[Exception], ...] = (*_CLIENT_ERRORS, ValueError)
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (HttpStatusError, RequestTimeout,
+                                                  ConnectionFailed)
+_CUT_ERRORS: tuple[type[Exception], ...] = (RequestTimeout, ConnectionFailed)
+_READ_ERRORS: tuple[type[Exception], ...] = (*_CUT_ERRORS, ValueError)
 _SILENT_OVERFLOW_SHARE = 0.8
 """An empty answer to a prompt estimated at this share of the window is taken as overflow."""
-_CUT_ERRORS: tuple[type[Exception], ...] = (openai.APIConnectionError, *_NETWORK_ERRORS)
+_JOINED_DESKS = 16
+"""How many desks' last requests are kept joined (the busiest: the most recent)."""
+_STREAM_RUNTIME = "async:asyncio"
+"""The SDK's ``X-Stainless-Async`` header for the runtime the daemon runs on."""
 
 
 # --------------------------------------------------------------------------- encoding
@@ -434,10 +443,9 @@ class OpenAICompatibleBackend:
             project=None,
             http_client=openai.DefaultAsyncHttpx2Client(verify=_ssl_context()),
         )
-        self._request_options: openai.RequestOptions = {
-            "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
-            "security": {"bearer_auth": True},
-        }
+        self._transport = SSETransport(
+            str(self._client.base_url).rstrip("/") + "/chat/completions",
+            self._sdk_headers(config), config.request_timeout, _ssl_context())
         head: dict[str, Any] = {"model": config.model, **config.extra_body, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if config.temperature is not None:
@@ -445,9 +453,29 @@ class OpenAICompatibleBackend:
         self._head = _dumps(head)[:-1]  # an open object: per-request fields follow
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
+        self._joined: collections.OrderedDict[str | None, tuple[list[Message], bytes]] = (
+            collections.OrderedDict())
+        """Per desk (the request's cache key), the messages last sent and their wire JSON
+        joined: the next request of that desk joins only the messages added since."""
         self._call_numbers = itertools.count(1)
         self._tokenize_route: tuple[str, str] | bool | None = None
         """The server's tokenize route once found; False when it has none (asked once)."""
+
+    def _sdk_headers(self, config: OpenAIBackendConfig) -> dict[str, str]:
+        """The headers the SDK sends with a streamed request: its own (client, platform,
+        authentication), the configured ones, then the per-request ones it adds."""
+        headers = {name: value for name, value in
+                   {**self._client.default_headers, **self._client.auth_headers}.items()
+                   if isinstance(value, str)}
+        headers.update({
+            "Accept": "text/event-stream",
+            "Accept-Encoding": "gzip, deflate",
+            "Connection": "keep-alive",
+            "X-Stainless-Async": _STREAM_RUNTIME,
+            "x-stainless-retry-count": "0",
+            "x-stainless-read-timeout": str(float(config.request_timeout)),
+        })
+        return headers
 
     @staticmethod
     def _read_key(config: OpenAIBackendConfig, environ: Mapping[str, str]) -> str:
@@ -471,7 +499,8 @@ class OpenAICompatibleBackend:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Closes the HTTP client and its connections."""
+        """Closes the HTTP clients and their connections."""
+        await self._transport.aclose()
         await self._client.close()
 
     async def count_tokens(self, text: str) -> int | None:
@@ -514,8 +543,6 @@ class OpenAICompatibleBackend:
         Returns:
             The body bytes.
         """
-        parts = [self._system_message(request.system_prompt)] if request.system_prompt else []
-        parts.extend(encode_message(message) for message in request.messages)
         body = [self._head]
         max_tokens = request.max_output_tokens or self.config.max_output_tokens
         if max_tokens is not None:
@@ -525,8 +552,31 @@ class OpenAICompatibleBackend:
             body += (b',"prompt_cache_key":', _dumps(cache_key))
         if request.tools:
             body += (b',"tools":', self._tools(request.tools))
-        body += (b',"messages":[', b",".join(p for p in parts if p), b"]}")
+        system = self._system_message(request.system_prompt) if request.system_prompt else b""
+        messages = self._messages_json(request)
+        body += (b',"messages":[', system, b"," if system and messages else b"", messages,
+                 b"]}")
         return b"".join(body)
+
+    def _messages_json(self, request: ModelRequestSpec) -> bytes:
+        """The messages' wire JSON, comma-joined; for a desk whose last request's messages
+        begin this one's (between compactions, the window only grows at its end), only the
+        new ones are joined to what was sent last time."""
+        messages = list(request.messages)
+        key = request.cache_key
+        memo = self._joined.get(key)
+        start, joined = 0, b""
+        if memo is not None and len(messages) >= len(memo[0]) and (
+                messages[:len(memo[0])] == memo[0]):  # identity, element by element, in C
+            start, joined = len(memo[0]), memo[1]
+        if start < len(messages):
+            tail = b",".join(encode_message(message) for message in messages[start:])
+            joined = joined + b"," + tail if joined else tail
+        self._joined[key] = (messages, joined)
+        self._joined.move_to_end(key)
+        if len(self._joined) > _JOINED_DESKS:
+            self._joined.popitem(last=False)
+        return joined
 
     def _system_message(self, prompt: str) -> bytes:
         cached = self._system_cache
@@ -568,28 +618,35 @@ class OpenAICompatibleBackend:
         body = self.request_body(request)
         builder = _ReplyBuilder(on_text)
         try:
-            stream = await self._client.post(
-                "/chat/completions", cast_to=object, content=body,
-                options=self._request_options, stream=True, stream_cls=AsyncStream[object])
-        except _CLIENT_ERRORS as exc:
+            stream = await self._transport.post(body)
+        except _TRANSPORT_ERRORS as exc:
             raise self._translate(exc) from self._cause(exc)
-        try:
-            while True:
-                try:
-                    chunk = await stream.__anext__()
-                except StopAsyncIteration:
-                    break
-                except _STREAM_ERRORS as exc:
-                    if builder.finish_reason is not None and isinstance(exc, _CUT_ERRORS):
-                        break  # the answer was whole: only the usage chunk was lost
-                    raise self._translate(exc) from self._cause(exc)
-                builder.feed(chunk)  # outside the try: on_text's own errors are not ours
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(*_CLIENT_ERRORS):
-                await stream.close()
+        with contextlib.closing(stream):
+            await self._read(stream, builder)
         if builder.finish_reason is None:
             raise self._unfinished(request, builder)
         return self._reply(request, builder)
+
+    async def _read(self, stream: EventStream, builder: _ReplyBuilder) -> None:
+        """Feeds the answer's chunks to the builder, up to ``[DONE]`` or the stream's end."""
+        while True:
+            try:
+                event = await stream.next()
+                if event is None:
+                    return
+                if event.data.startswith("[DONE]"):
+                    await stream.finish()
+                    return
+                chunk = json.loads(event.data)
+            except _READ_ERRORS as exc:
+                if builder.finish_reason is not None and isinstance(exc, _CUT_ERRORS):
+                    return  # the answer was whole: only the usage chunk was lost
+                raise self._translate(exc) from self._cause(exc)
+            if isinstance(chunk, dict) and chunk.get("error"):
+                message, code = _error_details(chunk, "An error occurred during streaming")
+                raise self._for_status(int(code) if code.isdigit() else None, message, code,
+                                       None, in_stream=True)
+            builder.feed(chunk)  # outside the try: on_text's own errors are not ours
 
     def _unfinished(self, request: ModelRequestSpec, builder: _ReplyBuilder) -> BackendError:
         """The error for a stream that ended without a finish reason."""
@@ -657,33 +714,27 @@ class OpenAICompatibleBackend:
         return exc
 
     def _translate(self, exc: BaseException) -> BackendError:
-        """The project's error for a failure of the SDK, the network or the stream."""
+        """The project's error for a failure of the network, the server or the stream."""
         model = self.model
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, RequestTimeout):
             return TransientBackendError(
                 f"the server did not answer within {self.config.request_timeout:g} s",
                 model=model)
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        if isinstance(exc, ConnectionFailed):
             return TransientBackendError(
-                self._redact(f"the connection to the server failed{detail}"), model=model)
-        if isinstance(exc, openai.APIStatusError):
-            message, code = _error_details(exc.body, exc.response.text[:500] or exc.message)
-            return self._for_status(exc.status_code, message, code,
-                                    _retry_after(exc.response.headers))
-        if isinstance(exc, openai.APIError):  # an error event inside the stream
-            message, code = _error_details(exc.body, exc.message)
-            status = int(code) if code.isdigit() else None
-            return self._for_status(status, message, code, None, in_stream=True)
+                self._redact(f"the connection to the server failed: {exc}"), model=model)
+        if isinstance(exc, HttpStatusError):
+            text = exc.text
+            try:
+                body: object = json.loads(text)
+            except ValueError:
+                body = text.strip()
+            message, code = _error_details(body, text[:500] or f"HTTP {exc.status}")
+            return self._for_status(exc.status, message, code, _retry_after(exc.headers))
         if isinstance(exc, ValueError):
             return TransientBackendError(
                 self._redact(f"the server sent an unreadable stream chunk: {exc}"), model=model)
-        if isinstance(exc, _NETWORK_ERRORS):
-            return TransientBackendError(
-                self._redact(f"the connection to the server failed: {type(exc).__name__}: {exc}"),
-                model=model)
-        return BackendError(self._redact(f"the OpenAI client failed: {exc}"), model=model)
+        return BackendError(self._redact(f"the model request failed: {exc}"), model=model)
 
     def _for_status(self, status: int | None, message: str, code: str,
                     retry_after: float | None, *, in_stream: bool = False) -> BackendError:
