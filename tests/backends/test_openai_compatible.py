@@ -536,6 +536,32 @@ async def test_each_message_is_encoded_once_and_bodies_are_identical(
     assert first.body == second.body
 
 
+@given(st.lists(st.sampled_from(["append", "append", "replace", "drop_first", "cut_end",
+                                  "other_desk"]), min_size=1, max_size=12))
+def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
+        steps: list[str]) -> None:
+    config = OpenAIBackendConfig(base_url="http://127.0.0.1:9/v1", model=MODEL,
+                                 context_window=8192)
+    remembering = OpenAICompatibleBackend(config)
+    window = [Message.user_text("first")]
+    for number, step in enumerate(steps):
+        if step == "append":
+            window = [*window, Message.user_text(f"new {number}")]
+        elif step == "replace" and window:  # a picture pruned, a message cut in the middle
+            middle = len(window) // 2
+            window = [*window[:middle], Message.user_text(f"cut {number}"),
+                      *window[middle + 1:]]
+        elif step == "drop_first":  # a compaction
+            window = window[1:]
+        elif step == "cut_end":  # a replayed last message taken off
+            window = window[:-1]
+        key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
+        request = ModelRequestSpec("system", window, TOOLS, cache_key=key)
+
+        assert remembering.request_body(request) == (
+            OpenAICompatibleBackend(config).request_body(request))
+
+
 async def test_a_new_message_is_encoded_alone(
         backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
