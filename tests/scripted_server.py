@@ -560,6 +560,8 @@ class ScriptedServer:
     async def _respond(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> bool:
         """Answers one request; returns False when the connection must be closed."""
         path = request.path.split("?", 1)[0].rstrip("/")
+        if "://" in path:  # absolute form: the server stands in for a forward proxy too
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
         if request.method == "GET" and path in ("/v1/models", "/models"):
             self.other_requests.append(request)
             await _send_json(writer, 200, {"object": "list", "data": [

@@ -114,3 +114,23 @@ async def test_failures_come_back_as_the_transports_own_errors(
 
     assert status.value.status == 503
     assert "busy" in status.value.text
+
+
+async def test_a_proxy_named_by_the_environment_carries_the_requests(
+        scripted_server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", scripted_server.base_url.removesuffix("/v1"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    scripted_server.add(Reply("through the proxy"))
+    transport = SSETransport("http://model.invalid/v1/chat/completions", {}, 5.0,
+                             _ssl_context())
+    exempt = SSETransport("http://127.0.0.1:9/v1/chat/completions", {}, 2.0, _ssl_context())
+    try:
+        events = await _events(transport)
+        with pytest.raises(ConnectionFailed):  # straight there, not through the proxy
+            await exempt.post(b"{}")
+    finally:
+        await transport.aclose()
+        await exempt.aclose()
+
+    assert scripted_server.requests[0].path == "http://model.invalid/v1/chat/completions"
+    assert "through the proxy" in "".join(event.data for event in events)

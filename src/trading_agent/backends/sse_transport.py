@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import re
 import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -225,6 +227,7 @@ class SSETransport:
         self._ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxy = _environment_proxy(url)
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -236,7 +239,8 @@ class SSETransport:
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=self._ssl_context,
                                                keepalive_timeout=_KEEPALIVE_SECONDS),
                 timeout=self._timeout, headers=self._headers, auto_decompress=True,
-                skip_auto_headers=("User-Agent",), trust_env=True)
+                skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False)  # the proxy is read once, not looked up in a thread per call
         return self._session
 
     async def post(self, body: bytes) -> EventStream:
@@ -254,7 +258,7 @@ class SSETransport:
             ConnectionFailed: The connection was refused or broke.
         """
         try:
-            response = await self._client().post(self.url, data=body)
+            response = await self._client().post(self.url, data=body, proxy=self._proxy)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise RequestTimeout("no answer within the timeout") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -276,6 +280,16 @@ class SSETransport:
             await session.close()
         elif session is not None:
             session.detach()  # its loop is gone, and its connections with it
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``, unless ``NO_PROXY`` exempts its host), as the SDK's client honoured them."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    return proxies.get(parts.scheme) or proxies.get("all")
 
 
 def _describe(exc: BaseException) -> str:
