@@ -1,11 +1,11 @@
 """How the daemon scales with desks: memory per desk, turns per second, trigger latency.
 
-N desks (10, 100, 500 by default) are built as the daemon builds them (an AgentLoop with an
-OpenAI-compatible backend, a steering inbox, a context compressor, a Desk restored from a
-real SQLite store whose event recorder runs) and started idle under a Supervisor. Then every
-desk is triggered at once, a few rounds, against the scripted OpenAI-compatible server
-answering each request after 50 ms; the server runs in a process of its own so it takes no
-time from the desks' event loop.
+N desks (10, 100, 500 and 1,000 by default) are built as the daemon builds them (an
+AgentLoop with an OpenAI-compatible backend, a steering inbox, a context compressor, a Desk
+restored from a real SQLite store whose event recorder runs) and started idle under a
+Supervisor. Then every desk is triggered at once, a few rounds, against the scripted
+OpenAI-compatible server answering each request after 50 ms; the server runs in a process of
+its own so it takes no time from the desks' event loop.
 
 Printed per N:
 
@@ -20,7 +20,11 @@ Printed per N:
   round; and the ratio of that p99 to the one of the reference run, one desk, in the same
   process.
 
-Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500] [--rounds 3]``.
+Bars (issue 14), at 500 desks: p99 trigger-to-request at most 500 ms, and memory per idle
+desk under 50 KiB; turns per second are compared with a run of the code before (the closing
+note of issue 14 gives both, from one machine).
+
+Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500 1000] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ def _percentile(ordered: list[float], share: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--desks", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--desks", type=int, nargs="+", default=[10, 100, 500, 1000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where the SQLite files go (a temporary folder by default; "
@@ -199,6 +203,12 @@ def main() -> None:
               f"{figures.turns_per_second:>8.1f} {figures.desks / MODEL_LATENCY:>7.0f} "
               f"{figures.delay_p50 * 1000:>7.1f} ms {figures.delay_p99 * 1000:>7.1f} ms "
               f"{figures.delay_p99 / reference.delay_p99:>8.1f}x")
+    for figures in results:
+        if figures.desks == 500:
+            p99, memory = figures.delay_p99 * 1000, figures.memory_per_desk / 1024
+            print(f"500 desks: p99 {p99:.0f} ms (bar: at most 500 ms) -> "
+                  f"{'PASS' if p99 <= 500 else 'FAIL'}; memory per idle desk {memory:.1f} KiB "
+                  f"(bar: under 50 KiB) -> {'PASS' if memory < 50 else 'FAIL'}")
 
 
 if __name__ == "__main__":
