@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.scripted_server import RawSSE, Reply, ScriptedServer, server_error, slow
+from tests.scripted_server import RawJSON, RawSSE, Reply, ScriptedServer, server_error, slow
 from trading_agent.backends.openai_compatible import _ssl_context
 from trading_agent.backends.sse_transport import (
     ConnectionFailed,
@@ -134,3 +134,19 @@ async def test_a_proxy_named_by_the_environment_carries_the_requests(
 
     assert scripted_server.requests[0].path == "http://model.invalid/v1/chat/completions"
     assert "through the proxy" in "".join(event.data for event in events)
+
+
+async def test_a_redirect_is_an_error_not_a_post_repeated_elsewhere(
+        scripted_server: ScriptedServer) -> None:
+    scripted_server.add(RawJSON(307, {"moved": True},
+                                {"Location": scripted_server.base_url + "/elsewhere"}))
+    transport = SSETransport(scripted_server.base_url + "/chat/completions", {}, 5.0,
+                             _ssl_context())
+    try:
+        with pytest.raises(HttpStatusError) as caught:
+            await transport.post(b"{}")
+    finally:
+        await transport.aclose()
+
+    assert caught.value.status == 307
+    assert len(scripted_server.requests) == 1 and not scripted_server.other_requests

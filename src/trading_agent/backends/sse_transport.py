@@ -12,7 +12,7 @@ limit on a line's length, as the SDK's decoder splits them.
 
 What goes out is decided by the caller (URL, headers, body); failures come back as three
 exceptions of this module, which the backend translates to its own errors:
-:class:`HttpStatusError` (an answer of 400 or more, its body read), :class:`RequestTimeout`
+:class:`HttpStatusError` (an answer that is not 2xx, its body read), :class:`RequestTimeout`
 (no connection or no bytes within the timeout) and :class:`ConnectionFailed` (refused, reset,
 cut mid-stream).
 """
@@ -51,7 +51,7 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 class HttpStatusError(Exception):
-    """The server answered with a status of 400 or more.
+    """The server answered with a status that is not 2xx.
 
     Attributes:
         status: The HTTP status.
@@ -250,20 +250,22 @@ class SSETransport:
             body: The request body, ready to send.
 
         Returns:
-            The answer's events (the status was below 400).
+            The answer's events (the status was 2xx).
 
         Raises:
-            HttpStatusError: The status was 400 or more.
+            HttpStatusError: Any other status (a redirect is not followed: a model server
+                that moved is a configuration to fix, not a POST to repeat elsewhere).
             RequestTimeout: No connection, or no answer, within the timeout.
             ConnectionFailed: The connection was refused or broke.
         """
         try:
-            response = await self._client().post(self.url, data=body, proxy=self._proxy)
+            response = await self._client().post(self.url, data=body, proxy=self._proxy,
+                                                 allow_redirects=False)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise RequestTimeout("no answer within the timeout") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise ConnectionFailed(_describe(exc)) from exc
-        if response.status < 400:
+        if 200 <= response.status < 300:
             return EventStream(response)
         try:
             body_start = await response.content.read(_ERROR_BODY_LIMIT)
