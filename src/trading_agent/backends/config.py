@@ -1,8 +1,9 @@
-"""The settings of an OpenAI-compatible model backend.
+"""The settings of the model backends: an OpenAI-compatible server, Anthropic's API.
 
-Kept apart from the backend itself so the daemon's settings can embed it without importing
-the ``openai`` package. The API key is never a field: only the *name* of the environment
-variable holding it is, so no config file, repr or log line can carry the secret.
+Kept apart from the backends themselves so the daemon's settings can embed them without
+importing the ``openai`` package or an HTTP client. The API key is never a field: only the
+*name* of the environment variable holding it is, so no config file, repr or log line can
+carry the secret.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trading_agent.agent.backend import Pricing
 
-__all__ = ["MAX_CONTEXT_WINDOW", "OpenAIBackendConfig"]
+__all__ = ["MAX_CONTEXT_WINDOW", "AnthropicBackendConfig", "OpenAIBackendConfig"]
 
 _RESERVED_BODY_KEYS = frozenset(
     {"model", "messages", "tools", "stream", "stream_options", "max_tokens",
@@ -134,3 +135,85 @@ class OpenAIBackendConfig(BaseModel):
             return None
         return Pricing(self.price_input_per_million, self.price_output_per_million,
                        self.price_cached_input_per_million)
+
+
+_MIN_THINKING_BUDGET = 1024
+"""The smallest ``budget_tokens`` the API accepts."""
+_RESERVED_HEADERS = frozenset({"x-api-key", "authorization", "anthropic-version",
+                               "content-type", "content-length", "accept"})
+
+
+class AnthropicBackendConfig(BaseModel):
+    """How to reach one model over Anthropic's Messages API.
+
+    Attributes:
+        base_url: The API root (``https://api.anthropic.com``; a trailing ``/v1`` is
+            accepted too).
+        model: The model's name (``claude-sonnet-4-5``).
+        api_key_env: The name of the environment variable holding the API key, sent as
+            ``x-api-key``; None for a compatible server that needs no key.
+        context_window: The model's window in tokens.
+        max_output_tokens: ``max_tokens``, which the API requires: the longest answer, its
+            thinking included. A request's own cap is for the answer alone and wins over it
+            (thinking's budget is added to it).
+        request_timeout: Seconds to wait for the server to connect, or for the next bytes of
+            an answer.
+        price_input_per_million: Price per million prompt tokens the server computed; with
+            the output price it enables cost reporting.
+        price_output_per_million: Price per million output tokens (thinking included).
+        price_cache_read_per_million: Price per million prompt tokens read from the prompt
+            cache; by default the input price.
+        price_cache_write_per_million: Price per million prompt tokens written to the prompt
+            cache; by default the input price.
+        temperature: Sampling temperature (0 to 1), or None for the server's default; not
+            with extended thinking, which the API runs at its own.
+        thinking_budget_tokens: Extended thinking's budget (at least 1024, below
+            ``max_output_tokens``), or None for no extended thinking.
+        anthropic_version: The ``anthropic-version`` header.
+        extra_headers: Headers sent with every request (``anthropic-beta``...; not for
+            secrets: they show in reprs).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    base_url: str = Field(default="https://api.anthropic.com", min_length=1)
+    model: str = Field(min_length=1)
+    api_key_env: str | None = "ANTHROPIC_API_KEY"
+    context_window: int = Field(gt=0, le=MAX_CONTEXT_WINDOW)
+    max_output_tokens: int = Field(default=4096, gt=0, le=MAX_CONTEXT_WINDOW)
+    request_timeout: float = Field(default=120.0, gt=0, le=_MAX_REQUEST_TIMEOUT)
+    price_input_per_million: float | None = Field(default=None, ge=0)
+    price_output_per_million: float | None = Field(default=None, ge=0)
+    price_cache_read_per_million: float | None = Field(default=None, ge=0)
+    price_cache_write_per_million: float | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    thinking_budget_tokens: int | None = Field(default=None, ge=_MIN_THINKING_BUDGET,
+                                               le=MAX_CONTEXT_WINDOW)
+    anthropic_version: str = Field(default="2023-06-01", min_length=1)
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> AnthropicBackendConfig:
+        if (self.price_input_per_million is None) != (self.price_output_per_million is None):
+            raise ValueError("set both price_input_per_million and price_output_per_million, "
+                             "or neither")
+        if self.price_input_per_million is None and (
+                self.price_cache_read_per_million is not None
+                or self.price_cache_write_per_million is not None):
+            raise ValueError("the cache prices need price_input_per_million and "
+                             "price_output_per_million too")
+        if self.api_key_env is not None and not self.api_key_env.strip():
+            raise ValueError("api_key_env must name an environment variable, or be null")
+        if self.thinking_budget_tokens is not None:
+            if self.thinking_budget_tokens >= self.max_output_tokens:
+                raise ValueError(f"thinking_budget_tokens ({self.thinking_budget_tokens}) must "
+                                 f"be below max_output_tokens ({self.max_output_tokens}), "
+                                 "which counts the thinking too")
+            if self.temperature is not None:
+                raise ValueError("temperature cannot be set with extended thinking "
+                                 "(thinking_budget_tokens)")
+        reserved = sorted(h for h in self.extra_headers if h.lower() in _RESERVED_HEADERS)
+        if reserved:
+            raise ValueError(f"extra_headers may not set {', '.join(reserved)}: the backend "
+                             "sets them (the key comes from api_key_env)")
+        return self

@@ -1,0 +1,755 @@
+"""A model backend that speaks Anthropic's Messages API natively.
+
+The conversation's content blocks are already Anthropic's (text, image, tool_use,
+tool_result), so they go out nearly as they are; the answer streams back over SSE.
+
+Why not the ``anthropic`` package: a second vendor SDK would bring a second set of
+dependencies, retries and error classes for what is one POST and one SSE stream. The speed
+trick of the OpenAI backend needs the body as bytes anyway: each :class:`Message` is encoded
+to wire JSON **once**, memoized in ``message.cache``, and a request body is the cached byte
+strings joined, which an SDK that validates and re-serializes its arguments on every call
+would undo. The bytes go out through the project's own
+:class:`~trading_agent.backends.sse_transport.SSETransport` (aiohttp), as the OpenAI
+backend's do: a send costs the same however many desks have one in flight, and timeouts,
+cancellation and a cut stream are handled alike, with nothing retried behind the loop's back.
+
+Prompt caching: ``cache_control`` breakpoints on the last tool definition, on the system
+prompt and on the last block of the newest message: three, under the API's four. The newest
+message moves with every request, so its breakpoint is never part of a message's cached
+bytes: it is spliced into the body (the closing brace of the last block is replaced), and a
+message's bytes stay the same whether it is the newest or not. Cache reads and writes are
+priced at their own prices.
+
+Extended thinking (``thinking_budget_tokens``): the API wants the thinking blocks of an
+assistant message that called tools sent back, signed and unchanged, while the tool loop
+goes on. The conversation has no block type for thinking yet, so this backend keeps the
+thinking blocks of each answer that called tools, keyed by the ids of those calls, and puts
+them first when it encodes the assistant message holding those calls. When they are gone (a
+restart mid-turn) thinking is left off for that request rather than refused by the API.
+Thinking text also goes, delta by delta, to :attr:`AnthropicBackend.on_thinking`.
+
+Third-party errors stop here (``raise ... from exc``):
+
+- 408, 409, 429, 5xx, 529 (overloaded), timeouts, refused connections, a stream that breaks
+  or ends before ``message_stop``, an ``error`` event (overloaded, api error) ->
+  :class:`TransientBackendError` (with ``retry_after`` when the server said);
+- "prompt is too long" (or the input and ``max_tokens`` beyond the window), and 413 (the
+  request is larger than the API takes) -> :class:`ContextOverflowError`;
+- 401 and 403 -> :class:`BackendError` naming the key's environment variable, never the key;
+  anything else -> :class:`BackendError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import math
+import os
+import re
+import ssl
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import httpx
+
+from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
+from trading_agent.agent.conversation import (
+    ContentBlock,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolUseBlock,
+    estimate_tokens,
+)
+from trading_agent.backends.config import AnthropicBackendConfig
+from trading_agent.backends.sse_transport import (
+    ConnectionFailed,
+    EventStream,
+    HttpStatusError,
+    RequestTimeout,
+    SSETransport,
+)
+from trading_agent.errors import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    TransientBackendError,
+)
+from trading_agent.jsontext import json_bytes as _dumps
+
+__all__ = ["AnthropicBackend", "AnthropicBackendConfig", "WireMessage", "encode_message"]
+
+# --------------------------------------------------------------------------- encoding
+
+_CACHE_KEY = "anthropic_wire"
+_THINKING_CACHE_KEY = "anthropic_wire_thinking"
+_BREAKPOINT = b',"cache_control":{"type":"ephemeral"}}'
+"""Spliced over a block's closing brace: the block becomes a cache breakpoint."""
+_OPENING = b'{"role":"user","content":[{"type":"text","text":"(earlier messages omitted)"}]}'
+"""The first message when the window would start with the model's (the API wants a user's)."""
+_WHOLE_END = b"]}"
+"""How a wire message ends, after its last block's closing brace."""
+_ID_CHARACTERS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _wire_id(call_id: str) -> str:
+    """A tool call id the API takes (letters, digits, ``_`` and ``-``): ids made by other
+    servers (a conversation that changed provider) are mapped the same way on both sides."""
+    return _ID_CHARACTERS.sub("_", call_id) or "call"
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """A tool call's ``input``: the arguments the model wrote, wrapped when not an object."""
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else {"raw_arguments": arguments}
+
+
+def _image(image: ImageBlock) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": image.media_type,
+                                        "data": base64.b64encode(image.data).decode("ascii")}}
+
+
+def _part(block: TextBlock | ImageBlock) -> dict[str, Any] | None:
+    if isinstance(block, ImageBlock):
+        return _image(block)
+    # The API refuses empty and blank text blocks.
+    return {"type": "text", "text": block.text} if block.text.strip() else None
+
+
+def _wire_block(block: ContentBlock) -> dict[str, Any] | None:
+    """One internal block as the API's, or None for one it would refuse (blank text)."""
+    if isinstance(block, TextBlock | ImageBlock):
+        return _part(block)
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": _wire_id(block.id), "name": block.name,
+                "input": _input(block.arguments)}
+    wire: dict[str, Any] = {"type": "tool_result", "tool_use_id": _wire_id(block.tool_use_id)}
+    parts = [p for p in map(_part, block.content) if p is not None]
+    if parts:
+        wire["content"] = parts
+    if block.is_error:
+        wire["is_error"] = True
+    return wire
+
+
+def _wire_blocks(message: Message) -> bytes:
+    blocks = (_wire_block(block) for block in message.content)
+    return b",".join(_dumps(block) for block in blocks if block is not None)
+
+
+class WireMessage(NamedTuple):
+    """One message in Anthropic's wire JSON.
+
+    Attributes:
+        role: ``user`` or ``assistant``.
+        blocks: The content blocks' JSON objects joined by commas, ready to splice into a
+            ``content`` array (empty when the message has nothing the API takes).
+        whole: The message object itself, for when it is not merged with a neighbour.
+    """
+
+    role: str
+    blocks: bytes
+    whole: bytes
+
+    @classmethod
+    def of(cls, role: str, blocks: bytes) -> WireMessage:
+        """The record for ``blocks`` in a message of ``role``."""
+        return cls(role, blocks, b'{"role":"%s","content":[%s]}' % (role.encode(), blocks))
+
+
+def encode_message(message: Message) -> WireMessage:
+    """One message as Anthropic wire JSON; memoized.
+
+    The encoding is stored in ``message.cache``, so a message is serialized once in its life.
+    It holds no cache breakpoint and no thinking (see :meth:`AnthropicBackend.request_body`).
+
+    Args:
+        message: The message to encode.
+
+    Returns:
+        Its role, its blocks and the whole message, as bytes.
+    """
+    cached: WireMessage | None = message.cache.get(_CACHE_KEY)
+    if cached is None:
+        cached = WireMessage.of(message.role, _wire_blocks(message))
+        message.cache[_CACHE_KEY] = cached
+    return cached
+
+
+def _joined(run: Sequence[WireMessage]) -> bytes:
+    """Consecutive messages of one role as one wire message (the API wants roles to
+    alternate)."""
+    return WireMessage.of(run[0].role, b",".join(wire.blocks for wire in run)).whole
+
+
+def _tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A definition in Anthropic's shape, from OpenAI's (what the tool registry makes)."""
+    function = tool.get("function")
+    if not isinstance(function, Mapping):
+        return dict(tool)  # already Anthropic's
+    definition: dict[str, Any] = {"name": function.get("name", "")}
+    if function.get("description"):
+        definition["description"] = function["description"]
+    definition["input_schema"] = function.get("parameters") or {"type": "object",
+                                                                "properties": {}}
+    return definition
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context for every backend: loading the CA store is slow."""
+    return httpx.create_ssl_context()
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+@dataclass
+class _Draft:
+    """One content block being assembled from stream events."""
+
+    type: str
+    text: list[str] = field(default_factory=list)
+    signature: str = ""
+    data: str = ""
+    id: str = ""
+    name: str = ""
+    input: Any = None
+
+
+class _ReplyBuilder:
+    """Collects the events of one streamed answer."""
+
+    def __init__(self, on_text: Callable[[str], None] | None,
+                 on_thinking: Callable[[str], None] | None) -> None:
+        self.on_text = on_text
+        self.on_thinking = on_thinking
+        self.blocks: dict[int, _Draft] = {}
+        self.stop_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.finished = False
+        self.error: dict[str, Any] | None = None
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        """Takes one decoded event; ignores what it does not know (``ping``, new types)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message")
+            if isinstance(message, dict):
+                self._usage(message.get("usage"))
+        elif kind == "content_block_start":
+            block = event.get("content_block")
+            if isinstance(block, dict):
+                self._start(_index(event), block)
+        elif kind == "content_block_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict):
+                self._delta(_index(event), delta)
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+            if isinstance(reason, str) and reason:
+                self.stop_reason = reason
+            self._usage(event.get("usage"))
+        elif kind == "message_stop":
+            self.finished = True
+        elif kind == "error":
+            error = event.get("error")
+            self.error = error if isinstance(error, dict) else {"message": str(error)}
+
+    def _usage(self, usage: object) -> None:
+        if isinstance(usage, dict):
+            # message_delta's figures are cumulative: later ones win, absent ones stay.
+            self.usage.update({k: v for k, v in usage.items() if v is not None})
+
+    def _start(self, index: int, block: dict[str, Any]) -> None:
+        draft = _Draft(type=str(block.get("type", "")))
+        if draft.type == "text" and isinstance(block.get("text"), str) and block["text"]:
+            self._text(draft, block["text"])
+        elif draft.type == "thinking":
+            if isinstance(block.get("thinking"), str) and block["thinking"]:
+                self._thinking(draft, block["thinking"])
+            draft.signature = str(block.get("signature") or "")
+        elif draft.type == "redacted_thinking":
+            draft.data = str(block.get("data") or "")
+        elif draft.type == "tool_use":
+            draft.id = str(block.get("id") or "")
+            draft.name = str(block.get("name") or "")
+            draft.input = block.get("input")
+        self.blocks[index] = draft
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        draft = self.blocks.get(index)
+        if draft is None:  # a delta with no start: take it for what it says it is
+            draft = self.blocks[index] = _Draft(type=_DELTA_BLOCKS.get(str(delta.get("type")), ""))
+        kind = delta.get("type")
+        if kind == "text_delta" and isinstance(delta.get("text"), str):
+            self._text(draft, delta["text"])
+        elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+            self._thinking(draft, delta["thinking"])
+        elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
+            draft.signature += delta["signature"]
+        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            draft.text.append(delta["partial_json"])
+
+    def _text(self, draft: _Draft, text: str) -> None:
+        draft.text.append(text)
+        if self.on_text is not None and text:
+            self.on_text(text)
+
+    def _thinking(self, draft: _Draft, text: str) -> None:
+        draft.text.append(text)
+        if self.on_thinking is not None and text:
+            self.on_thinking(text)
+
+    def content(self) -> list[ContentBlock]:
+        """The text and tool_use blocks, in order (blank text left out)."""
+        content: list[ContentBlock] = []
+        for index in sorted(self.blocks):
+            draft = self.blocks[index]
+            if draft.type == "text":
+                text = "".join(draft.text)
+                if text.strip():
+                    content.append(TextBlock(text))
+            elif draft.type in ("tool_use", "server_tool_use") and draft.name:
+                content.append(ToolUseBlock(draft.id or f"toolu_{uuid.uuid4().hex}",
+                                            draft.name, _arguments_text(draft)))
+        return content
+
+    def thinking(self) -> tuple[bytes, ...]:
+        """The thinking blocks as wire JSON, exactly as the API must get them back."""
+        blocks: list[bytes] = []
+        for index in sorted(self.blocks):
+            draft = self.blocks[index]
+            if draft.type == "thinking":
+                blocks.append(_dumps({"type": "thinking", "thinking": "".join(draft.text),
+                                      "signature": draft.signature}))
+            elif draft.type == "redacted_thinking":
+                blocks.append(_dumps({"type": "redacted_thinking", "data": draft.data}))
+        return tuple(blocks)
+
+    def output_chars(self) -> int:
+        """Characters of output, for an estimate when the server reports no usage."""
+        return sum(len(draft.name) + sum(map(len, draft.text)) for draft in self.blocks.values())
+
+
+_DELTA_BLOCKS = {"text_delta": "text", "thinking_delta": "thinking",
+                 "signature_delta": "thinking", "input_json_delta": "tool_use"}
+"""The block a delta belongs to, for a delta that came with no block start."""
+
+
+def _index(event: Mapping[str, Any]) -> int:
+    index = event.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else 0
+
+
+def _arguments_text(draft: _Draft) -> str:
+    """A tool call's arguments as JSON text: the streamed pieces, else the start's input."""
+    streamed = "".join(draft.text)
+    if streamed:
+        return streamed
+    if isinstance(draft.input, dict) and draft.input:
+        return json.dumps(draft.input, ensure_ascii=False)
+    return "{}"
+
+
+def _decode(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"an event that is not a JSON object: {text[:200]}")
+    return value
+
+
+# --------------------------------------------------------------------------- errors
+
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error",
+                              "timeout_error"})
+_OVERFLOW_MARKERS = ("prompt is too long", "exceed context limit", "context window",
+                     "context length")
+_STATUS_OF_TYPE = {"invalid_request_error": 400, "authentication_error": 401,
+                   "permission_error": 403, "not_found_error": 404,
+                   "request_too_large": 413, "rate_limit_error": 429, "api_error": 500,
+                   "overloaded_error": 529}
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if not raw:
+            continue
+        try:
+            value = float(raw) / scale
+        except ValueError:
+            if scale != 1.0:
+                continue
+            try:
+                moment = parsedate_to_datetime(raw)
+            except (TypeError, ValueError, IndexError):
+                return None
+            return None if moment.tzinfo is None else max(0.0, moment.timestamp() - time.time())
+        if math.isfinite(value) and value >= 0:
+            return value
+    return None
+
+
+def _error_details(body: bytes) -> tuple[str, str]:
+    """The message and type of an error body: ``{"type": "error", "error": {...}}``."""
+    text = body.decode("utf-8", "replace")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text.strip()[:500], ""
+    inner = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(inner, dict):
+        return str(inner.get("message") or "")[:2000], str(inner.get("type") or "")
+    if isinstance(inner, str):
+        return inner[:2000], ""
+    return text.strip()[:500], ""
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class AnthropicBackend:
+    """A :class:`~trading_agent.agent.backend.ModelBackend` for Anthropic's Messages API.
+
+    Args:
+        config: Where the API is, which model, prices, timeouts, thinking.
+        environ: Where to read the API key from (``os.environ`` by default).
+
+    Attributes:
+        on_thinking: Called with each piece of thinking text as it streams (set by whoever
+            shows it); None to ignore it. The backend may serve several desks: the hook is
+            the backend's, not a request's.
+
+    Raises:
+        ConfigError: ``config.api_key_env`` names a variable that is not set.
+
+    Example::
+
+        async with AnthropicBackend(config) as backend:
+            reply = await backend.complete(request, on_text=print)
+    """
+
+    _THINKING_KEPT = 256
+    """Answers whose thinking is kept for the tool loop (several desks share one backend;
+    each needs only its newest)."""
+
+    def __init__(self, config: AnthropicBackendConfig,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.model = config.model
+        self.context_window = config.context_window
+        self.on_thinking: Callable[[str], None] | None = None
+        self._api_key = self._read_key(config, os.environ if environ is None else environ)
+        root = config.base_url.rstrip("/").removesuffix("/v1")
+        self._url = f"{root}/v1/messages"
+        headers = {**config.extra_headers, "anthropic-version": config.anthropic_version,
+                   "content-type": "application/json", "accept": "text/event-stream"}
+        if self._api_key is not None:
+            headers["x-api-key"] = self._api_key
+        self._transport = SSETransport(self._url, headers, config.request_timeout,
+                                       _ssl_context())
+        head: dict[str, Any] = {"model": config.model, "stream": True}
+        if config.temperature is not None:
+            head["temperature"] = config.temperature
+        self._head = _dumps(head)[:-1]  # an open object: per-request fields follow
+        self._thinking_field = b""
+        if config.thinking_budget_tokens is not None:
+            self._thinking_field = b',"thinking":' + _dumps(
+                {"type": "enabled", "budget_tokens": config.thinking_budget_tokens})
+        self._thinking: OrderedDict[tuple[str, ...], tuple[bytes, ...]] = OrderedDict()
+        self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
+        self._system_cache: tuple[str, bytes] | None = None
+
+    @staticmethod
+    def _read_key(config: AnthropicBackendConfig, environ: Mapping[str, str]) -> str | None:
+        if config.api_key_env is None:
+            return None
+        key = environ.get(config.api_key_env, "").strip()
+        if not key:
+            raise ConfigError(f"backend for model {config.model}: the environment variable "
+                              f"{config.api_key_env} (api_key_env) is not set")
+        return key
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(model={self.model!r}, "
+                f"base_url={self.config.base_url!r})")
+
+    async def __aenter__(self) -> AnthropicBackend:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client and its connections."""
+        await self._transport.aclose()
+
+    # ------------------------------------------------------------------ request body
+
+    def request_body(self, request: ModelRequestSpec) -> bytes:
+        """The JSON body one request sends, spliced from cached encodings.
+
+        Consecutive messages of one role become one wire message (the API wants the roles
+        to alternate); the last block of the newest becomes a cache breakpoint.
+
+        Args:
+            request: What to send.
+
+        Returns:
+            The body bytes.
+        """
+        parts: list[bytes] = []
+        run: list[WireMessage] = []  # consecutive messages of one role: one wire message
+        thinking = bool(self._thinking_field)
+        continued_without_thinking = False
+        for message in request.messages:
+            wire: WireMessage = message.cache.get(_CACHE_KEY) or encode_message(message)
+            if thinking and wire.role == "assistant":
+                wire, continued_without_thinking = self._with_thinking(message, wire)
+            if not wire.blocks:
+                continue
+            if run and run[0].role != wire.role:
+                parts.append(run[0].whole if len(run) == 1 else _joined(run))
+                run = []
+            run.append(wire)
+        if run:
+            parts.append(run[0].whole if len(run) == 1 else _joined(run))
+            if parts[0].startswith(b'{"role":"assistant"'):
+                parts.insert(0, _OPENING)
+            # The newest message's last block: a breakpoint, in this body only.
+            parts[-1] = parts[-1][:-len(_WHOLE_END) - 1] + _BREAKPOINT + _WHOLE_END
+        max_tokens = self.config.max_output_tokens
+        if request.max_output_tokens is not None:
+            max_tokens = request.max_output_tokens + (self.config.thinking_budget_tokens or 0)
+        body = [self._head, b',"max_tokens":%d' % max_tokens]
+        if self._thinking_field and not continued_without_thinking:
+            body.append(self._thinking_field)
+        if request.system_prompt:
+            body += (b',"system":', self._system(request.system_prompt))
+        if request.tools:
+            body += (b',"tools":', self._tools(request.tools))
+        body += (b',"messages":[', b",".join(parts), b"]}")
+        return b"".join(body)
+
+    def _with_thinking(self, message: Message, wire: WireMessage) -> tuple[WireMessage, bool]:
+        """An assistant message with its kept thinking first; and whether it is a
+        tool-calling message whose thinking is lost (then a request continuing it must go
+        without thinking: the API refuses a tool loop that starts thinking halfway)."""
+        with_thinking: WireMessage | None = message.cache.get(_THINKING_CACHE_KEY)
+        if with_thinking is not None:
+            return with_thinking, False
+        calls = message.tool_uses
+        if not calls:
+            return wire, False
+        thinking = self._thinking.get(tuple(call.id for call in calls))
+        if not thinking:
+            return wire, True
+        # Found once, kept with the message: it outlives the backend's bounded store.
+        with_thinking = WireMessage.of(wire.role, b",".join((*thinking, wire.blocks)))
+        message.cache[_THINKING_CACHE_KEY] = with_thinking
+        return with_thinking, False
+
+    def _system(self, prompt: str) -> bytes:
+        cached = self._system_cache
+        if cached is None or cached[0] != prompt:
+            cached = (prompt, b"[" + _dumps({"type": "text", "text": prompt})[:-1]
+                      + _BREAKPOINT + b"]")
+            self._system_cache = cached
+        return cached[1]
+
+    def _tools(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
+        # Keyed by the identity of each definition (the registry builds them once); the
+        # cache holds them, so an id cannot be reused while it is compared.
+        key = tuple(tools)
+        cached = self._tools_cache
+        if cached is None or len(cached[0]) != len(key) or any(
+                a is not b for a, b in zip(cached[0], key, strict=True)):
+            encoded = [_dumps(_tool_definition(tool)) for tool in tools]
+            encoded[-1] = encoded[-1][:-1] + _BREAKPOINT
+            cached = (key, b"[" + b",".join(encoded) + b"]")
+            self._tools_cache = cached
+        return cached[1]
+
+    # ------------------------------------------------------------------ complete
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+        """Sends one request and streams the answer.
+
+        Args:
+            request: What to send.
+            on_text: Called with each piece of text as it arrives.
+
+        Returns:
+            The whole answer, only once the stream completed.
+
+        Raises:
+            TransientBackendError: A failure worth retrying (429, 529, 5xx, timeout, a
+                broken or unfinished stream, an overloaded error event).
+            ContextOverflowError: The server said the prompt is longer than its window.
+            BackendError: Any other failure (401, 403, 404, another 4xx).
+        """
+        body = self.request_body(request)
+        builder = _ReplyBuilder(on_text, self.on_thinking)
+        try:
+            stream = await self._transport.post(body)
+        except HttpStatusError as exc:
+            raise self._refusal(exc) from self._cause(exc)
+        except (RequestTimeout, ConnectionFailed) as exc:
+            raise self._translate(exc) from self._cause(exc)
+        with contextlib.closing(stream):
+            await self._read(stream, builder)
+        if builder.error is not None:
+            raise self._stream_error(builder.error)
+        if not builder.finished:
+            raise TransientBackendError("the answer stream ended before the model finished",
+                                        model=self.model)
+        return self._reply(request, builder)
+
+    async def _read(self, stream: EventStream, builder: _ReplyBuilder) -> None:
+        """Feeds the answer's events to the builder, up to ``message_stop``, an error event
+        or the stream's end (the ``event:`` line repeats the data's own ``type``)."""
+        while not builder.finished and builder.error is None:
+            try:
+                event = await stream.next()
+                if event is None:
+                    return
+                if not event.data:
+                    continue
+                data = _decode(event.data)
+            except (RequestTimeout, ConnectionFailed, ValueError) as exc:
+                raise self._translate(exc) from self._cause(exc)
+            builder.feed(data)  # outside the try: on_text's own errors are not ours
+        if builder.finished:
+            await stream.finish()  # read to the end: the connection serves the next request
+
+    def _reply(self, request: ModelRequestSpec, builder: _ReplyBuilder) -> ModelReply:
+        content = builder.content()
+        calls = tuple(b.id for b in content if isinstance(b, ToolUseBlock))
+        thinking = builder.thinking()
+        if calls and thinking:
+            self._thinking[calls] = thinking
+            self._thinking.move_to_end(calls)
+            while len(self._thinking) > self._THINKING_KEPT:
+                self._thinking.popitem(last=False)
+        reason = builder.stop_reason or "stop"
+        reason = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}.get(
+            reason, reason)
+        return ModelReply(content=tuple(content), usage=self._usage(request, builder),
+                          stop_reason=reason)
+
+    def _usage(self, request: ModelRequestSpec, builder: _ReplyBuilder) -> Usage:
+        reported = builder.usage
+
+        def count(name: str) -> int | None:
+            value = reported.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        fresh, output = count("input_tokens"), count("output_tokens")
+        read = max(0, count("cache_read_input_tokens") or 0)
+        written = max(0, count("cache_creation_input_tokens") or 0)
+        estimated = fresh is None or output is None
+        if fresh is None:
+            fresh, read, written = self._estimate_prompt(request), 0, 0
+        if output is None:
+            chars = builder.output_chars()
+            output = max(1, chars // 4) if chars else 0
+        return Usage(input_tokens=fresh + read + written, output_tokens=output,
+                     estimated=estimated, cost=self._cost(fresh, read, written, output),
+                     cached_input_tokens=read)
+
+    def _cost(self, fresh: int, read: int, written: int, output: int) -> float | None:
+        config = self.config
+        if config.price_input_per_million is None or config.price_output_per_million is None:
+            return None
+        price_in = config.price_input_per_million
+        read_price = (price_in if config.price_cache_read_per_million is None
+                      else config.price_cache_read_per_million)
+        write_price = (price_in if config.price_cache_write_per_million is None
+                       else config.price_cache_write_per_million)
+        return (fresh * price_in + read * read_price + written * write_price
+                + output * config.price_output_per_million) / 1_000_000
+
+    def _estimate_prompt(self, request: ModelRequestSpec) -> int:
+        return (sum(estimate_tokens(m) for m in request.messages)
+                + len(request.system_prompt) // 4
+                + (len(self._tools(request.tools)) // 4 if request.tools else 0))
+
+    # ------------------------------------------------------------------ errors
+
+    def _redact(self, text: str) -> str:
+        if self._api_key and self._api_key in text:
+            return text.replace(self._api_key, "[redacted]")
+        return text
+
+    def _cause(self, exc: BaseException) -> BaseException | None:
+        """The exception to chain, unless its text would carry the key into a traceback."""
+        if self._api_key and self._api_key in str(exc):
+            return None
+        return exc
+
+    def _translate(self, exc: BaseException) -> BackendError:
+        """The project's error for a failure of the network or the stream."""
+        if isinstance(exc, RequestTimeout):
+            return TransientBackendError(
+                f"the server did not answer within {self.config.request_timeout:g} s",
+                model=self.model)
+        if isinstance(exc, ValueError):
+            return TransientBackendError(
+                self._redact(f"the server sent an unreadable stream event: {exc}"),
+                model=self.model)
+        return TransientBackendError(
+            self._redact(f"the connection to the server failed: {exc}"), model=self.model)
+
+    def _refusal(self, error: HttpStatusError) -> BackendError:
+        """The error for an answer with an error status."""
+        message, kind = _error_details(error.body)
+        request_id = error.headers.get("request-id")
+        if request_id:
+            message = f"{message} (request {request_id})"
+        return self._for_status(error.status, message, kind, _retry_after(error.headers))
+
+    def _stream_error(self, error: Mapping[str, Any]) -> BackendError:
+        kind = str(error.get("type") or "")
+        message = str(error.get("message") or kind or "an error event")
+        return self._for_status(None, message, kind, None)
+
+    def _for_status(self, status: int | None, message: str, kind: str,
+                    retry_after: float | None) -> BackendError:
+        message = self._redact(message.strip() or "no message")
+        effective = status if status is not None else _STATUS_OF_TYPE.get(kind)
+        where = "the server refused the request" if status is not None else (
+            "an error in the answer stream")
+        detail = f"{where}: {kind + ': ' if kind else ''}{message}"
+        if effective == 413 or (effective != 429 and any(
+                marker in message.lower() for marker in _OVERFLOW_MARKERS)):
+            return ContextOverflowError(f"the prompt is too long for the model: {message}",
+                                        status_code=status, model=self.model)
+        if effective in (401, 403):
+            variable = self.config.api_key_env
+            advice = (f"check the API key in the environment variable {variable} (api_key_env)"
+                      if variable is not None else
+                      "no key was sent: name its environment variable in api_key_env")
+            return BackendError(f"{detail}; {advice}", status_code=status, model=self.model)
+        if kind in _TRANSIENT_TYPES or effective is None or effective in _TRANSIENT_STATUSES:
+            return TransientBackendError(detail, status_code=status, model=self.model,
+                                         retry_after=retry_after)
+        return BackendError(detail, status_code=status, model=self.model)
