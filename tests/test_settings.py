@@ -376,8 +376,9 @@ def test_the_environment_still_spells_numbers_and_booleans_as_text(
         ('on_candle_close = ["1h"]', 'on_candle_close = ["1y"]',
          "desks.alpha.triggers.ticks.on_candle_close: unknown timeframe '1y'"),
         ("[desks.beta", "[desks.Beta", "desks.Beta: bad desk name 'Beta'"),
-        ('provider = "openai"', 'provider = "anthropic"',
-         "model.provider: unknown kind (got 'anthropic'; allowed: 'openai', 'local')"),
+        ('provider = "openai"', 'provider = "mistral"',
+         "model.provider: unknown kind (got 'mistral'; allowed: 'openai', 'anthropic', "
+         "'local')"),
         ('log_level = "debug"', 'log_level = "loud"',
          "daemon.log_level: Input should be 'debug', 'info', 'warning' or 'error' (got 'loud'"),
         ('symbols = ["BTC/USDT"]\ntimezone', 'symbols = ["ETH/USDT"]\ntimezone',

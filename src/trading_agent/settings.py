@@ -91,7 +91,11 @@ from pydantic_settings.exceptions import SettingsError
 
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.image_preparer import ImageLimits
-from trading_agent.backends.config import MAX_CONTEXT_WINDOW, OpenAIBackendConfig
+from trading_agent.backends.config import (
+    MAX_CONTEXT_WINDOW,
+    AnthropicBackendConfig,
+    OpenAIBackendConfig,
+)
 from trading_agent.backends.local_server import LocalModelConfig
 from trading_agent.errors import ConfigError
 from trading_agent.operator.config import OperatorConfig
@@ -105,6 +109,7 @@ __all__ = [
     "DESK_TOOL_NAMES",
     "ENV_PREFIX",
     "MAX_SHUTDOWN_TIMEOUT_SECONDS",
+    "AnthropicModelSettings",
     "ContextSettings",
     "ControlSettings",
     "DaemonSettings",
@@ -286,8 +291,34 @@ class LocalModelSettings(LocalModelConfig):
         return LocalModelConfig(**self.model_dump(exclude={"provider", "max_output_tokens"}))
 
 
-ModelSettings = Annotated[OpenAIModelSettings | LocalModelSettings, Field(discriminator="provider")]
-"""One model: ``provider = "openai"`` (any OpenAI-compatible server) or ``"local"``."""
+class AnthropicModelSettings(AnthropicBackendConfig):
+    """A model on Anthropic's Messages API (``provider = "anthropic"``).
+
+    The other keys are those of :class:`~trading_agent.backends.anthropic.AnthropicBackendConfig`
+    (the key is read from ``ANTHROPIC_API_KEY`` unless ``api_key_env`` names another
+    variable)::
+
+        [model]
+        provider = "anthropic"
+        model = "claude-sonnet-4-5"
+        context_window = 200000
+        price_input_per_million = 3.0
+        price_output_per_million = 15.0
+        price_cache_read_per_million = 0.3
+        price_cache_write_per_million = 3.75
+    """
+
+    provider: Literal["anthropic"]
+
+    def backend_config(self) -> AnthropicBackendConfig:
+        """The backend's own config (these settings without ``provider``)."""
+        return AnthropicBackendConfig(**self.model_dump(exclude={"provider"}))
+
+
+ModelSettings = Annotated[OpenAIModelSettings | AnthropicModelSettings | LocalModelSettings,
+                          Field(discriminator="provider")]
+"""One model: ``provider = "openai"`` (any OpenAI-compatible server), ``"anthropic"`` or
+``"local"``."""
 
 
 class ContextSettings(_Strict):
@@ -717,7 +748,8 @@ class Settings(BaseSettings):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
         for desk_name, desk in self.desks.items():
             prefix = f"desks.{desk_name}"
-            if isinstance(desk.model, OpenAIModelSettings) and desk.model.api_key_env:
+            if isinstance(desk.model, OpenAIModelSettings | AnthropicModelSettings) and (
+                    desk.model.api_key_env):
                 yield f"{prefix}.model.api_key_env", desk.model.api_key_env, True
             ccxt = desk.exchange.ccxt
             if ccxt is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,9 +359,12 @@ class InProcessDaemon:
 
 
 @contextlib.asynccontextmanager
-async def in_process_daemon(config: Path) -> AsyncIterator[InProcessDaemon]:
-    """The daemon's store, desks and API running, as ``run`` runs them (without signals)."""
-    async with open_daemon(load_settings(config), environ={}, config_path=config) as daemon, \
+async def in_process_daemon(config: Path, environ: Mapping[str, str] | None = None
+                            ) -> AsyncIterator[InProcessDaemon]:
+    """The daemon's store, desks and API running, as ``run`` runs them (without signals);
+    ``environ`` is what it reads secrets from (none by default)."""
+    async with open_daemon(load_settings(config), environ=environ or {},
+                           config_path=config) as daemon, \
             anyio.create_task_group() as group:
         group.start_soon(daemon.store.persist_events, daemon.store_subscription)
         assert daemon.serve_api is not None

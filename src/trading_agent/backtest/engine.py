@@ -566,7 +566,8 @@ def _sampling(backend: ModelBackend) -> dict[str, Any]:
     if config is None:
         return {}
     return {key: getattr(config, key, None)
-            for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body")}
+            for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body",
+                        "thinking_budget_tokens")}
 
 
 async def _no_wait(seconds: float) -> None:

@@ -44,7 +44,8 @@ from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
-from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.anthropic import AnthropicBackend
+from trading_agent.backends.config import AnthropicBackendConfig, OpenAIBackendConfig
 from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
@@ -60,7 +61,13 @@ from trading_agent.logging_setup import secret_values
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
-from trading_agent.settings import DeskSettings, LocalModelSettings, OpenAIModelSettings, Settings
+from trading_agent.settings import (
+    AnthropicModelSettings,
+    DeskSettings,
+    LocalModelSettings,
+    OpenAIModelSettings,
+    Settings,
+)
 from trading_agent.store.database import prepare_state_directory
 from trading_agent.store.store import Store, database_path
 from trading_agent.telemetry.traces import open_tracing
@@ -583,10 +590,13 @@ class ModelBackends:
         self._stack = stack
         self._environ = environ
         self._backends: dict[str, OpenAICompatibleBackend] = {}
+        self._anthropic_backends: dict[str, AnthropicBackend] = {}
         self._local: dict[str, LocalModelServer] = {}
 
     async def get(self, config: DeskSettings) -> ModelBackend:
         model = config.model
+        if isinstance(model, AnthropicModelSettings):
+            return self._anthropic(model.backend_config())
         if isinstance(model, OpenAIModelSettings):
             backend_config = model.backend_config()
         else:
@@ -597,6 +607,15 @@ class ModelBackends:
             backend = OpenAICompatibleBackend(backend_config, environ=self._environ)
             self._stack.push_async_callback(backend.aclose)
             self._backends[key] = backend
+        return backend
+
+    def _anthropic(self, config: AnthropicBackendConfig) -> AnthropicBackend:
+        key = "anthropic:" + config.model_dump_json()
+        backend = self._anthropic_backends.get(key)
+        if backend is None:
+            backend = AnthropicBackend(config, environ=self._environ)
+            self._stack.push_async_callback(backend.aclose)
+            self._anthropic_backends[key] = backend
         return backend
 
     async def _local_config(self, model: LocalModelSettings) -> OpenAIBackendConfig:
