@@ -14,6 +14,9 @@ Bars (issue 14): at ~800 messages AgentLoop uses at most 2 ms of CPU per round
 and at most 1.2x its cost at ~40 (flat: a round costs what changed since the last one), and
 at most 1/20 of the plain loop's CPU per round.
 
+The same AgentLoop on the Anthropic backend runs against the scripted Anthropic server (issue
+16: no slower per round than the OpenAI backend).
+
 Run: ``.venv/bin/python bench/round_overhead.py``
 """
 
@@ -34,6 +37,7 @@ from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.scripted_anthropic_server import AnthropicScriptedServer
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
 
 from trading_agent.agent import (
@@ -49,7 +53,8 @@ from trading_agent.agent import (
     ToolUseBlock,
     Trigger,
 )
-from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.anthropic import AnthropicBackend
+from trading_agent.backends.config import AnthropicBackendConfig, OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
 TOOL_ROUNDS = 3
@@ -113,7 +118,30 @@ def _wire(messages: list[Message]) -> list[dict[str, Any]]:
     return wire
 
 
-async def _agent_loop_cpu(base_url: str, size: int) -> float:
+def _anthropic_responder(request: RecordedRequest) -> Step:
+    """The same script in Anthropic's shape: tool results are user messages of blocks."""
+    since_trigger = 0
+    for message in reversed(request.json["messages"]):
+        blocks = message["content"]
+        if message["role"] == "user" and any(b["type"] == "text" for b in blocks):
+            break
+        since_trigger += message["role"] == "user"
+    if since_trigger < TOOL_ROUNDS:
+        return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})],
+                     usage=(1000, 20))
+    return Reply("Holding: no setup worth trading at 21,034.", text_chunks=4, usage=(1000, 12))
+
+
+def _backend(base_url: str, provider: str) -> OpenAICompatibleBackend | AnthropicBackend:
+    if provider == "anthropic":
+        return AnthropicBackend(AnthropicBackendConfig(
+            base_url=base_url, model="scripted-claude", context_window=1_000_000,
+            api_key_env=None))
+    return OpenAICompatibleBackend(OpenAIBackendConfig(
+        base_url=base_url, model="scripted-model", context_window=1_000_000))
+
+
+async def _agent_loop_cpu(base_url: str, size: int, provider: str = "openai") -> float:
     """CPU seconds per model round of AgentLoop, median over repeats."""
     registry = ToolRegistry()
 
@@ -121,10 +149,8 @@ async def _agent_loop_cpu(base_url: str, size: int) -> float:
     async def get_ticker(arguments: TickerArguments, context: ToolContext) -> str:
         return TICKER_TEXT
 
-    config = OpenAIBackendConfig(base_url=base_url, model="scripted-model",
-                                 context_window=1_000_000)
     samples = []
-    async with OpenAICompatibleBackend(config) as backend:
+    async with _backend(base_url, provider) as backend:
         bus = EventBus()
         loop = AgentLoop("bench", backend, ToolCallExecutor(registry), bus, maximum_rounds=10)
         for _ in range(REPEATS):
@@ -227,6 +253,13 @@ async def _main() -> None:
         early, late = await _grown_cpu(server.base_url)
         print(f"grown over 100 turns: AgentLoop {early * 1000:.2f} ms/round near ~40, "
               f"{late * 1000:.2f} ms/round in the last tenth (~800)")
+    with AnthropicScriptedServer() as anthropic_server:
+        anthropic_server.responder = _anthropic_responder
+        for size in (40, 800):
+            figures["anthropic", size] = await _agent_loop_cpu(
+                anthropic_server.base_url, size, "anthropic")
+            print(f"~{size:>3} messages: AgentLoop on the Anthropic backend "
+                  f"{figures['anthropic', size] * 1000:7.2f} ms/round")
     share = figures["agent", 800] / figures["plain", 800]
     growth = figures["agent", 800] / figures["agent", 40]
     at_800 = figures["agent", 800] * 1000
@@ -236,6 +269,12 @@ async def _main() -> None:
           f" -> {'PASS' if growth <= 1.2 else 'FAIL'}")
     print(f"at ~800: AgentLoop / plain = 1/{1 / share:.1f}  (bar: at most 1/20)"
           f" -> {'PASS' if share <= 1 / 20 else 'FAIL'}")
+    # Issue 16: the Anthropic backend no slower per round than the OpenAI one (a tenth more
+    # is the noise of a shared machine between two runs of the same work).
+    for size in (40, 800):
+        ratio = figures["anthropic", size] / figures["agent", size]
+        print(f"at ~{size}: Anthropic / OpenAI backend = {ratio:.2f}x  (bar: at most 1.1x)"
+              f" -> {'PASS' if ratio <= 1.1 else 'FAIL'}")
 
 
 if __name__ == "__main__":

@@ -841,3 +841,32 @@ async def test_the_agent_loop_runs_a_tool_turn_over_the_anthropic_backend(
     assert result.usage.input_tokens == 900 + 30 + 880 + 10
     assert result.usage.cached_input_tokens == 880
     server.assert_complete()
+
+
+@given(st.lists(st.sampled_from(["user", "user", "assistant", "assistant", "replace",
+                                 "drop_first", "cut_end", "other_desk"]),
+                min_size=1, max_size=14))
+def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
+        steps: list[str]) -> None:
+    config = AnthropicBackendConfig(base_url="http://127.0.0.1:9", model=MODEL,
+                                    context_window=200_000, api_key_env=None)
+    remembering = AnthropicBackend(config)
+    window: list[Message] = [Message.user_text("first")]
+    for number, step in enumerate(steps):
+        if step == "user":
+            window = [*window, Message.user_text(f"user {number}")]
+        elif step == "assistant":  # runs of one role are merged into one wire message
+            window = [*window, Message(role="assistant", content=(TextBlock(f"a {number}"),))]
+        elif step == "replace" and window:  # a picture pruned in the middle
+            middle = len(window) // 2
+            window = [*window[:middle], Message.user_text(f"cut {number}"),
+                      *window[middle + 1:]]
+        elif step == "drop_first":  # a compaction: the window may start with the model's
+            window = window[1:]
+        elif step == "cut_end":
+            window = window[:-1]
+        key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
+        request = ModelRequestSpec("system", window, [], cache_key=key)
+
+        assert remembering.request_body(request) == AnthropicBackend(config).request_body(
+            request)

@@ -195,6 +195,28 @@ def _joined(run: Sequence[WireMessage]) -> bytes:
     return WireMessage.of(run[0].role, b",".join(wire.blocks for wire in run)).whole
 
 
+class _Joined(NamedTuple):
+    """What a desk's last request joined, up to its last run of one role.
+
+    Attributes:
+        messages: The messages joined (the window's start, as sent).
+        wire: Their wire messages, comma-joined (the opening user message included).
+        continued_without_thinking: Whether the newest tool-calling answer among them lost
+            its thinking.
+        last_role: The role of their last wire message.
+    """
+
+    messages: list[Message]
+    wire: bytes
+    continued_without_thinking: bool
+    last_role: str | None
+
+
+_NOTHING_JOINED = _Joined([], b"", False, None)
+_JOINED_DESKS = 16
+"""How many desks' last requests are kept joined (the most recent)."""
+
+
 def _tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
     """A definition in Anthropic's shape, from OpenAI's (what the tool registry makes)."""
     function = tool.get("function")
@@ -476,6 +498,9 @@ class AnthropicBackend:
         self._thinking: OrderedDict[tuple[str, ...], tuple[bytes, ...]] = OrderedDict()
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
+        self._joined: OrderedDict[str | None, _Joined] = OrderedDict()
+        """Per desk (the request's cache key), the wire messages of its last request up to
+        the last run of one role: the next request of that desk starts there."""
 
     @staticmethod
     def _read_key(config: AnthropicBackendConfig, environ: Mapping[str, str]) -> str | None:
@@ -516,22 +541,43 @@ class AnthropicBackend:
         Returns:
             The body bytes.
         """
-        parts: list[bytes] = []
+        messages, joined = self._resume(request)
+        start = len(joined.messages)
+        parts: list[bytes] = [joined.wire] if joined.wire else []
         run: list[WireMessage] = []  # consecutive messages of one role: one wire message
+        # Whether the newest tool-calling answer lost its thinking (then the request goes
+        # without: the API refuses a tool loop that starts thinking halfway); as of the
+        # start of the last run, for the next request of the desk.
+        lost = lost_at_run = joined.continued_without_thinking
+        run_start, last_role = start, joined.last_role
         thinking = bool(self._thinking_field)
-        continued_without_thinking = False
-        for message in request.messages:
+        for position in range(start, len(messages)):
+            message = messages[position]
             wire: WireMessage = message.cache.get(_CACHE_KEY) or encode_message(message)
+            before = lost
             if thinking and wire.role == "assistant":
-                wire, continued_without_thinking = self._with_thinking(message, wire)
+                wire, lost = self._with_thinking(message, wire)
             if not wire.blocks:
                 continue
+            if not run and wire.role == joined.last_role:
+                # The message after what was joined continues its last run (a message in
+                # between was replaced): join the whole window again.
+                self._joined.pop(request.cache_key, None)
+                return self.request_body(request)
             if run and run[0].role != wire.role:
                 parts.append(run[0].whole if len(run) == 1 else _joined(run))
-                run = []
+                last_role = run[0].role
+                run, run_start, lost_at_run = [], position, before
             run.append(wire)
+        if not joined.wire and parts and parts[0].startswith(b'{"role":"assistant"'):
+            parts.insert(0, _OPENING)
+        if run_start > start:
+            self._remember(request.cache_key, _Joined(
+                messages[:run_start], b",".join(parts), lost_at_run, last_role))
+        continued_without_thinking = lost
         if run:
             parts.append(run[0].whole if len(run) == 1 else _joined(run))
+        if parts:
             if parts[0].startswith(b'{"role":"assistant"'):
                 parts.insert(0, _OPENING)
             # The newest message's last block: a breakpoint, in this body only.
@@ -548,6 +594,22 @@ class AnthropicBackend:
             body += (b',"tools":', self._tools(request.tools))
         body += (b',"messages":[', b",".join(parts), b"]}")
         return b"".join(body)
+
+    def _resume(self, request: ModelRequestSpec) -> tuple[list[Message], _Joined]:
+        """The request's messages, and what of them the desk's last request already joined
+        (nothing when they no longer begin this one's: a compaction, a pruned picture)."""
+        messages = list(request.messages)
+        joined = self._joined.get(request.cache_key)
+        if joined is None or len(messages) < len(joined.messages) or (
+                messages[:len(joined.messages)] != joined.messages):  # identity, in C
+            joined = _NOTHING_JOINED
+        return messages, joined
+
+    def _remember(self, key: str | None, joined: _Joined) -> None:
+        self._joined[key] = joined
+        self._joined.move_to_end(key)
+        if len(self._joined) > _JOINED_DESKS:
+            self._joined.popitem(last=False)
 
     def _with_thinking(self, message: Message, wire: WireMessage) -> tuple[WireMessage, bool]:
         """An assistant message with its kept thinking first; and whether it is a
