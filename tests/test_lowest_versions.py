@@ -46,6 +46,7 @@ ADAPTER_TESTS = (
     "tests/daemon/test_schedules.py",            # croniter, tzdata
     "tests/test_logging.py",                     # structlog
     "tests/agent/test_image_preparer.py",        # pillow
+    "tests/tools/test_mcp.py",                   # mcp, jsonschema (stdio and HTTP servers)
 )
 """The tests of the code that leans on each dependency; each takes seconds."""
 

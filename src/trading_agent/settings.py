@@ -101,6 +101,7 @@ from trading_agent.errors import ConfigError
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
+from trading_agent.tools.mcp import McpServerConfig
 from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import timeframe_delta
@@ -539,6 +540,8 @@ class DeskSettings(_Strict):
         triggers: What wakes it.
         controls: Its spend caps, what triggers do while it is paused, and when the kill
             switch goes on by itself.
+        mcp_servers: MCP servers whose tools it gets besides its own
+            (``[[desks.<name>.mcp_servers]]``), each under its server's name as a prefix.
     """
 
     system_prompt: str = Field(min_length=1)
@@ -555,6 +558,17 @@ class DeskSettings(_Strict):
     subagents: SubagentConfig = Field(default_factory=SubagentConfig)
     triggers: TriggerSettings = Field(default_factory=TriggerSettings)
     controls: ControlSettings = Field(default_factory=ControlSettings)
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _check_mcp_servers(cls, value: list[McpServerConfig]) -> list[McpServerConfig]:
+        names = [server.name for server in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two servers are named {', '.join(map(repr, twice))}: each "
+                             "name prefixes its server's tools, so it must be unique")
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -751,6 +765,12 @@ class Settings(BaseSettings):
             if isinstance(desk.model, OpenAIModelSettings | AnthropicModelSettings) and (
                     desk.model.api_key_env):
                 yield f"{prefix}.model.api_key_env", desk.model.api_key_env, True
+            for index, server in enumerate(desk.mcp_servers):
+                where = f"{prefix}.mcp_servers[{index}]"
+                for header, variable in server.headers_env.items():
+                    yield f"{where}.headers_env.{header}", variable, True
+                for variable in server.env:
+                    yield f"{where}.env", variable, True
             ccxt = desk.exchange.ccxt
             if ccxt is not None:
                 live = desk.exchange.mode == "live"
@@ -1312,18 +1332,27 @@ def _constraints(metadata: Sequence[Any]) -> str:
     parts: list[str] = []
     for item in metadata:
         if isinstance(item, Gt):
-            parts.append(f"> {item.gt}")
+            parts.append(f"> {_bound(item.gt)}")
         elif isinstance(item, Ge):
-            parts.append(f">= {item.ge}")
+            parts.append(f">= {_bound(item.ge)}")
         elif isinstance(item, Lt):
-            parts.append(f"< {item.lt}")
+            parts.append(f"< {_bound(item.lt)}")
         elif isinstance(item, Le):
-            parts.append(f"<= {item.le}")
+            parts.append(f"<= {_bound(item.le)}")
         elif isinstance(item, MinLen) and item.min_length > 1:
             parts.append(f"at least {item.min_length} long")
         elif isinstance(item, MaxLen):
             parts.append(f"at most {item.max_length} long")
     return " " + ", ".join(parts) if parts else ""
+
+
+def _bound(value: Any) -> str:
+    """A bound as a config file writes it: ``3600``, not ``3600.0`` (pydantic shares one
+    constraint object between equal bounds, so whether it holds an int or a float depends
+    on which model was defined first)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _describe(annotation: Any, parent: type[BaseModel] | None = None,

@@ -73,6 +73,7 @@ from trading_agent.store.store import Store, database_path
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
+from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
@@ -184,7 +185,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             backend = await backends.get(desk_settings)
             return await _build_desk(
                 name, desk_settings, venue, backend, stack=stack, database=database,
-                store=store, bus=bus, approvals=approvals, settings=in_force)
+                store=store, bus=bus, approvals=approvals, settings=in_force, environ=environ)
 
         runtimes = []
         for name, desk_settings in settings.desks.items():
@@ -312,19 +313,22 @@ class DeskParts:
         watcher: Fires the desk's tick and candle triggers from its feed.
         schedules: Fires its schedule triggers; None when it has none.
         account: The desk's equity and open orders, for its status.
+        mcp_sources: Its MCP servers' connections, run as services beside it.
     """
 
     desk: Desk
     watcher: MarketWatcher
     schedules: ScheduleRunner | None
     account: Callable[[], Coroutine[Any, Any, tuple[float | None, int]]]
+    mcp_sources: list[McpToolSource] = field(default_factory=list)
 
 
 async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                      backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
                      store: Store, bus: EventBus, approvals: ApprovalBook | None,
                      settings: Settings, clock: Clock | None = None,
-                     sleep: Sleep = anyio.sleep) -> DeskParts:
+                     sleep: Sleep = anyio.sleep,
+                     environ: Mapping[str, str] | None = None) -> DeskParts:
     """Builds one desk the way the daemon runs it.
 
     Args:
@@ -342,12 +346,15 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         clock: The time of schedules and of the desk's status; the wall clock by default,
             the feed's replayed time in a backtest.
         sleep: The desk's backoff sleep.
+        environ: Where its MCP servers' secrets are read from (``os.environ`` by default).
 
     Raises:
-        ConfigError: An unknown tool name, or context settings that do not fit the window.
+        ConfigError: An unknown tool name, context settings that do not fit the window, or
+            an MCP server whose tools could not be listed.
     """
-    registry, delegator = await _tools(name, config, venue, backend, stack=stack,
-                                       database=database, store=store, approvals=approvals)
+    registry, delegator, sources = await _tools(
+        name, config, venue, backend, stack=stack, database=database, store=store,
+        approvals=approvals, environ=environ)
     await check_fixed_part(name, config, registry.definitions(), backend)
     preparer = ImagePreparer(config.image_limits())
     executor = ToolCallExecutor(registry, approval_gate=approvals, image_preparer=preparer)
@@ -390,19 +397,21 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         valuation = await value_account(venue.exchange, quote)
         return float(valuation.total), len(await venue.exchange.fetch_open_orders())
 
-    return DeskParts(desk, watcher, runner, account)
+    return DeskParts(desk, watcher, runner, account, sources)
 
 
 async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                       backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
                       store: Store, bus: EventBus, approvals: ApprovalBook,
-                      settings: Settings) -> DeskRuntime:
+                      settings: Settings, environ: Mapping[str, str] | None) -> DeskRuntime:
     """One desk and the services beside it."""
     parts = await build_desk(name, config, venue, backend, stack=stack, database=database,
-                             store=store, bus=bus, approvals=approvals, settings=settings)
+                             store=store, bus=bus, approvals=approvals, settings=settings,
+                             environ=environ)
     services: list[tuple[str, Service]] = [("market", parts.watcher.run)]
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))
+    services.extend((f"mcp {source.config.name}", source.run) for source in parts.mcp_sources)
     return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk)
 
 
@@ -476,10 +485,13 @@ async def check_fixed_part(name: str, config: DeskSettings,
             f"system prompt, narrow desks.{name}.tools, or use a larger window")
 
 
-async def offline_tool_definitions(name: str, config: DeskSettings) -> list[dict[str, Any]]:
+async def offline_tool_definitions(name: str, config: DeskSettings,
+                                   environ: Mapping[str, str] | None = None
+                                   ) -> list[dict[str, Any]]:
     """The tool definitions desk ``name`` would be offered, without running anything: its
     tools registered on a paper exchange over one made-up candle in a scratch folder (for
-    ``check-config``; definitions never depend on the exchange's state)."""
+    ``check-config``; definitions never depend on the exchange's state). Its MCP servers
+    are asked for their tools, briefly."""
     with tempfile.TemporaryDirectory(prefix="trading-agent-check-") as folder:
         database = Path(folder) / "check.sqlite3"
         at = datetime(2024, 1, 1, tzinfo=UTC)
@@ -495,8 +507,9 @@ async def offline_tool_definitions(name: str, config: DeskSettings) -> list[dict
                 paper, database=database, account=name, symbols=config.symbols,
                 risk_limits=config.risk, feed=feed))
             backend = _DefinitionsOnly(config.model.context_window)
-            registry, _ = await _tools(name, config, venue, backend, stack=stack,
-                                       database=database, store=store, approvals=None)
+            registry, _, _ = await _tools(name, config, venue, backend, stack=stack,
+                                          database=database, store=store, approvals=None,
+                                          environ=environ)
             return registry.definitions()
 
 
@@ -548,9 +561,11 @@ async def _keep_books(desk: str, venue: TradingVenue, bus: EventBus) -> None:
 
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
                  stack: AsyncExitStack, database: Path, store: Store,
-                 approvals: ApprovalBook | None) -> tuple[ToolRegistry, Delegator | None]:
+                 approvals: ApprovalBook | None, environ: Mapping[str, str] | None = None
+                 ) -> tuple[ToolRegistry, Delegator | None, list[McpToolSource]]:
     """The desk's tools: trading and memory tools, then ``delegate``, narrowed to the
-    desk's ``tools`` list."""
+    desk's ``tools`` list; then those of its MCP servers (listed now; each source holds its
+    connection as a desk service)."""
     assert venue.risk is not None  # open_exchange builds one when given the limits
     memory = await SqliteMemory.open(database, name, clock=venue.exchange.now)
     stack.push_async_callback(memory.close)
@@ -569,7 +584,16 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     if wanted is None or DELEGATE_TOOL_NAME in wanted:
         delegator = register_delegate_tool(registry, config.subagents, backend=backend,
                                            transcripts=store, approval_gate=approvals)
-    return registry, delegator
+    sources = []
+    for index, server in enumerate(config.mcp_servers):
+        source = McpToolSource(server, registry, environ=environ)
+        try:
+            await source.register()
+        except McpServerError as exc:
+            raise ConfigError(f"desks.{name}.mcp_servers[{index}] ({server.name}): its tools "
+                              f"could not be listed: {exc}") from None
+        sources.append(source)
+    return registry, delegator, sources
 
 
 async def _last_price(venues: Mapping[str, TradingVenue], desk: str, symbol: str) -> float | None:

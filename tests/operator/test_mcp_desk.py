@@ -1,0 +1,86 @@
+"""A desk with an MCP server in its config: the daemon lists the server's tools into the desk's
+registry, runs the connection beside the desk, and the model's call reaches the server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.operator.harness import in_process_daemon, uds_client
+from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from trading_agent.errors import ConfigError
+from trading_agent.settings import load_settings
+
+MCP_SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
+
+
+def _config(folder: Path, base_url: str, command: list[str]) -> Path:
+    path = folder / "daemon.toml"
+    path.write_text(f"""
+[daemon]
+state_dir = "{folder / 'state'}"
+
+[model]
+provider = "openai"
+base_url = "{base_url}"
+model = "scripted-model"
+context_window = 32000
+request_timeout = 10
+
+[desks.alpha]
+system_prompt = "You are the trading desk alpha."
+symbols = ["BTC/USDT"]
+
+[[desks.alpha.mcp_servers]]
+name = "calc"
+command = {command!r}
+tools = ["add", "fail"]
+""".replace("'", '"'))
+    return path
+
+
+async def test_a_desks_mcp_tools_are_offered_and_answer_the_model(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(
+        Reply(tool_calls=[ToolCall("calc__add", {"a": 2, "b": 40}),
+                          ToolCall("calc__add", {"a": "two", "b": 1}),
+                          ToolCall("calc__fail", {"reason": "no quotes today"})]),
+        Reply("2 + 40 is 42."))
+    config = _config(tmp_path, scripted_server.base_url,
+                     [sys.executable, str(MCP_SERVER), "stdio"])
+
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        response = await client.post("/api/desks/alpha/messages", json={
+            "text": "Add 2 and 40.", "source": "ann", "wait": True, "timeout": 20})
+
+    assert response.status_code == 200, response.text
+    assert response.json()["reply"]["text"] == "2 + 40 is 42."
+    first, second = scripted_server.requests
+    offered = {tool["function"]["name"] for tool in first.tools}
+    assert {"calc__add", "calc__fail"} <= offered and "calc__echo" not in offered
+    results = [m["content"] for m in second.messages if m["role"] == "tool"]
+    assert results[0] == "42"
+    assert "invalid arguments for calc__add" in results[1] and "two" in results[1]
+    assert "no quotes today" in results[2]
+
+
+async def test_a_server_that_cannot_start_names_the_desk_and_the_server(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    config = _config(tmp_path, scripted_server.base_url,
+                     [str(tmp_path / "no-such-program"), "stdio"])
+
+    with pytest.raises(ConfigError, match=r"desks\.alpha\.mcp_servers\[0\] \(calc\)"):
+        async with in_process_daemon(config):
+            pass
+
+
+def test_two_servers_with_one_name_are_refused(tmp_path: Path) -> None:
+    config = _config(tmp_path, "http://127.0.0.1:9/v1", ["x"])
+    config.write_text(config.read_text() + '\n[[desks.alpha.mcp_servers]]\nname = "calc"\n'
+                      'url = "http://127.0.0.1:9/mcp"\n')
+
+    with pytest.raises(ConfigError, match="two servers are named 'calc'"):
+        load_settings(config)
