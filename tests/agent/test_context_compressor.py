@@ -273,6 +273,11 @@ async def test_past_70_percent_a_turn_starts_with_a_silent_flush_then_a_summary(
         [ended] = desk.of(CompactionEnded)
         assert started.reason == ended.reason == "threshold"
         assert started.tokens_before >= 0.7 * window
+        # Tagged with the turn that found the window full, and counted as pycodeloop does.
+        assert (ended.trigger_kind, started.trigger_kind) == ("tick", "tick")
+        assert ended.trigger_text == started.trigger_text != ""
+        # What is sent: the summarized messages became one summary message.
+        assert ended.messages_before == ended.messages_after + ended.messages_summarized - 1
         summary_tokens = estimate_tokens(desk.conversation.summary)  # type: ignore[arg-type]
         assert summary_tokens < ended.tokens_after < 0.7 * window
         events = desk.drain()

@@ -155,6 +155,8 @@ async def test_compact_flushes_memory_and_compacts(scripted_server: ScriptedServ
                                       == "Third answer.")
     ended = next(e for e in events if e.type == "compaction_end")
     assert ended.data["reason"] == "command" and ended.data["messages_summarized"] > 0
+    assert ended.data["trigger_kind"] == "command" and "compact" in ended.data["trigger_text"]
+    assert ended.data["messages_after"] < ended.data["messages_before"]
     flush = next(e for e in events if e.type == "memory_flush")
     assert flush.data["tool_calls"] == 1
     assert gate.memories == ["watching BTC"]

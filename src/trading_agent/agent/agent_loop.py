@@ -181,7 +181,7 @@ class AgentLoop:
         opening: SteeringMessage | None = None
         while True:
             try:
-                await self._compact_if_full(conversation)
+                await self._compact_if_full(conversation, trigger)
             except BaseException:
                 # The message that was to open this turn is not in the conversation yet:
                 # back to the inbox, or it would be lost.
@@ -211,7 +211,7 @@ class AgentLoop:
         """
         if self._compressor is None or not self._compressor.can_compress(conversation):
             return False
-        return await self._flush_and_compress(conversation, "command")
+        return await self._flush_and_compress(conversation, "command", trigger)
 
     # ------------------------------------------------------------------ one turn
 
@@ -401,7 +401,7 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ compaction
 
-    async def _compact_if_full(self, conversation: Conversation) -> None:
+    async def _compact_if_full(self, conversation: Conversation, trigger: Trigger) -> None:
         """Before a turn, at the flush mark: clear old tool results; when that is not
         enough, the memory flush, then the summary."""
         compressor = self._compressor
@@ -411,7 +411,7 @@ class AgentLoop:
         if (compressor.is_full(tokens)
                 and not self._clear(conversation, None, tokens, compressor.flush_threshold)
                 and compressor.can_compress(conversation)):
-            await self._flush_and_compress(conversation, "threshold")
+            await self._flush_and_compress(conversation, "threshold", trigger)
 
     def _clear(self, conversation: Conversation, turn: TurnState | None, tokens: int,
                mark: float) -> bool:
@@ -442,13 +442,14 @@ class AgentLoop:
         sent = min(count, self._image_preparer.limits.keep)
         return int(sent * IMAGE_TOKEN_COST * conversation.token_scale)
 
-    async def _flush_and_compress(self, conversation: Conversation, reason: str) -> bool:
+    async def _flush_and_compress(self, conversation: Conversation, reason: str,
+                                  trigger: Trigger) -> bool:
         compressor = self._compressor
         assert compressor is not None
         if compressor.should_flush(conversation, self._context_tokens(conversation),
                                    self._executor.tool_registry.names):
             await self._memory_flush(conversation, compressor)
-        return await self._compress(conversation, None, reason)
+        return await self._compress(conversation, None, reason, trigger=trigger)
 
     async def _memory_flush(self, conversation: Conversation,
                             compressor: ContextCompressor) -> None:
@@ -467,7 +468,8 @@ class AgentLoop:
                                         no_op=calls == 0))
 
     async def _compress(self, conversation: Conversation, turn: TurnState | None, reason: str,
-                        keep_recent_tokens: int | None = None) -> bool:
+                        keep_recent_tokens: int | None = None, *,
+                        trigger: Trigger | None = None) -> bool:
         compressor = self._compressor
         assert compressor is not None
         return await compressor.compress(
@@ -475,7 +477,8 @@ class AgentLoop:
             measure=lambda: self._context_tokens(conversation),
             events=self._event_bus if turn is None else self._event_bus.child(turn=turn.id),
             desk=self.desk_name, reason=reason, keep_recent_tokens=keep_recent_tokens,
-            fixed_tokens=overhead_tokens(conversation.system_prompt, self.tool_definitions()))
+            fixed_tokens=overhead_tokens(conversation.system_prompt, self.tool_definitions()),
+            trigger=trigger or (turn.trigger if turn is not None else None))
 
     async def _recover(self, conversation: Conversation, turn: TurnState,
                        error: ContextOverflowError, replays: int) -> bool:

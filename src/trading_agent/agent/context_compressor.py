@@ -436,7 +436,8 @@ class ContextCompressor:
 
     async def compress(self, conversation: Conversation, *, ask: AskModel,
                        measure: Callable[[], int], events: EventBus, desk: str, reason: str,
-                       keep_recent_tokens: int | None = None, fixed_tokens: int = 0) -> bool:
+                       keep_recent_tokens: int | None = None, fixed_tokens: int = 0,
+                       trigger: Trigger | None = None) -> bool:
         """Replaces older messages by an updated summary (they leave memory, not the store).
 
         Args:
@@ -449,6 +450,8 @@ class ContextCompressor:
             keep_recent_tokens: A smaller recent budget than configured (overflow recovery).
             fixed_tokens: The request's fixed part (system prompt and tools), estimated:
                 the summary and the recent messages share what is left of the window.
+            trigger: What asked for it (the ``/compact`` command, or the turn's trigger),
+                named in its events.
 
         Returns:
             True when something was summarized; False when there was nothing to summarize.
@@ -465,15 +468,20 @@ class ContextCompressor:
         cut = find_cut(window, int(keep / scale), lambda m: self._sent_tokens(m, max_chars))
         if cut == 0:
             return False
-        before = measure()
-        events.publish(CompactionStarted(desk=desk, reason=reason, tokens_before=before))
+        before, messages_before = measure(), len(conversation.window())
+        kind, text = (trigger.kind, trigger.text) if trigger is not None else ("", "")
+        events.publish(CompactionStarted(desk=desk, reason=reason, tokens_before=before,
+                                         trigger_kind=kind, trigger_text=text))
         summary_text = await self._summarize(ask, conversation.summary, window[:cut],
                                              summary_tokens, scale)
         summary = Message(role="user", kind="summary",
                           content=(TextBlock(SUMMARY_HEADER + summary_text),))
         await conversation.compact(summary, start + cut)
         events.publish(CompactionEnded(desk=desk, reason=reason, tokens_before=before,
-                                       tokens_after=measure(), messages_summarized=cut))
+                                       tokens_after=measure(), messages_summarized=cut,
+                                       messages_before=messages_before,
+                                       messages_after=len(conversation.window()),
+                                       trigger_kind=kind, trigger_text=text))
         return True
 
     def budgets(self, fixed_tokens: float, keep_recent_tokens: int) -> tuple[int, int]:

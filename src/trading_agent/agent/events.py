@@ -217,22 +217,29 @@ class SteeringDelivered(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CompactionStarted(Event):
-    """Compaction began; ``reason`` is threshold, mid_turn, overflow or command."""
+    """Compaction began; ``reason`` is threshold, mid_turn, overflow or command, and the
+    trigger is the one that asked for it (the ``/compact`` command, or the turn's)."""
 
     type: ClassVar[str] = "compaction_start"
     reason: str
     tokens_before: int
+    trigger_kind: str = ""
+    trigger_text: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompactionEnded(Event):
-    """Compaction finished."""
+    """Compaction finished; the message counts are of what is sent (the summary included)."""
 
     type: ClassVar[str] = "compaction_end"
     reason: str
     tokens_before: int
     tokens_after: int
     messages_summarized: int
+    messages_before: int = 0
+    messages_after: int = 0
+    trigger_kind: str = ""
+    trigger_text: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
