@@ -159,7 +159,8 @@ class ScriptedTrader:
     _tools: tuple[Sequence[dict[str, Any]], int] | None = None
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         cpu, wall = time.thread_time(), time.perf_counter()
         kind, content = self._answer(request)
         text = "".join(b.text for b in content if isinstance(b, TextBlock))

@@ -285,7 +285,8 @@ class BenchModel:
     _calls: int = 0
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         entered = self.clock()
         body = self.wire.request_body(request)
         built = self.clock()

@@ -80,7 +80,8 @@ class _StreamingModel:
         self._pace = pace
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         self._calls += 1
         for index in range(DELTAS_PER_ANSWER):
             if on_text is not None:

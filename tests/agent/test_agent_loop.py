@@ -17,6 +17,7 @@ from tests.scripted_server import (
     HttpError,
     Reply,
     ScriptedServer,
+    SSEChunks,
     Step,
     ToolCall,
     dropped_stream,
@@ -35,7 +36,7 @@ from trading_agent.agent import (
     Trigger,
 )
 from trading_agent.agent.conversation import repair
-from trading_agent.agent.events import ErrorEvent, Event, RetryScheduled
+from trading_agent.agent.events import ErrorEvent, Event, RetryScheduled, ThinkingDelta
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.errors import BackendUnavailableError
@@ -244,3 +245,26 @@ async def test_cancelling_mid_tool_leaves_every_call_answered(
     results: dict[str, Any] = {r.tool_use_id: r for r in messages[2].tool_results}
     assert results["fast_one"].text == "BTC/USDT last 21,034.50"  # finished: kept
     assert results["slow_one"].is_error and "interrupted" in results["slow_one"].text
+
+
+async def test_the_models_reasoning_is_published_as_thinking_and_kept_out_of_the_conversation(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
+    def chunk(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    scripted_server.add(SSEChunks([chunk({"reasoning_content": "Small move; "}),
+                                   chunk({"reasoning_content": "hold."}),
+                                   chunk({"content": "No trade."}), chunk({}, "stop")]),
+                        Reply("Second answer."))
+    harness = Harness(backend, scripted_server)
+
+    result = await harness.loop.run_turn(harness.conversation, Trigger("tick", "BTC +0.1%"))
+    await harness.loop.run_turn(harness.conversation, Trigger("tick", "BTC +0.2%"))
+
+    assert result.text == "No trade."
+    events = harness.drained()
+    thinking = [e for e in events if isinstance(e, ThinkingDelta)]
+    assert [e.text for e in thinking] == ["Small move; ", "hold."]
+    assert {e.turn for e in thinking} == {result.turn_id} and thinking[0].desk == "alpha"
+    assert "hold." not in str(scripted_server.requests[1].messages)  # never sent back
+    assert all("hold." not in m.text for m in harness.conversation.messages)

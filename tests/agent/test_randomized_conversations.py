@@ -484,7 +484,8 @@ class ScriptedModel:
         self._failures_in_row = 0
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         await anyio.lowlevel.checkpoint()
         self.requests.append(request)
         messages = list(request.messages)
@@ -546,8 +547,9 @@ class WireDesk:
         self.steering = steering
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
-        reply = await self.inner.complete(request, on_text)
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
+        reply = await self.inner.complete(request, on_text, on_thinking)
         for late in self.brain.take_late_steering():
             self.inbox.put(self.steering(late))
         return reply

@@ -238,8 +238,8 @@ async def test_several_late_messages_open_one_turn_and_the_others_follow_it(
     async with running_desk(scripted_server) as desk:
         original = desk.loop.backend.complete
 
-        async def complete(request: Any, on_text: Any = None) -> Any:
-            reply = await original(request, on_text)
+        async def complete(request: Any, on_text: Any = None, on_thinking: Any = None) -> Any:
+            reply = await original(request, on_text, on_thinking)
             if reply.text == "Flat.":  # two operators wrote while it was written
                 desk.put("First.", "ana")
                 desk.put("Second.", "bob")

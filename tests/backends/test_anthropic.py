@@ -449,14 +449,15 @@ async def test_thinking_is_streamed_kept_and_sent_back_within_the_turn(
         Answer("No trade.", thinking="Nothing to do."))
     thoughts: list[str] = []
     async with AnthropicBackend(config, environ=ENVIRON) as backend:
-        backend.on_thinking = thoughts.append
         trigger = Message.user_text("Tick.")
-        first = await backend.complete(ModelRequestSpec("s", [trigger], TOOLS))
+        first = await backend.complete(ModelRequestSpec("s", [trigger], TOOLS),
+                                       on_thinking=thoughts.append)
         answer = Message(role="assistant", content=first.content)
         results = Message(role="user", kind="tool_results", content=(
             ToolResultBlock("toolu_t1", (TextBlock("last 64000"),)),))
         second = await backend.complete(ModelRequestSpec("s", [trigger, answer, results],
-                                                         TOOLS, max_output_tokens=500))
+                                                         TOOLS, max_output_tokens=500),
+                                        on_thinking=thoughts.append)
 
     assert thoughts == ["The move is ", "small; check the book.", "Nothing to do."]
     assert first.content == (TextBlock("Let me look."),

@@ -790,3 +790,22 @@ def test_the_config_refuses_unknown_fields_and_half_prices() -> None:
     with pytest.raises(ValueError, match="messages"):
         OpenAIBackendConfig(**base, extra_body={"messages": []})
     assert OpenAIBackendConfig(**base).pricing is None
+
+
+async def test_reasoning_the_server_streams_goes_to_on_thinking_and_never_into_the_answer(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
+    scripted_server.add(SSEChunks([
+        _chunk({"role": "assistant", "reasoning_content": "The tick is "}),  # DeepSeek, vLLM
+        _chunk({"reasoning_content": "small."}),
+        _chunk({"reasoning": " Wait."}),  # OpenRouter, Ollama
+        _chunk({"content": "No trade."}),
+        _chunk({}, "stop"),
+    ]))
+    thoughts: list[str] = []
+    texts: list[str] = []
+
+    reply = await backend.complete(ask(), on_text=texts.append, on_thinking=thoughts.append)
+
+    assert thoughts == ["The tick is ", "small.", " Wait."]
+    assert texts == ["No trade."]
+    assert reply.content == (TextBlock("No trade."),)

@@ -568,10 +568,11 @@ class Logged:
         self.outcomes: list[tuple[str, ModelReply | str]] = []
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         key = self.inner.key_of(request)
         try:
-            reply = await self.inner.complete(request, on_text)
+            reply = await self.inner.complete(request, on_text, on_thinking)
         except ContextOverflowError:
             self.outcomes.append((key, "overflow"))
             raise
@@ -643,7 +644,8 @@ def test_the_key_depends_on_what_is_sent_and_nothing_else(texts: list[str], erro
         context_window = 1000
 
         async def complete(self, request: ModelRequestSpec,
-                           on_text: Callable[[str], None] | None = None) -> ModelReply:
+                           on_text: Callable[[str], None] | None = None,
+                           on_thinking: Callable[[str], None] | None = None) -> ModelReply:
             raise AssertionError("a key is computed without asking the model")
 
     cache = ResponseCache(Unused(), Path("unused.jsonl"), "off")
@@ -690,7 +692,8 @@ class NoModel:
     context_window = 1000
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         raise AssertionError("a key is computed without asking the model")
 
 

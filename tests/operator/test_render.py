@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -67,3 +68,19 @@ def test_a_clearing_says_what_it_freed_and_whether_a_summary_follows() -> None:
     assert enough == "⇣ old tool results cleared: 5,600 → 2,100 tokens"
     assert short == ("⇣ old tool results cleared: 5,600 → 5,100 tokens; not enough, "
                      "summarizing next")
+
+
+def test_thinking_is_dimmed_and_folded_after_a_few_lines_then_the_answer_follows() -> None:
+    out = io.StringIO()
+    printer = EventPrinter(out.write, out.flush, Style(True))
+    thought = "The move is small and the book is thin, so waiting is better. " * 6
+    for piece in (thought[:100], thought[100:250], thought[250:]):
+        printer.event({"type": "thinking_delta", "desk": "alpha", "turn": "t1", "text": piece})
+    printer.event({"type": "text_delta", "desk": "alpha", "turn": "t1", "text": "No trade."})
+
+    thinking, answer = out.getvalue().split("\n")
+    assert thinking.startswith("\x1b[2m✻ thinking: ")  # dim
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", thinking)
+    assert plain.endswith(" …") and len(plain) < len(thought)
+    assert plain.removeprefix("✻ thinking: ").removesuffix(" …") == thought[:160].strip()
+    assert re.sub(r"\x1b\[[0-9;]*m", "", answer) == "alpha › No trade."

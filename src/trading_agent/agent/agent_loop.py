@@ -55,6 +55,7 @@ from trading_agent.agent.events import (
     RetryScheduled,
     SteeringDelivered,
     TextDelta,
+    ThinkingDelta,
     TurnEnded,
     TurnStarted,
     UsageReported,
@@ -309,9 +310,10 @@ class AgentLoop:
                         on_text: Callable[[str], None] | None) -> ModelReply:
         """Sends one request, retrying transient failures; publishes retries and usage."""
         attempt = 0
+        on_thinking = self._thinking_sink(turn) if on_text is not None else None
         while True:
             try:
-                reply = await self.backend.complete(request, on_text)
+                reply = await self.backend.complete(request, on_text, on_thinking)
                 break
             except TransientBackendError as exc:
                 attempt += 1
@@ -496,6 +498,11 @@ class AgentLoop:
         if turn.silent:
             return None
         return lambda text: self._publish(turn, TextDelta(desk=self.desk_name, text=text))
+
+    def _thinking_sink(self, turn: TurnState | None) -> Callable[[str], None] | None:
+        if turn is None or turn.silent:
+            return None
+        return lambda text: self._publish(turn, ThinkingDelta(desk=self.desk_name, text=text))
 
     def _finish(self, turn: TurnState, text: str, *, hit_round_limit: bool = False,
                 stopped: bool = False) -> TurnResult:

@@ -169,12 +169,15 @@ class ModelBackend(Protocol):
     context_window: int
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         """Sends one request and streams the answer.
 
         Args:
             request: What to send.
             on_text: Called with each piece of text as it arrives.
+            on_thinking: Called with each piece of the model's reasoning as it arrives
+                (where the server streams it apart from the answer).
 
         Returns:
             The whole answer, only once the stream completed.

@@ -25,6 +25,7 @@ __all__ = [
     "RetryScheduled",
     "SteeringDelivered",
     "TextDelta",
+    "ThinkingDelta",
     "ToolCallStarted",
     "ToolHeartbeat",
     "ToolResultReady",
@@ -213,6 +214,16 @@ class SteeringDelivered(Event):
     after_round: int
     message_id: str = ""
     started_turn: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThinkingDelta(Event):
+    """A piece of the model's reasoning as it streams (Anthropic's extended thinking, the
+    ``reasoning_content`` of OpenAI-compatible servers): shown dimmed, never sent back to
+    another provider, not stored."""
+
+    type: ClassVar[str] = "thinking_delta"
+    text: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ goes on. The conversation has no block type for thinking yet, so this backend ke
 thinking blocks of each answer that called tools, keyed by the ids of those calls, and puts
 them first when it encodes the assistant message holding those calls. When they are gone (a
 restart mid-turn) thinking is left off for that request rather than refused by the API.
-Thinking text also goes, delta by delta, to :attr:`AnthropicBackend.on_thinking`.
+Thinking text also goes, delta by delta, to the request's ``on_thinking``.
 
 Third-party errors stop here (``raise ... from exc``):
 
@@ -454,11 +454,6 @@ class AnthropicBackend:
         config: Where the API is, which model, prices, timeouts, thinking.
         environ: Where to read the API key from (``os.environ`` by default).
 
-    Attributes:
-        on_thinking: Called with each piece of thinking text as it streams (set by whoever
-            shows it); None to ignore it. The backend may serve several desks: the hook is
-            the backend's, not a request's.
-
     Raises:
         ConfigError: ``config.api_key_env`` names a variable that is not set.
 
@@ -477,7 +472,6 @@ class AnthropicBackend:
         self.config = config
         self.model = config.model
         self.context_window = config.context_window
-        self.on_thinking: Callable[[str], None] | None = None
         self._api_key = self._read_key(config, os.environ if environ is None else environ)
         root = config.base_url.rstrip("/").removesuffix("/v1")
         self._url = f"{root}/v1/messages"
@@ -653,12 +647,14 @@ class AnthropicBackend:
     # ------------------------------------------------------------------ complete
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         """Sends one request and streams the answer.
 
         Args:
             request: What to send.
             on_text: Called with each piece of text as it arrives.
+            on_thinking: Called with each piece of thinking text as it arrives.
 
         Returns:
             The whole answer, only once the stream completed.
@@ -670,7 +666,7 @@ class AnthropicBackend:
             BackendError: Any other failure (401, 403, 404, another 4xx).
         """
         body = self.request_body(request)
-        builder = _ReplyBuilder(on_text, self.on_thinking)
+        builder = _ReplyBuilder(on_text, on_thinking)
         try:
             stream = await self._transport.post(body)
         except HttpStatusError as exc:

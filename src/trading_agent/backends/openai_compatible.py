@@ -249,8 +249,10 @@ def _json_text(value: Any) -> str:
 class _ReplyBuilder:
     """Collects the chunks of one streamed answer."""
 
-    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+    def __init__(self, on_text: Callable[[str], None] | None,
+                 on_thinking: Callable[[str], None] | None = None) -> None:
         self.on_text = on_text
+        self.on_thinking = on_thinking
         self.text: list[str] = []
         self.calls: dict[int, _ToolCallDraft] = {}
         self.legacy = _ToolCallDraft()
@@ -274,6 +276,9 @@ class _ReplyBuilder:
                 if isinstance(choice.get(field_name), dict):
                     delta = choice[field_name]
                     break
+            reasoning = _text_of(delta.get("reasoning_content") or delta.get("reasoning"))
+            if reasoning and self.on_thinking is not None:
+                self.on_thinking(reasoning)
             text = _text_of(delta.get("content"))
             if text:
                 self.text.append(text)
@@ -599,12 +604,16 @@ class OpenAICompatibleBackend:
     # ------------------------------------------------------------------ complete
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         """Sends one request and streams the answer.
 
         Args:
             request: What to send.
             on_text: Called with each piece of text as it arrives.
+            on_thinking: Called with each piece of reasoning a server streams apart from
+                the answer (``reasoning_content``: DeepSeek, vLLM, llama.cpp; ``reasoning``:
+                OpenRouter, Ollama); it is never sent back.
 
         Returns:
             The whole answer, only once the stream completed.
@@ -616,7 +625,7 @@ class OpenAICompatibleBackend:
             BackendError: Any other failure (401, 403, 404, another 4xx).
         """
         body = self.request_body(request)
-        builder = _ReplyBuilder(on_text)
+        builder = _ReplyBuilder(on_text, on_thinking)
         try:
             stream = await self._transport.post(body)
         except _TRANSPORT_ERRORS as exc:

@@ -814,7 +814,8 @@ class ResponseCache:
     # ------------------------------------------------------------------ complete
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         """Replays the recorded answer, or asks the wrapped backend (``record``, ``off``).
 
         A replayed answer is what was recorded: the same content and tool-call ids, usage
@@ -823,6 +824,8 @@ class ResponseCache:
         Args:
             request: What to send.
             on_text: Called with the answer's text.
+            on_thinking: Called with the model's reasoning as it streams (a replayed answer
+                has none: only the answer is cached).
 
         Returns:
             The answer.
@@ -840,7 +843,7 @@ class ResponseCache:
         self.requests += 1
         if self.mode == "off":
             self.model_calls += 1
-            return await self.backend.complete(request, on_text)
+            return await self.backend.complete(request, on_text, on_thinking)
         recording = self._recording
         if recording is None:
             raise RuntimeError("open the ResponseCache before use (async with, or open())")
@@ -860,7 +863,7 @@ class ResponseCache:
             raise CacheMissError(message, model=self.model)
         self.model_calls += 1
         try:
-            reply = await self.backend.complete(request, on_text)
+            reply = await self.backend.complete(request, on_text, on_thinking)
         except ContextOverflowError as exc:
             with anyio.CancelScope(shield=True):
                 await self._record(request, parts, _Overflow(exc.message, exc.status_code))

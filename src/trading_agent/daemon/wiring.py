@@ -522,7 +522,8 @@ class _DefinitionsOnly:
         self.context_window = context_window
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         raise BackendError("the model is not asked while the config is checked")
 
 

@@ -274,6 +274,10 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
     return None
 
 
+THINKING_SHOWN = 160
+"""How much of a turn's thinking the chat shows before it folds the rest away."""
+
+
 class EventPrinter:
     """Writes events to a terminal: text as it streams, steps as lines.
 
@@ -293,13 +297,35 @@ class EventPrinter:
         self._show_desk = show_desk
         self._verbose = verbose
         self._mid_line = False
-        self._streaming: tuple[str, str | None] | None = None
+        self._streaming: tuple[str, str | None] | tuple[str, str | None, str] | None = None
+        self._thought: dict[tuple[str, str | None], int] = {}
+        """Characters of thinking shown per turn (the rest is folded away)."""
 
     def _prefix(self, data: dict[str, Any]) -> str:
         if not self._show_desk:
             return ""
         stamp = time.strftime("%H:%M:%S", time.localtime(float(data.get("at") or time.time())))
         return self.style.dim(f"{stamp} ") + self.style.bold(f"{data.get('desk', '?')}") + " "
+
+    def _thinking(self, data: dict[str, Any]) -> None:
+        """The model's reasoning, dimmed and folded: the first :data:`THINKING_SHOWN`
+        characters of a turn's, then an ellipsis."""
+        turn = (str(data.get("desk")), data.get("turn"))
+        shown = self._thought.get(turn, 0)
+        if shown > THINKING_SHOWN:
+            return
+        key = (*turn, "thinking")
+        if self._streaming != key:
+            if self._mid_line:
+                self._write("\n")
+            self._write(self._prefix(data) + self.style.dim("✻ thinking: "))
+            self._streaming = key
+        text = str(data.get("text", "")).replace("\r", " ").replace("\n", " ")
+        room = THINKING_SHOWN - shown
+        self._write(self.style.dim(text[:room] + (" …" if len(text) > room else "")))
+        self._thought[turn] = shown + len(text) + (1 if len(text) > room else 0)
+        self._mid_line = True
+        self._flush()
 
     def line(self, text: str) -> None:
         """Writes a line of its own (after ending any streamed text)."""
@@ -314,6 +340,11 @@ class EventPrinter:
         """Shows one event (its text without control characters, see :func:`printable`)."""
         data = _printable_data(data)
         kind = data.get("type")
+        if kind == "thinking_delta":
+            self._thinking(data)
+            return
+        if kind == "turn_end":
+            self._thought.pop((str(data.get("desk")), data.get("turn")), None)
         if kind == "text_delta":
             key = (str(data.get("desk")), data.get("turn"))
             if self._streaming != key:

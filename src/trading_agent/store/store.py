@@ -87,7 +87,8 @@ __all__ = [
 DATABASE_NAME = "trading-agent.sqlite3"
 """The file's name in the state directory; the trading layer opens the same file."""
 
-DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "tool_heartbeat"})
+DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "thinking_delta",
+                                                    "tool_heartbeat"})
 """Event types not stored by default: there are too many, and the messages keep their text."""
 
 INTERRUPTED_NOTICE = (

@@ -185,7 +185,8 @@ class _MeteredBackend:
         self.streaming: list[str] = []
 
     async def complete(self, request: ModelRequestSpec,
-                       on_text: Callable[[str], None] | None = None) -> ModelReply:
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         streaming: list[str] = []
         self.streaming = streaming
 
@@ -194,7 +195,7 @@ class _MeteredBackend:
             if on_text is not None:
                 on_text(text)
 
-        reply = await self._inner.complete(request, sink)
+        reply = await self._inner.complete(request, sink, on_thinking)
         self.usage = self.usage + reply.usage
         self.requests += 1
         self.streaming = []

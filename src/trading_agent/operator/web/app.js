@@ -350,8 +350,24 @@
     return turn;
   }
 
+  // The model's reasoning: dimmed, folded (a click opens it), one fold per stretch of it.
+  function appendThinking(turn, text) {
+    stickToBottom(() => {
+      if (!turn.lastThinking) {
+        const fold = el("details", "thinking");
+        fold.append(el("summary", "thinking-head", "Thinking"), el("div", "thinking-text"));
+        turn.body.append(fold);
+        turn.lastThinking = fold;
+        turn.lastText = null;
+      }
+      turn.lastThinking.querySelector(".thinking-text").textContent += text;
+      turn.el.classList.add("streaming");
+    });
+  }
+
   function appendText(turn, text) {
     stickToBottom(() => {
+      turn.lastThinking = null;
       if (!turn.lastText) {
         turn.lastText = el("div", "text");
         turn.body.append(turn.lastText);
@@ -371,6 +387,7 @@
       turn.body.append(step);
       turn.steps.set(callId, step);
       turn.lastText = null;
+      turn.lastThinking = null;
     });
   }
 
@@ -450,6 +467,9 @@
         break;
       case "text_delta":
         appendText(turnBlock(turnId, null, data.at), data.text);
+        break;
+      case "thinking_delta":
+        appendThinking(turnBlock(turnId, null, data.at), data.text);
         break;
       case "tool_call":
         addStep(turnBlock(turnId, null, data.at), data.call_id, data.name, data.arguments);
