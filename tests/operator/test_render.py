@@ -84,3 +84,10 @@ def test_thinking_is_dimmed_and_folded_after_a_few_lines_then_the_answer_follows
     assert plain.endswith(" …") and len(plain) < len(thought)
     assert plain.removeprefix("✻ thinking: ").removesuffix(" …") == thought[:160].strip()
     assert re.sub(r"\x1b\[[0-9;]*m", "", answer) == "alpha › No trade."
+
+
+def test_a_failed_hook_is_a_warning_line() -> None:
+    line = describe_event({"type": "hook_failed", "hook": "Budget", "method": "before_request",
+                           "error": "RuntimeError: down"}, Style(False))
+
+    assert line == "⚠ hook Budget.before_request failed, left out: RuntimeError: down"

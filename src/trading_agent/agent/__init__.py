@@ -21,6 +21,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
 )
 from trading_agent.agent.event_bus import EventBus, Subscription
+from trading_agent.agent.hooks import ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
@@ -45,9 +46,11 @@ __all__ = [
     "ImagePreparer",
     "Message",
     "ModelBackend",
+    "ModelCallReport",
     "ModelReply",
     "ModelRequestSpec",
     "Pricing",
+    "Refuse",
     "RetryPolicy",
     "SteeringInbox",
     "SteeringMessage",

@@ -20,6 +20,7 @@ Every step is published on the event bus; every message is appended to the conve
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from trading_agent.agent.backend import (
     ModelBackend,
     ModelReply,
     ModelRequestSpec,
+    Usage,
     desk_cache_key,
 )
 from trading_agent.agent.context_compressor import (
@@ -60,6 +62,7 @@ from trading_agent.agent.events import (
     TurnStarted,
     UsageReported,
 )
+from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.sent_window import SentWindow
@@ -94,10 +97,14 @@ class AgentLoop:
         steering_inbox: Mid-turn operator messages, added after each tool round; None for a
             loop that cannot be steered (a subagent).
         image_preparer: Prunes old pictures from what is sent; None for a default one.
+        hooks: Observe and intervene before each model request and tool call, after each
+            tool result and model call (see :mod:`~trading_agent.agent.hooks`), in order.
 
     Attributes:
         backend: The model the loop asks.
         retry_policy: How transient model failures are retried (tests make it fast).
+        hooks: The hooks, as given.
+        total_usage: Tokens and cost of every model call the loop made.
         new_turn_id: Gives each turn its id (random by default; a backtest numbers its turns,
             so that what derives from them, such as client order ids, is the same on a
             re-run).
@@ -113,6 +120,7 @@ class AgentLoop:
         compressor: ContextCompressor | None = None,
         steering_inbox: SteeringInbox | None = None,
         image_preparer: ImagePreparer | None = None,
+        hooks: Sequence[object] = (),
     ) -> None:
         if maximum_rounds < 1:
             raise ValueError("maximum_rounds must be at least 1")
@@ -124,6 +132,8 @@ class AgentLoop:
         self._compressor = compressor
         self._steering_inbox = steering_inbox
         self._image_preparer = image_preparer or ImagePreparer()
+        self.hooks = HookRunner(hooks, desk_name)
+        self.total_usage = Usage()
         self.retry_policy = RetryPolicy()
         self.new_turn_id: Callable[[], str] = new_turn_id
         self._stop_requested = False
@@ -225,7 +235,11 @@ class AgentLoop:
             self._publish_delivery(turn, opening, started_turn=True)
         while turn.rounds < self._round_limit(turn):
             await self._before_model_call(conversation, turn)
-            reply = await self._ask_model(conversation, turn)
+            try:
+                reply = await self._ask_model(conversation, turn)
+            except _Refused as refused:
+                return self._finish(turn, f"The model was not asked: {refused.reason}",
+                                    stopped=True)
             await conversation.append(Message(role="assistant", content=reply.content))
             if not reply.tool_calls:
                 return self._finish(turn, reply.text)
@@ -276,11 +290,17 @@ class AgentLoop:
         replays = 0
         while True:
             request, estimate, images = self._prepared_request(conversation)
+            if self.hooks:
+                decided = await self.hooks.before_request(request, turn.id, self._event_bus)
+                if isinstance(decided, Refuse):
+                    raise _Refused(decided.reason)
+                request = decided
             sent_messages = len(conversation.messages)
             tokens = context_tokens(conversation, functools.partial(int, estimate))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
                 tool_count=len(request.tools), estimated_tokens=tokens, image_count=images))
+            started = time.monotonic()
             try:
                 reply = await self._complete(request, turn, self._text_sink(turn))
             except ContextOverflowError as exc:
@@ -304,6 +324,11 @@ class AgentLoop:
                 conversation.note_reported_usage(
                     reply.usage.input_tokens, sent_messages,
                     None if reply.usage.estimated else estimate)
+            if self.hooks:
+                await self.hooks.after_model_call(ModelCallReport(
+                    desk=self.desk_name, turn=turn.id, round=turn.rounds, usage=reply.usage,
+                    turn_usage=turn.usage, total_usage=self.total_usage,
+                    elapsed=time.monotonic() - started), self._event_bus)
             return reply
 
     async def _complete(self, request: ModelRequestSpec, turn: TurnState | None,
@@ -331,6 +356,7 @@ class AgentLoop:
             except BackendError as exc:
                 raise self._fail(turn, exc) from None
         usage = reply.usage
+        self.total_usage = self.total_usage + usage
         if turn is not None:
             turn.usage = turn.usage + usage
         self._publish(turn, UsageReported(
@@ -347,7 +373,7 @@ class AgentLoop:
         finished: dict[str, ExecutedCall] = {}
         try:
             executed = await self._executor_for(turn).execute(
-                calls, self.desk_name, turn.id, self._event_bus, finished)
+                calls, self.desk_name, turn.id, self._event_bus, finished, self.hooks.hooks)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 partial = repair([Message(role="assistant", content=tuple(calls)),
@@ -523,6 +549,14 @@ class AgentLoop:
         if turn is not None:
             object.__setattr__(event, "turn", turn.id)
         self._event_bus.publish(event)
+
+
+class _Refused(Exception):
+    """A hook refused the model request: the turn ends there."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _results_message(executed: Sequence[ExecutedCall]) -> Message:

@@ -19,6 +19,7 @@ __all__ = [
     "ErrorEvent",
     "Event",
     "EventsDropped",
+    "HookFailed",
     "MemoryFlush",
     "ModelRequest",
     "OverflowRecovery",
@@ -214,6 +215,17 @@ class SteeringDelivered(Event):
     after_round: int
     message_id: str = ""
     started_turn: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookFailed(Event):
+    """A hook raised, or answered something the loop cannot use; that step went on without
+    it (see :mod:`trading_agent.agent.hooks`)."""
+
+    type: ClassVar[str] = "hook_failed"
+    hook: str
+    method: str
+    error: str
 
 
 @dataclass(frozen=True, kw_only=True)

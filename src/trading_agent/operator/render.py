@@ -215,6 +215,9 @@ def describe_event(data: dict[str, Any], style: Style) -> str | None:
                           f"{float(data.get('delay') or 0):.1f} s: {_short(data.get('reason'))}")
     if kind == "error":
         return style.bad(f"✗ {data.get('error_type')}: {_short(data.get('message'), 200)}")
+    if kind == "hook_failed":
+        return style.warn(f"⚠ hook {data.get('hook')}.{data.get('method')} failed, left out: "
+                          f"{_short(data.get('error'), 200)}")
     if kind == "compaction_start":
         return style.dim(f"⇣ compacting ({data.get('reason')}): "
                          f"{int(data.get('tokens_before') or 0):,} tokens")

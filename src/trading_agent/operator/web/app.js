@@ -502,6 +502,9 @@
       case "compaction_end":
         addNote(`Compacted: ${Number(data.tokens_before).toLocaleString("en-US")} → ${Number(data.tokens_after).toLocaleString("en-US")} tokens, ${data.messages_summarized} messages summarized.`, "compact", data.at);
         break;
+      case "hook_failed":
+        addNote(`Hook ${data.hook}.${data.method} failed and was left out: ${data.error}`, "warn", data.at);
+        break;
       case "retry":
         addNote(`Model retry ${data.attempt} in ${Number(data.delay).toFixed(1)} s: ${data.reason}`, "warn", data.at);
         break;
