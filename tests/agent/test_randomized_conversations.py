@@ -29,6 +29,11 @@ loop has to calibrate its counts from them and recover from the refusals.
   the server received: every assistant ``tool_call`` id followed by exactly one ``tool``
   message with that id, no ``tool`` message without its call, at most four ``image_url``
   parts; a body over the window is refused with OpenAI's ``context_length_exceeded``.
+- :func:`test_every_request_is_valid_over_anthropic_http`: 25 examples through the native
+  :class:`AnthropicBackend` and the scripted Anthropic server, the bodies checked as Anthropic's
+  API would (roles alternating, the first the user's, each ``tool_result`` first in the message
+  right after its ``tool_use``, at most four cache breakpoints) and then as above; one over
+  the window is refused with Anthropic's "prompt is too long".
 
 So every request the server accepts fits the window. After each scenario: every turn ended
 with an answer (or was cancelled, or met four scripted 503s in a row); one may end with a
@@ -63,6 +68,8 @@ from hypothesis import strategies as st
 from PIL import Image
 from pydantic import BaseModel
 
+from tests.scripted_anthropic_server import AnthropicScriptedServer, prompt_too_long
+from tests.scripted_anthropic_server import server_error as anthropic_server_error
 from tests.scripted_server import (
     RecordedRequest,
     Reply,
@@ -104,7 +111,8 @@ from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolOutput, ToolRegistry
 from trading_agent.agent.trigger import Trigger
-from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.anthropic import AnthropicBackend
+from trading_agent.backends.config import AnthropicBackendConfig, OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend, encode_message
 from trading_agent.errors import (
     BackendUnavailableError,
@@ -253,6 +261,68 @@ def digit_paste(tokens: int, salt: int) -> str:
         counted += text_tokens(line) + 1
         number += 1
     return "\n".join(lines)
+
+
+def anthropic_problems(body: dict[str, Any]) -> list[str]:
+    """What Anthropic's API would refuse in a Messages body: roles that do not alternate, a
+    first message not the user's, a tool_result after other content of its message or
+    without the tool_use just before it, more than four cache breakpoints."""
+    problems: list[str] = []
+    roles = [message["role"] for message in body["messages"]]
+    if roles and roles[0] != "user":
+        problems.append("the first message is the assistant's")
+    if any(a == b for a, b in itertools.pairwise(roles)):
+        problems.append(f"roles do not alternate: {roles}")
+    called: set[str] = set()
+    for message in body["messages"]:
+        kinds = [block["type"] for block in message["content"]]
+        others = next((i for i, kind in enumerate(kinds) if kind != "tool_result"), len(kinds))
+        if "tool_result" in kinds[others:]:
+            problems.append(f"a tool_result after other content: {kinds}")
+        for block in message["content"]:
+            if block["type"] == "tool_result" and block["tool_use_id"] not in called:
+                problems.append(f"tool_result {block['tool_use_id']} without its tool_use")
+        called = {block["id"] for block in message["content"] if block["type"] == "tool_use"}
+    breakpoints = json.dumps(body).count('"cache_control"')
+    if breakpoints > 4:
+        problems.append(f"{breakpoints} cache breakpoints")
+    return problems
+
+
+def as_openai(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages body in OpenAI's shape, for the checks and the token counts
+    written for that shape: tool_result blocks become tool messages, tool_use blocks
+    tool_calls, pictures image_url parts."""
+    system = "".join(block["text"] for block in body.get("system") or [])
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for message in body["messages"]:
+        parts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        for block in message["content"]:
+            if block["type"] == "tool_result":
+                inner = block.get("content") or []
+                messages.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                                 "content": "\n".join(b["text"] for b in inner
+                                                      if b["type"] == "text")})
+                parts += [{"type": "image_url"} for b in inner if b["type"] == "image"]
+            elif block["type"] == "tool_use":
+                calls.append({"id": block["id"], "type": "function", "function": {
+                    "name": block["name"], "arguments": json.dumps(block["input"])}})
+            elif block["type"] == "text":
+                parts.append({"type": "text", "text": block["text"]})
+            elif block["type"] == "image":
+                parts.append({"type": "image_url"})
+        if message["role"] == "assistant":
+            text = "".join(part.get("text", "") for part in parts)
+            messages.append({"role": "assistant", "content": text,
+                             **({"tool_calls": calls} if calls else {})})
+        elif parts:
+            messages.append({"role": "user", "content": parts})
+    tools = [{"type": "function", "function": {"name": tool["name"],
+                                               "description": tool.get("description", ""),
+                                               "parameters": tool["input_schema"]}}
+             for tool in body.get("tools") or []]
+    return {"messages": messages, "tools": tools, "max_tokens": body.get("max_tokens")}
 
 
 def wire_images(body: dict[str, Any]) -> int:
@@ -537,7 +607,7 @@ class ScriptedModel:
 class WireDesk:
     """The real HTTP backend, with the brain's "an operator writes during this answer"."""
 
-    def __init__(self, inner: OpenAICompatibleBackend, brain: Brain, inbox: SteeringInbox,
+    def __init__(self, inner: ModelBackend, brain: Brain, inbox: SteeringInbox,
                  steering: Callable[[str], SteeringMessage]) -> None:
         self.inner = inner
         self.model = inner.model
@@ -556,17 +626,24 @@ class WireDesk:
 
 
 def wire_responder(brain: Brain, window: int, problems: list[str],
-                   refusals: list[int] | None = None) -> Callable[[RecordedRequest], Step]:
+                   refusals: list[int] | None = None, *,
+                   anthropic: bool = False) -> Callable[[RecordedRequest], Step]:
     """The scripted server's answers for a scenario, checking every body it receives and
-    refusing (``refusals`` gets its size) one over the window."""
+    refusing (``refusals`` gets its size) one over the window; with ``anthropic``, bodies
+    and refusals in Anthropic's wire format (the scripted Anthropic server's)."""
 
     def respond(request: RecordedRequest) -> Step:
         body = request.json
+        if anthropic:
+            problems.extend(anthropic_problems(body))
+            body = as_openai(body)
         problems.extend(wire_problems(body))
         size = wire_size(body)
         if size > window:
             if refusals is not None:
                 refusals.append(size)
+            if anthropic:
+                return prompt_too_long(size, window)
             return context_overflow(
                 f"This model's maximum context length is {window} tokens. However, you "
                 f"requested {size} tokens. Please reduce the length of the messages.")
@@ -579,6 +656,9 @@ def wire_responder(brain: Brain, window: int, problems: list[str],
         else:
             step = brain.desk_step()
         if isinstance(step, Failure):
+            if anthropic:
+                return (anthropic_server_error(503) if step.kind == "transient"
+                        else prompt_too_long(size * 2, size))
             return server_error(503) if step.kind == "transient" else context_overflow()
         if isinstance(step, Answer):
             return Reply(brain.text(step), text_chunks=2, usage=usage)
@@ -937,6 +1017,39 @@ def test_every_request_is_valid_over_http(scenario: Scenario,
     assert run.problems == []
     assert len(scripted_server.requests) > first_request
     assert scripted_server.unexpected == []
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario=scenarios)
+@_with_over_long_examples
+@pytest.mark.slow
+def test_every_request_is_valid_over_anthropic_http(scenario: Scenario) -> None:
+    """The same scenarios through the native Anthropic backend and the scripted Anthropic
+    server: every body valid for the Messages API (roles alternating, each tool_result first
+    in the message after its tool_use), every call answered, at most four pictures."""
+    rig = DeskRig()
+    brain = Brain(scenario)
+    wire: list[str] = []
+    refusals: list[int] = []
+    with AnthropicScriptedServer() as server:
+        server.responder = wire_responder(brain, scenario.window, wire, refusals,
+                                          anthropic=True)
+
+        async def main() -> Run:
+            config = AnthropicBackendConfig(base_url=server.base_url, model="scripted-claude",
+                                            context_window=scenario.window, api_key_env=None,
+                                            request_timeout=10, max_output_tokens=256)
+            async with AnthropicBackend(config) as inner:
+                return await play_scenario(scenario, rig, WireDesk(inner, brain, rig.inbox,
+                                                                   rig.steering), brain)
+
+        run = anyio.run(main, backend="asyncio")
+    _note(run, len(refusals))
+    assert wire == []
+    assert run.problems == []
+    assert server.requests
+    assert server.unexpected == []
 
 
 def test_a_digit_heavy_paste_is_calibrated_and_answered() -> None:
