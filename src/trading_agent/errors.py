@@ -147,6 +147,10 @@ class StoreError(TradingAgentError):
     """The SQLite store failed."""
 
 
+class RetryRefusedError(TradingAgentError):
+    """An operator's retry cannot be done now; the message says why and what to do."""
+
+
 class ConfigError(TradingAgentError):
     """A configuration file or variable is wrong.
 

@@ -32,6 +32,7 @@ turn at once. Each keeps its id from the store all the way into the conversation
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,12 +53,17 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.image_preparer import OPERATOR_FORMATS, ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
-from trading_agent.agent.trigger import Trigger
+from trading_agent.agent.trigger import Trigger, TriggerKind
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
-from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled
+from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled, TurnRetried
 from trading_agent.daemon.trigger_queue import TriggerQueue
-from trading_agent.errors import BackendError, BackendUnavailableError, ContextOverflowError
+from trading_agent.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ContextOverflowError,
+    RetryRefusedError,
+)
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.store.store import HoldFields
 
@@ -106,6 +112,11 @@ class DeskStore(Protocol):
 
     async def record_desk_hold(self, desk: str, hold: HoldFields | None) -> None:
         """Records that the desk is paused, or (None) no longer is."""
+        ...
+
+    async def retract_messages(self, desk: str, message_ids: Sequence[str], by: str) -> None:
+        """Takes messages out of what a restored conversation holds; the transcript keeps
+        them, marked."""
         ...
 
 
@@ -412,6 +423,53 @@ class Desk:
         else:
             self._stop_turn(f"an operator ({by}) cancelled the turn")
         return True
+
+    async def retry(self, by: str) -> int:
+        """Runs the last turn again from its trigger: every message after the trigger (the
+        desk's answer, its tool calls and results) leaves what is sent, kept in the store
+        and marked retracted; the trigger is not added twice. The turn runs next, ahead of
+        any other trigger (once the desk is resumed, when it is paused).
+
+        Returns:
+            How many messages left what is sent.
+
+        Raises:
+            RetryRefusedError: The desk is in a turn, or has no turn to run again (none yet,
+                compacted away, or one that read an operator's message mid-turn, which a
+                retry would lose).
+        """
+        if self._in_turn:
+            raise RetryRefusedError("the desk is in a turn: cancel it first (cancel), then "
+                                    "retry")
+        async with self._turn_lock:
+            conversation = self.conversation
+            if self._in_turn or conversation is None:
+                raise RetryRefusedError("the desk is starting or in a turn; try again")
+            messages = conversation.messages
+            opening = next((index for index in range(len(messages) - 1,
+                                                     conversation.window_start - 1, -1)
+                            if messages[index].kind in _OPENINGS), None)
+            if opening is None:
+                raise RetryRefusedError("there is no turn to run again: none yet, or the last "
+                                        "one's trigger was compacted into the summary")
+            dropped = messages[opening + 1:]
+            if not dropped:
+                raise RetryRefusedError("the last trigger has no answer yet: it is answered "
+                                        "next")
+            if any(message.kind == "steering" for message in dropped):
+                raise RetryRefusedError("the last turn also read an operator's message sent "
+                                        "while it worked, which a retry would lose; send "
+                                        "your correction as a new message instead")
+            trigger = messages[opening]
+            await self.store.retract_messages(self.name, [m.id for m in dropped], by)
+            del messages[opening + 1:]
+            self.queue.put_first(_Replay(kind=_replayed_kind(trigger), text=trigger.text,
+                                         source=by, id=trigger.id, at=trigger.created_at,
+                                         message=trigger))
+        self._log.info("turn_retried", by=by, dropped=len(dropped))
+        self.event_bus.publish(TurnRetried(desk=self.name, by=by, dropped=len(dropped),
+                                           trigger_text=trigger.text))
+        return len(dropped)
 
     async def reply_to(self, message_id: str) -> DeskReply:
         """Waits for the answer to an operator's message: how the turn that read it (opened
@@ -759,6 +817,20 @@ def _resume_for(messages: Sequence[Message]) -> Trigger:
         return _Replay(kind="resume", text=message.text, source="daemon", id=message.id,
                        at=message.created_at, message=message)
     return Trigger(kind="resume", text=RESUME_TEXT, source="daemon")
+
+
+_OPENINGS = frozenset({"trigger", "operator", "notice"})
+"""The kinds of message a turn opens with (a resume turn's is a notice)."""
+
+
+def _replayed_kind(message: Message) -> TriggerKind:
+    """The trigger kind a stored opening message came from (its text starts ``[tick...``)."""
+    if message.kind == "operator":
+        return "operator"
+    if message.kind == "notice":
+        return "resume"
+    label = message.text[1:].split("]", 1)[0].split(":", 1)[0].split(",", 1)[0]
+    return label if label in typing.get_args(TriggerKind) else "command"  # type: ignore[return-value]
 
 
 class _ScheduleObserver:

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 from trading_agent.agent.events import Event
 
 __all__ = ["ConfigReloaded", "DeskPaused", "DeskResumed", "KillSwitchChanged", "OrderFilled",
-           "SpendAlert", "TurnCancelled"]
+           "SpendAlert", "TurnCancelled", "TurnRetried"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +77,23 @@ class TurnCancelled(Event):
     type: ClassVar[str] = "turn_cancelled"
     by: str
     now: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRetried(Event):
+    """An operator took the desk's last answer out of what it is sent, to run that turn
+    again from the same trigger.
+
+    Attributes:
+        by: The operator.
+        dropped: How many messages left what is sent (the store keeps them, marked).
+        trigger_text: The trigger the turn runs again from.
+    """
+
+    type: ClassVar[str] = "turn_retried"
+    by: str
+    dropped: int
+    trigger_text: str
 
 
 @dataclass(frozen=True, kw_only=True)

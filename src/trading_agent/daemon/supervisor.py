@@ -360,6 +360,19 @@ class Supervisor:
         """
         return self._runtime(desk).desk.cancel_turn(by, now=now)
 
+    async def retry(self, desk: str, by: str) -> int:
+        """Runs a desk's last turn again from its trigger, its last answer taken out of what
+        is sent (the store keeps it, marked).
+
+        Returns:
+            How many messages left what is sent.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            RetryRefusedError: The desk is in a turn, or has no turn to run again.
+        """
+        return await self._runtime(desk).desk.retry(by)
+
     async def set_kill_switch(self, on: bool, *, desk: str | None, by: str, reason: str = "",
                               cancel_orders: bool = False,
                               flatten: bool = False) -> dict[str, Any]:

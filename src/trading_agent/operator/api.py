@@ -30,6 +30,10 @@ POST        /api/desks/{desk}/resume              ``{"operator"?}`` -> ``changed
                                                   ``waiting`` (triggers that waited), status
 POST        /api/desks/{desk}/cancel              ``{"operator"?, "now"?}``: ends the running
                                                   turn at a safe point (or at once)
+POST        /api/desks/{desk}/retry               ``{"operator"?}``: runs the last turn again
+                                                  from its trigger, its answer taken out of
+                                                  what is sent (kept, marked) -> ``dropped``;
+                                                  409 ``cannot_retry`` saying why not
 GET         /api/kill-switch                      the switches that are on
 POST        /api/kill-switch                      ``{"on", "desk"?, "operator"?, "reason",
                                                   "cancel_orders"?, "flatten"?}``; no desk:
@@ -104,7 +108,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageRejectedError
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
-from trading_agent.errors import BackendError, ConfigError, TradingAgentError
+from trading_agent.errors import BackendError, ConfigError, RetryRefusedError, TradingAgentError
 from trading_agent.jsontext import json_bytes
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.operator.approvals import (
@@ -369,6 +373,8 @@ def _endpoint(handler: _Handler) -> _Handler:
             return _error(404, "unknown_approval", str(exc))
         except ApprovalAlreadyResolvedError as exc:
             return _error(409, "already_resolved", str(exc))
+        except RetryRefusedError as exc:
+            return _error(409, "cannot_retry", f"nothing was retried: {exc}")
         except BackendError as exc:
             return _error(503, "model_unavailable", str(exc))
         except ImageRejectedError as exc:
@@ -559,6 +565,15 @@ async def _cancel(request: Request) -> Response:
     body = await _json_body(request, _ControlBody, 16_384)
     cancelled = service.control.cancel_turn(desk, body.operator, now=body.now)
     return json_response({"desk": desk, "cancelled": cancelled, "now": body.now})
+
+
+@_endpoint
+async def _retry(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    body = await _json_body(request, _ControlBody, 16_384)
+    dropped = await service.control.retry(desk, body.operator)
+    return json_response({"desk": desk, "retried": True, "dropped": dropped})
 
 
 @_endpoint
@@ -852,6 +867,7 @@ def create_app(service: OperatorService, *, token: str | None = None,
         Route("/api/desks/{desk}/pause", _pause, methods=["POST"]),
         Route("/api/desks/{desk}/resume", _resume, methods=["POST"]),
         Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
+        Route("/api/desks/{desk}/retry", _retry, methods=["POST"]),
         Route("/api/kill-switch", _kill_switches, methods=["GET"]),
         Route("/api/kill-switch", _kill_switch, methods=["POST"]),
         Route("/api/reload", _reload, methods=["POST"]),

@@ -10,7 +10,8 @@ In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it re
 the current tool round); the desk's text streams as it is written, tool calls and results
 show as compact lines. Commands: ``/image PATH [caption]`` (send a picture: PNG, JPEG, GIF or
 WebP), ``/compact``, ``/status``, ``/approvals``, ``/approve ID [note]``, ``/deny ID
-[reason]``, the controls ``/pause [reason]``, ``/resume``, ``/cancel [--now]``, ``/kill on|off
+[reason]``, the controls ``/pause [reason]``, ``/resume``, ``/cancel [--now]``, ``/retry``,
+``/kill on|off
 ...`` and ``/reload``, ``/help``, ``/quit``. Start a line with ``//`` to send text that begins
 with a slash.
 """
@@ -82,7 +83,7 @@ def add_subcommands(subparsers: Any) -> None:
                     "written, tool calls show as compact lines, and a line you type is sent at "
                     "once (mid-turn it steers the desk). Commands: /image PATH [caption], "
                     "/compact, /status, /approvals, /approve ID [note], /deny ID [reason], "
-                    "/pause [reason], /resume, /cancel [--now], /kill on|off [--all] "
+                    "/pause [reason], /resume, /cancel [--now], /retry, /kill on|off [--all] "
                     "[--cancel-orders] [--flatten] REASON, /reload, /help, /quit.")
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
     add_connection_options(chat)
@@ -297,6 +298,8 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
   /pause [reason]      no turns until /resume (a running turn ends at a safe point)
   /resume              take turns again; what waited runs now
   /cancel [--now]      end the running turn at its next safe point (or at once)
+  /retry               run the last turn again from its trigger (its answer is dropped
+                       from what the desk is sent; the transcript keeps it, marked)
   /kill on [--all] [--cancel-orders] [--flatten] REASON
                        refuse every new order of this desk (--all: of every desk);
                        --flatten closes positions at market, after you confirm
@@ -403,6 +406,10 @@ class _Chat:
                 cancelled = await self.client.cancel(self.desk, self.operator, now=now)
                 self.say(("Cancelled at once." if now else "The turn ends at its next safe "
                           "point.") if cancelled else "No turn is running.")
+            elif command == "/retry":
+                dropped = await self.client.retry(self.desk, self.operator)
+                self.say(f"The last answer ({dropped} message{'s' if dropped != 1 else ''}) "
+                         "left what the desk is sent; its turn runs again.")
             elif command == "/kill":
                 await self.kill(rest)
             elif command == "/reload":

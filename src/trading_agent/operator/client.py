@@ -284,6 +284,14 @@ class OperatorClient:
                                      json={"operator": operator, "now": now})
         return bool(result["cancelled"])
 
+    async def retry(self, desk: str, operator: str) -> int:
+        """Runs the desk's last turn again from its trigger; how many messages left what the
+        desk is sent. A refusal (a turn running, nothing to retry) raises
+        :class:`OperatorRequestError` saying why."""
+        result = await self._request("POST", f"/api/desks/{_part(desk)}/retry",
+                                     json={"operator": operator})
+        return int(result["dropped"])
+
     async def kill_switch(self, on: bool, *, desk: str | None, operator: str, reason: str = "",
                           cancel_orders: bool = False, flatten: bool = False) -> dict[str, Any]:
         """Switches a desk's kill switch, or every desk's, on or off.

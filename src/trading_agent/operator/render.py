@@ -215,6 +215,10 @@ def describe_event(data: dict[str, Any], style: Style) -> str | None:
                           f"{float(data.get('delay') or 0):.1f} s: {_short(data.get('reason'))}")
     if kind == "error":
         return style.bad(f"✗ {data.get('error_type')}: {_short(data.get('message'), 200)}")
+    if kind == "turn_retried":
+        return style.warn(f"↻ {data.get('by')} retried the last turn: its answer "
+                          f"({data.get('dropped')} message(s)) left what the desk is sent; it "
+                          f"runs again from {_short(data.get('trigger_text'), 120)!r}")
     if kind == "hook_failed":
         return style.warn(f"⚠ hook {data.get('hook')}.{data.get('method')} failed, left out: "
                           f"{_short(data.get('error'), 200)}")

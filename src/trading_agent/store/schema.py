@@ -122,4 +122,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             equity REAL NOT NULL)""",
         "CREATE INDEX equity_samples_by_desk ON equity_samples (desk, at)",
     )),
+    (5, (
+        # Messages an operator's /retry took out of what the desk is sent: kept in messages
+        # (the transcript shows them, marked), left out when a conversation is restored.
+        """CREATE TABLE retracted_messages (
+            desk TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            by TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (desk, message_id))""",
+    )),
 )

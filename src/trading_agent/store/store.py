@@ -561,7 +561,8 @@ class Store:
             first_seq = int(compaction[3]) if compaction is not None else 0
             rows = [_row(values) for values in connection.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE desk = ? AND subagent_id IS NULL "
-                "AND seq >= ? ORDER BY seq", (desk, first_seq))]
+                "AND seq >= ? AND message_id NOT IN (SELECT message_id FROM retracted_messages "
+                "WHERE desk = ?) ORDER BY seq", (desk, first_seq, desk))]
             summary_blocks = json.loads(compaction[1]) if compaction is not None else []
             digests = image_refs(summary_blocks)
             for row in rows:
@@ -653,10 +654,11 @@ class Store:
 
         Returns:
             Each message as ``{seq, id, desk, role, kind, created_at, subagent, parent_call,
-            text, content}``.
+            text, content, retracted}``; ``retracted`` when an operator's retry took it out
+            of what the desk is sent.
         """
 
-        def read(connection: sqlite3.Connection) -> list[_StoredRow]:
+        def read(connection: sqlite3.Connection) -> tuple[list[_StoredRow], set[str]]:
             query = f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE desk = ?"
             args: list[Any] = [desk]
             if not include_subagents:
@@ -666,10 +668,32 @@ class Store:
                 args.append(before_seq)
             query += " ORDER BY seq DESC LIMIT ?"
             args.append(max(0, limit))
-            return [_row(values) for values in connection.execute(query, args)]
+            rows = [_row(values) for values in connection.execute(query, args)]
+            retracted = {values[0] for values in connection.execute(
+                "SELECT message_id FROM retracted_messages WHERE desk = ?", (desk,))}
+            return rows, retracted
 
-        rows = await self._db.read(read)
-        return [_public_message(row) for row in reversed(rows)]
+        rows, retracted = await self._db.read(read)
+        return [{**_public_message(row), "retracted": row.message_id in retracted}
+                for row in reversed(rows)]
+
+    async def retract_messages(self, desk: str, message_ids: Sequence[str], by: str) -> None:
+        """Takes messages out of what the desk is sent from now on (an operator's retry):
+        the transcript keeps them, marked ``retracted``; a restore leaves them out.
+
+        Args:
+            desk: The desk.
+            message_ids: The messages.
+            by: The operator.
+        """
+        at = self._clock()
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "INSERT OR IGNORE INTO retracted_messages (desk, message_id, by, at) "
+                "VALUES (?, ?, ?, ?)", [(desk, message_id, by, at) for message_id in message_ids])
+
+        await self._db.write(write)
 
     async def image(self, sha256: str) -> tuple[str, bytes] | None:
         """A stored picture's media type and bytes, or None when unknown."""

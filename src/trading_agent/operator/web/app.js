@@ -422,6 +422,8 @@
       addNote(text.split("\n")[0].slice(0, 200), "trigger", at);
     } else if (message.role === "assistant") {
       const turn = turnBlock(`history-${message.seq}`, null, at);
+      // An answer an operator's retry took out of what the desk is sent: kept, struck out.
+      if (message.retracted) turn.el.classList.add("retracted");
       for (const block of message.content || [{ type: "text", text }]) {
         if (block.type === "text" && block.text) appendText(turn, block.text);
         if (block.type === "tool_use") addStep(turn, block.id, block.name, block.arguments);
@@ -524,7 +526,7 @@
   }
 
   // The operator's controls and what the daemon says about money, as lines of the log.
-  const CONTROL_EVENTS = new Set(["kill_switch", "desk_paused", "desk_resumed", "turn_cancelled",
+  const CONTROL_EVENTS = new Set(["kill_switch", "desk_paused", "desk_resumed", "turn_cancelled", "turn_retried",
     "spend_alert", "config_reloaded", "reconciliation", "order_filled"]);
 
   function onControlEvent(data, turnId) {
@@ -542,6 +544,9 @@
         break;
       case "turn_cancelled":
         addTurnNote(turnId, `✋ turn cancelled by ${data.by} (${data.now ? "at once" : "at its next safe point"})`, "warn", data.at);
+        break;
+      case "turn_retried":
+        addNote(`↻ ${data.by} retried the last turn: its answer (${data.dropped} message${data.dropped === 1 ? "" : "s"}) left what the desk is sent; it runs again from “${data.trigger_text.slice(0, 120)}”`, "warn", data.at);
         break;
       case "spend_alert":
         addNote(`$ ${data.text}`, data.share >= 1 ? "error" : "warn", data.at);
@@ -683,6 +688,7 @@
     pause.dataset.action = isHeld(desk) ? "resume" : "pause";
     pause.className = isHeld(desk) ? "button good" : "button";
     $("cancel-turn").disabled = desk.state !== "working";
+    $("retry-turn").disabled = desk.state === "working";
     renderKillSwitch($("desk-controls"), desk.name);
   }
 
@@ -818,6 +824,22 @@
     }
   }
 
+  async function retryTurn() {
+    const name = state.selected;
+    if (!name) return;
+    $("retry-turn").disabled = true;
+    try {
+      // What was dropped comes back as a turn_retried event, then the turn runs again.
+      await api(`/api/desks/${encodeURIComponent(name)}/retry`, {
+        method: "POST", body: { operator: state.operator },
+      });
+    } catch (error) {
+      addNote(`Could not retry the last turn of ${name}: ${error.message}`, "error");
+    } finally {
+      scheduleRefresh();
+    }
+  }
+
   async function reloadConfig() {
     $("reload").disabled = true;
     try {
@@ -835,6 +857,7 @@
     $("reload").addEventListener("click", reloadConfig);
     $("pause").addEventListener("click", pauseOrResume);
     $("cancel-turn").addEventListener("click", cancelTurn);
+    $("retry-turn").addEventListener("click", retryTurn);
     const desk = $("desk-controls");
     const all = $("kill-all");
     const allReason = all.querySelector("[data-field=reason]");

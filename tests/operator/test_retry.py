@@ -1,0 +1,101 @@
+"""An operator's retry: the desk's last answer leaves what it is sent (the store keeps it,
+marked) and the turn runs again from the same trigger, which is not added twice; across a
+restart too. Against the real daemon (its API on a Unix socket) and the scripted server."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+
+from tests.operator.harness import in_process_daemon, uds_client
+from tests.operator.test_controls import write_config
+from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from trading_agent.operator.client import OperatorClient, OperatorRequestError
+
+
+def _contents(server: ScriptedServer, request: int) -> list[str]:
+    return [str(m.get("content")) for m in server.requests[request].messages]
+
+
+async def _ask(client: object, text: str) -> dict[str, object]:
+    response = await client.post("/api/desks/alpha/messages",  # type: ignore[attr-defined]
+                                 json={"text": text, "source": "ann", "wait": True,
+                                       "timeout": 10})
+    assert response.status_code == 200, response.text
+    reply: dict[str, object] = response.json()["reply"]
+    return reply
+
+
+async def test_a_retry_drops_the_last_answer_and_runs_its_turn_again_once(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(
+        Reply("Let me look.", tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})]),
+        Reply("Buy everything now!"),
+        Reply("Holding: the move is too small."),
+        Reply("Still holding."))
+    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        assert (await _ask(client, "How is BTC?"))["text"] == "Buy everything now!"
+        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        assert response.status_code == 200, response.text
+        assert response.json() == {"desk": "alpha", "retried": True, "dropped": 3}
+        with anyio.fail_after(10):
+            await scripted_server.wait_for_requests(3)
+        retried = _contents(scripted_server, 2)
+        assert sum("How is BTC?" in text for text in retried) == 1  # not added twice
+        assert not any("Buy everything" in text or "Let me look" in text for text in retried)
+        with anyio.fail_after(10):
+            while True:
+                transcript = (await client.get("/api/desks/alpha/transcript")).json()
+                texts = [(m["text"], m["retracted"]) for m in transcript["messages"]]
+                if ("Holding: the move is too small.", False) in texts:
+                    break
+                await anyio.sleep(0.02)
+        assert ("Buy everything now!", True) in texts  # kept, marked
+        assert sum("How is BTC?" in text for text, _ in texts) == 1
+        events = (await client.get("/api/events", params={"desk": "alpha", "after": 0,
+                                                          "follow": "false"})).text
+        assert "turn_retried" in events
+
+    # After a restart, what the desk is sent still leaves the retracted answer out.
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        assert (await _ask(client, "And now?"))["text"] == "Still holding."
+    after_restart = _contents(scripted_server, 3)
+    assert not any("Buy everything" in text for text in after_restart)
+    assert any("Holding: the move is too small." in text for text in after_restart)
+    scripted_server.assert_complete()
+
+
+async def test_a_retry_is_refused_with_a_reason_when_there_is_nothing_to_retry_or_a_turn_runs(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    released = threading.Event()
+    scripted_server.add(Reply("Thinking it over.", hold_until=released))
+    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+
+    async with in_process_daemon(config) as running:
+        client = OperatorClient(socket_path=running.endpoints.socket_path)
+        try:
+            try:
+                await client.retry("alpha", "ann")
+            except OperatorRequestError as exc:
+                assert exc.status == 409 and exc.code == "cannot_retry"
+                assert "no turn to run again" in exc.message
+            else:
+                raise AssertionError("a retry with no turn yet was not refused")
+            await client.send_message("alpha", "How is BTC?", source="ann")
+            with anyio.fail_after(10):
+                await scripted_server.wait_for_requests(1)
+            try:
+                await client.retry("alpha", "ann")
+            except OperatorRequestError as exc:
+                assert exc.status == 409 and "cancel it first" in exc.message
+            else:
+                raise AssertionError("a retry during a turn was not refused")
+        finally:
+            released.set()
+            await client.aclose()
