@@ -80,9 +80,11 @@ async def test_a_store_from_before_cached_tokens_is_migrated_and_keeps_its_days(
             connection.close()
 
     assert await anyio.to_thread.run_sync(versions) == [
-        ("store", 1), ("store", 2), ("store", 3), ("store", 4)]
+        ("store", 1), ("store", 2), ("store", 3), ("store", 4),
+        ("store", 5)]
     # Opened again, nothing is applied twice.
     again = await Store.open(path)
     await again.close()
     assert await anyio.to_thread.run_sync(versions) == [
-        ("store", 1), ("store", 2), ("store", 3), ("store", 4)]
+        ("store", 1), ("store", 2), ("store", 3), ("store", 4),
+        ("store", 5)]

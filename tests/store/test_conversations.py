@@ -304,9 +304,11 @@ async def test_the_file_is_in_wal_mode_with_a_migrations_table(
             connection.close()
 
     assert await anyio.to_thread.run_sync(inspect) == (
-        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4)])
+        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
+        ("store", 5)])
     # Opening again applies nothing twice.
     again = await Store.open(db_path)
     await again.close()
     assert await anyio.to_thread.run_sync(inspect) == (
-        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4)])
+        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
+        ("store", 5)])

@@ -45,16 +45,13 @@ import base64
 import contextlib
 import functools
 import json
-import math
 import os
 import re
 import ssl
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -69,7 +66,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
-from trading_agent.backends.config import AnthropicBackendConfig
+from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
     ConnectionFailed,
     EventStream,
@@ -79,7 +76,6 @@ from trading_agent.backends.sse_transport import (
 )
 from trading_agent.errors import (
     BackendError,
-    ConfigError,
     ContextOverflowError,
     TransientBackendError,
 )
@@ -408,27 +404,6 @@ _STATUS_OF_TYPE = {"invalid_request_error": 400, "authentication_error": 401,
                    "overloaded_error": 529}
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if not raw:
-            continue
-        try:
-            value = float(raw) / scale
-        except ValueError:
-            if scale != 1.0:
-                continue
-            try:
-                moment = parsedate_to_datetime(raw)
-            except (TypeError, ValueError, IndexError):
-                return None
-            return None if moment.tzinfo is None else max(0.0, moment.timestamp() - time.time())
-        if math.isfinite(value) and value >= 0:
-            return value
-    return None
-
-
 def _error_details(body: bytes) -> tuple[str, str]:
     """The message and type of an error body: ``{"type": "error", "error": {...}}``."""
     text = body.decode("utf-8", "replace")
@@ -472,7 +447,8 @@ class AnthropicBackend:
         self.config = config
         self.model = config.model
         self.context_window = config.context_window
-        self._api_key = self._read_key(config, os.environ if environ is None else environ)
+        self._api_key = read_api_key(config.api_key_env, config.model,
+                                     os.environ if environ is None else environ)
         root = config.base_url.rstrip("/").removesuffix("/v1")
         self._url = f"{root}/v1/messages"
         headers = {**config.extra_headers, "anthropic-version": config.anthropic_version,
@@ -495,16 +471,6 @@ class AnthropicBackend:
         self._joined: OrderedDict[str | None, _Joined] = OrderedDict()
         """Per desk (the request's cache key), the wire messages of its last request up to
         the last run of one role: the next request of that desk starts there."""
-
-    @staticmethod
-    def _read_key(config: AnthropicBackendConfig, environ: Mapping[str, str]) -> str | None:
-        if config.api_key_env is None:
-            return None
-        key = environ.get(config.api_key_env, "").strip()
-        if not key:
-            raise ConfigError(f"backend for model {config.model}: the environment variable "
-                              f"{config.api_key_env} (api_key_env) is not set")
-        return key
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(model={self.model!r}, "
@@ -783,7 +749,7 @@ class AnthropicBackend:
         request_id = error.headers.get("request-id")
         if request_id:
             message = f"{message} (request {request_id})"
-        return self._for_status(error.status, message, kind, _retry_after(error.headers))
+        return self._for_status(error.status, message, kind, error.retry_after)
 
     def _stream_error(self, error: Mapping[str, Any]) -> BackendError:
         kind = str(error.get("type") or "")

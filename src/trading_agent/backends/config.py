@@ -8,13 +8,15 @@ carry the secret.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trading_agent.agent.backend import Pricing
+from trading_agent.errors import ConfigError
 
-__all__ = ["MAX_CONTEXT_WINDOW", "AnthropicBackendConfig", "OpenAIBackendConfig"]
+__all__ = ["MAX_CONTEXT_WINDOW", "AnthropicBackendConfig", "OpenAIBackendConfig", "read_api_key"]
 
 _RESERVED_BODY_KEYS = frozenset(
     {"model", "messages", "tools", "stream", "stream_options", "max_tokens",
@@ -217,3 +219,26 @@ class AnthropicBackendConfig(BaseModel):
             raise ValueError(f"extra_headers may not set {', '.join(reserved)}: the backend "
                              "sets them (the key comes from api_key_env)")
         return self
+
+
+def read_api_key(variable: str | None, model: str, environ: Mapping[str, str]) -> str | None:
+    """A backend's API key, from the environment variable its config names.
+
+    Args:
+        variable: The variable (``api_key_env``), or None for a server that needs no key.
+        model: The model, for the error.
+        environ: Where to read it.
+
+    Returns:
+        The key, or None when no variable is named.
+
+    Raises:
+        ConfigError: The variable is not set (or empty).
+    """
+    if variable is None:
+        return None
+    key = environ.get(variable, "").strip()
+    if not key:
+        raise ConfigError(f"backend for model {model}: the environment variable {variable} "
+                          "(api_key_env) is not set")
+    return key

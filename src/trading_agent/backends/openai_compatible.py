@@ -32,13 +32,10 @@ import contextlib
 import functools
 import itertools
 import json
-import math
 import os
 import ssl
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any
 
@@ -55,7 +52,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
-from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
     ConnectionFailed,
     EventStream,
@@ -65,7 +62,6 @@ from trading_agent.backends.sse_transport import (
 )
 from trading_agent.errors import (
     BackendError,
-    ConfigError,
     ContextOverflowError,
     TransientBackendError,
 )
@@ -355,33 +351,6 @@ class _ReplyBuilder:
 # --------------------------------------------------------------------------- errors
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
-    milliseconds = headers.get("retry-after-ms")
-    if milliseconds:
-        try:
-            value = float(milliseconds) / 1000
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(value) and value >= 0:
-                return value
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            moment = parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if moment.tzinfo is None:
-            return None
-        return max(0.0, moment.timestamp() - time.time())
-    return value if math.isfinite(value) and value >= 0 else None
-
-
 def _error_details(body: object, fallback: str) -> tuple[str, str]:
     """The server's message and code (or type) from an error body, either shape."""
     if isinstance(body, dict):
@@ -437,7 +406,9 @@ class OpenAICompatibleBackend:
         self.model = config.model
         self.context_window = config.context_window
         self._pricing = config.pricing
-        self._api_key = self._read_key(config, os.environ if environ is None else environ)
+        self._api_key = read_api_key(config.api_key_env, config.model,
+                                     os.environ if environ is None else environ
+                                     ) or NO_KEY_PLACEHOLDER
         self._client = openai.AsyncOpenAI(
             api_key=self._api_key,
             base_url=config.base_url,
@@ -481,16 +452,6 @@ class OpenAICompatibleBackend:
             "x-stainless-read-timeout": str(float(config.request_timeout)),
         })
         return headers
-
-    @staticmethod
-    def _read_key(config: OpenAIBackendConfig, environ: Mapping[str, str]) -> str:
-        if config.api_key_env is None:
-            return NO_KEY_PLACEHOLDER
-        key = environ.get(config.api_key_env, "").strip()
-        if not key:
-            raise ConfigError(f"backend for model {config.model}: the environment variable "
-                              f"{config.api_key_env} (api_key_env) is not set")
-        return key
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(model={self.model!r}, "
@@ -739,7 +700,7 @@ class OpenAICompatibleBackend:
             except ValueError:
                 body = text.strip()
             message, code = _error_details(body, text[:500] or f"HTTP {exc.status}")
-            return self._for_status(exc.status, message, code, _retry_after(exc.headers))
+            return self._for_status(exc.status, message, code, exc.retry_after)
         if isinstance(exc, ValueError):
             return TransientBackendError(
                 self._redact(f"the server sent an unreadable stream chunk: {exc}"), model=model)

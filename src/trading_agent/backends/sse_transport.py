@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import ssl
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 
 import aiohttp
@@ -69,6 +72,12 @@ class HttpStatusError(Exception):
     def text(self) -> str:
         """The body as text."""
         return self.body.decode("utf-8", "replace")
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the server asked to wait (``retry-after-ms``, or ``Retry-After`` in
+        seconds or as an HTTP date), or None."""
+        return _retry_after(self.headers)
 
 
 class RequestTimeout(Exception):
@@ -282,6 +291,33 @@ class SSETransport:
             await session.close()
         elif session is not None:
             session.detach()  # its loop is gone, and its connections with it
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            value = float(milliseconds) / 1000
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value) and value >= 0:
+                return value
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            moment = parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if moment.tzinfo is None:
+            return None
+        return max(0.0, moment.timestamp() - time.time())
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _environment_proxy(url: str) -> str | None:
