@@ -4,6 +4,7 @@ restart too. Against the real daemon (its API on a Unix socket) and the scripted
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -99,3 +100,26 @@ async def test_a_retry_is_refused_with_a_reason_when_there_is_nothing_to_retry_o
         finally:
             released.set()
             await client.aclose()
+
+
+async def test_retry_from_the_command_line_says_what_left_and_refuses_with_the_reason(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(Reply("Buy everything now!"), Reply("Holding."))
+    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+    command = [sys.executable, "-m", "trading_agent.cli", "retry", "alpha", "--operator",
+               "ann"]
+
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        socket = ["--socket", str(running.endpoints.socket_path)]
+        refused = await anyio.run_process([*command, *socket], check=False)
+        await _ask(client, "How is BTC?")
+        done = await anyio.run_process([*command, *socket], check=False)
+        with anyio.fail_after(10):
+            await scripted_server.wait_for_requests(2)
+
+    assert refused.returncode == 2
+    assert "no turn to run again" in refused.stderr.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == (
+        "alpha's last answer (1 message) left what it is sent; its turn runs again.")

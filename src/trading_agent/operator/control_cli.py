@@ -1,5 +1,5 @@
 """The operator's controls over money and thinking, as commands: ``kill-switch``, ``pause``,
-``resume``, ``cancel``, ``send`` and ``reload``.
+``resume``, ``cancel``, ``retry``, ``send`` and ``reload``.
 
 Each talks to the running daemon through its operator API, found as for ``desks`` and
 ``chat`` (``--socket``, ``--url``, ``--config``...). Exit codes: 0 done; 1 the daemon cannot
@@ -33,7 +33,8 @@ _Body = Callable[[OperatorClient, argparse.Namespace], Awaitable[int]]
 
 
 def add_control_subcommands(subparsers: Any) -> None:
-    """Adds ``kill-switch``, ``pause``, ``resume``, ``cancel``, ``send`` and ``reload``.
+    """Adds ``kill-switch``, ``pause``, ``resume``, ``cancel``, ``retry``, ``send`` and
+    ``reload``.
 
     Args:
         subparsers: What ``ArgumentParser.add_subparsers()`` returned.
@@ -77,6 +78,14 @@ def add_control_subcommands(subparsers: Any) -> None:
     cancel.add_argument("desk", metavar="DESK")
     cancel.add_argument("--now", action="store_true", help="at once, not at a safe point")
     _talks_to_the_daemon(cancel, _cancel)
+
+    retry = subparsers.add_parser(
+        "retry", help="run a desk's last turn again from its trigger",
+        description="The desk's last answer (and the tool calls it made) leaves what the "
+                    "desk is sent; the transcript keeps it, marked. Its turn then runs again "
+                    "from the same trigger, before any other. Refused while a turn runs.")
+    retry.add_argument("desk", metavar="DESK")
+    _talks_to_the_daemon(retry, _retry)
 
     send = subparsers.add_parser(
         "send", help="send one message to a desk (from a script or cron)",
@@ -172,6 +181,16 @@ async def _cancel(client: OperatorClient, args: argparse.Namespace) -> int:
     else:
         print(f"{args.desk}'s turn ends at its next safe point (after the tool round in "
               "flight).")
+    return 0
+
+
+async def _retry(client: OperatorClient, args: argparse.Namespace) -> int:
+    try:
+        dropped = await client.retry(args.desk, _operator(args))
+    except OperatorRequestError as exc:
+        return _refused(exc)
+    print(f"{args.desk}'s last answer ({dropped} message{'s' if dropped != 1 else ''}) left "
+          "what it is sent; its turn runs again.")
     return 0
 
 
