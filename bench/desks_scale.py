@@ -1,7 +1,7 @@
 """How the daemon scales with desks: memory per desk, turns per second, trigger latency.
 
 N desks (10, 100, 500 and 1,000 by default) are built as the daemon builds them (an
-AgentLoop with an OpenAI-compatible backend, a steering inbox, a context compressor, a Desk
+AgentLoop with an OpenAI-compatible backend, a mailbox, a context compressor, a Desk
 restored from a real SQLite store whose event recorder runs) and started idle under a
 Supervisor. Then every desk is triggered at once, a few rounds, against the scripted
 OpenAI-compatible server answering each request after 50 ms; the server runs in a process of
@@ -50,13 +50,13 @@ from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
 from trading_agent.agent.retry import RetryPolicy
-from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Desk, DeskProfile
+from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
 from trading_agent.store.store import Store
 
@@ -97,12 +97,12 @@ def rss_bytes() -> int:
 def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend) -> Desk:
     """A desk built as the daemon's wiring builds one (no trading tools: no exchange); like
     the wiring, desks on the same model share its backend."""
-    inbox = SteeringInbox()
+    mailbox = Mailbox()
     loop = AgentLoop(name, backend, ToolCallExecutor(ToolRegistry()), bus, maximum_rounds=8,
-                     compressor=ContextCompressor(32_000), steering_inbox=inbox)
+                     compressor=ContextCompressor(32_000), steering_inbox=mailbox)
     loop.retry_policy = RetryPolicy(max_retries=2, base_delay=0.05)
     return Desk(DeskProfile(name, model=backend.model), loop, f"You are the desk {name}.",
-                store, inbox=inbox, event_bus=bus)
+                store, mailbox=mailbox, event_bus=bus)
 
 
 async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figures:

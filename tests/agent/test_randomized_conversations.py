@@ -872,7 +872,8 @@ async def play_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend,
                     await loop.compact(conversation, Trigger(kind="command", text="/compact"))
                 elif plan.before == "crash":
                     conversation = crashed(conversation, store)
-                await loop.run_turn(conversation, trigger_for(plan, number, window))
+                await turn_and_follow_ups(loop, conversation,
+                                          trigger_for(plan, number, window), rig.inbox, store)
             if scope.cancelled_caught:
                 ended = "cancelled"
             elif rig.inbox.pending:
@@ -891,6 +892,21 @@ async def play_scenario(scenario: Scenario, rig: DeskRig, backend: ModelBackend,
         problems += outcome_problems(outcomes, loop.retry_policy.max_retries + 1)
     problems += scenario_problems(drain(subscription), rig, conversation, store)
     return Run(problems, outcomes, conversation, store)
+
+
+async def turn_and_follow_ups(loop: AgentLoop, conversation: Conversation, trigger: Trigger,
+                              inbox: SteeringInbox, store: RecordingStore) -> None:
+    """A turn, then the turns the messages written during its final answer open, as a
+    desk's owner runs them (``run_turn`` runs one turn); a message whose turn failed before
+    it was stored goes back to the front of the inbox (the daemon's desk asks its store)."""
+    result = await loop.run_turn(conversation, trigger)
+    while not result.stopped and (late := inbox.take_next()) is not None:
+        try:
+            result = await loop.run_turn(conversation, late.to_trigger(after_answer=True))
+        except BaseException:
+            if all(message.id != late.id for message in store.appended):
+                inbox.put_back(late)
+            raise
 
 
 def outcome_problems(outcomes: Sequence[TurnOutcome], attempts: int) -> list[str]:

@@ -2,7 +2,8 @@
 
 A message written during a tool round reaches the model after that round's results, marked
 as an operator's; a tool call that started is never cancelled by it; a message written while
-the model writes its final answer opens the next turn at once, inside the same ``run_turn``.
+the model writes its final answer waits, and its owner (here :meth:`Desk.turn`, as the
+daemon's mailbox does) opens the next turn with it at once: ``run_turn`` runs one turn.
 """
 
 from __future__ import annotations
@@ -73,7 +74,13 @@ class Desk:
     conversation: Conversation = field(default_factory=lambda: Conversation("You are alpha."))
 
     async def turn(self) -> TurnResult:
-        return await self.loop.run_turn(self.conversation, tick())
+        """A turn, then, as a desk's owner runs them, the turns late messages open."""
+        result = await self.loop.run_turn(self.conversation, tick())
+        while self.inbox is not None and not result.stopped and (
+                late := self.inbox.take_next()) is not None:
+            result = await self.loop.run_turn(self.conversation,
+                                              late.to_trigger(after_answer=True))
+        return result
 
     def of(self, kind: type[Event]) -> list[Any]:
         self.seen += drain(self.events)
@@ -335,10 +342,12 @@ async def test_a_cancelled_turn_keeps_waiting_messages_for_the_next(
     assert "interrupted" in tool["content"]
 
 
-async def test_a_late_message_survives_a_failed_compaction_before_its_turn(
+async def test_late_messages_wait_and_a_failed_compaction_before_their_turn_adds_nothing(
         scripted_server: ScriptedServer) -> None:
-    """The message that would open the next turn is back at the front of the inbox when the
-    compaction before that turn fails: neither lost nor delivered twice."""
+    """``run_turn`` runs one turn: messages written during its final answer wait in the
+    inbox, in order. The compaction before the turn one of them opens fails: that turn
+    raises before anything is added, so its owner can run it again (the daemon's desk
+    does)."""
     bus, inbox = EventBus(), SteeringInbox()
     late = SteeringMessage("Sell half.", "ana")
     second = SteeringMessage("Then close the rest.", "ana")
@@ -360,10 +369,14 @@ async def test_a_late_message_survives_a_failed_compaction_before_its_turn(
                          compressor=ContextCompressor(8_000, keep_recent_tokens=30),
                          steering_inbox=inbox)
         loop.retry_policy.sleep = _no_sleep
+        result = await loop.run_turn(conversation, tick())
+        assert result.text == "Holding."
+        assert [m.id for m in inbox.take_all()] == [late.id, second.id]  # in order
+        count = len(conversation.messages)
         with pytest.raises(BackendUnavailableError):
-            await loop.run_turn(conversation, tick())
+            await loop.run_turn(conversation, late.to_trigger(after_answer=True))
 
-    assert [m.id for m in inbox.take_all()] == [late.id, second.id]  # in order
+    assert len(conversation.messages) == count
     assert all(m.kind != "steering" and late.id != m.id for m in conversation.messages)
 
 

@@ -21,12 +21,12 @@ from trading_agent.agent.conversation import Message, repair
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
 from trading_agent.agent.retry import RetryPolicy
-from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import Tool, ToolContext, ToolRegistry
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
+from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.store.store import Store
 
 FAST_BACKOFF = Backoff(crash_first=0.01, crash_max=0.05, pause_first=0.01, pause_max=0.05)
@@ -105,14 +105,14 @@ def build_desk(name: str, store: Store, base_url: str, bus: EventBus, *,
                tools: Iterable[Tool] = (), backoff: Backoff = FAST_BACKOFF,
                sleep: Callable[[float], Any] = anyio.sleep, max_retries: int = 1,
                maximum_rounds: int = 6) -> Desk:
-    """A desk with a real loop, backend, executor and inbox."""
+    """A desk with a real loop, backend, executor and mailbox."""
     backend = backend_for(base_url)
-    inbox = SteeringInbox()
+    mailbox = Mailbox()
     loop = AgentLoop(name, backend, ToolCallExecutor(ToolRegistry(tools)), bus,
-                     maximum_rounds=maximum_rounds, steering_inbox=inbox)
+                     maximum_rounds=maximum_rounds, steering_inbox=mailbox)
     loop.retry_policy = RetryPolicy(max_retries=max_retries, base_delay=0.001, max_delay=0.002)
     return Desk(DeskProfile(name, model=backend.model, symbols=("BTC/USDT",)), loop,
-                f"You are the trading desk {name}.", store, inbox=inbox, event_bus=bus,
+                f"You are the trading desk {name}.", store, mailbox=mailbox, event_bus=bus,
                 backoff=backoff, sleep=sleep)
 
 

@@ -31,12 +31,12 @@ from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent, Event
 from trading_agent.agent.retry import RetryPolicy
-from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
+from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.store.store import Store
 
 WINDOW = 2048
@@ -79,13 +79,13 @@ def small_desk(store: Store, base_url: str, bus: EventBus, registry: ToolRegistr
                ) -> Desk:
     backend = OpenAICompatibleBackend(OpenAIBackendConfig(
         base_url=base_url, model="small", context_window=WINDOW, max_output_tokens=64))
-    inbox = SteeringInbox()
+    mailbox = Mailbox()
     loop = AgentLoop("small", backend, ToolCallExecutor(registry or ToolRegistry()), bus,
                      maximum_rounds=4, compressor=ContextCompressor(WINDOW),
-                     steering_inbox=inbox)
+                     steering_inbox=mailbox)
     loop.retry_policy = RetryPolicy(max_retries=1, base_delay=0.001, max_delay=0.002)
     return Desk(DeskProfile("small"), loop, "You are a paper-trading desk for BTC/USDT.",
-                store, inbox=inbox, event_bus=bus,
+                store, mailbox=mailbox, event_bus=bus,
                 backoff=Backoff(crash_first=0.01, crash_max=0.02, pause_first=0.01,
                                 pause_max=0.02))
 

@@ -2,8 +2,9 @@
 
 A turn ends when the model answers without asking for a tool, after ``maximum_rounds`` model
 calls, or at the next safe point after :meth:`AgentLoop.request_stop`. One ``run_turn`` call
-may run several turns: a steering message that arrives while the model writes its final
-answer opens the next turn at once (see :mod:`~trading_agent.agent.steering_inbox`).
+runs one turn: a steering message that arrives while the model writes its final answer waits
+in the inbox, and its owner opens the next turn with it at once (see
+:mod:`~trading_agent.agent.steering_inbox`).
 
 Before a turn, at the compressor's flush mark: the silent memory-flush turn, then a
 compaction (see :mod:`~trading_agent.agent.context_compressor`). Before every model call:
@@ -66,7 +67,7 @@ from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.sent_window import SentWindow
-from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
+from trading_agent.agent.steering_inbox import Steering
 from trading_agent.agent.tool_call_executor import ExecutedCall, ToolCallExecutor
 from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult, TurnState, new_turn_id
@@ -118,7 +119,7 @@ class AgentLoop:
         event_bus: EventBus,
         maximum_rounds: int,
         compressor: ContextCompressor | None = None,
-        steering_inbox: SteeringInbox | None = None,
+        steering_inbox: Steering | None = None,
         image_preparer: ImagePreparer | None = None,
         hooks: Sequence[object] = (),
     ) -> None:
@@ -171,16 +172,17 @@ class AgentLoop:
     async def run_turn(self, conversation: Conversation, trigger: Trigger) -> TurnResult:
         """Runs one turn for a trigger, appending everything to the conversation.
 
-        A steering message that arrived too late for the turn (while the model wrote its
-        final answer) starts the next turn at once, inside this call; see
-        :mod:`trading_agent.agent.steering_inbox`.
+        Operator messages waiting in the steering inbox are delivered before each model
+        call; one that arrives while the model writes its final answer stays there, for its
+        owner to open the next turn with (``message.to_trigger(after_answer=True)``, see
+        :mod:`trading_agent.agent.steering_inbox`).
 
         Args:
             conversation: The desk's conversation, which grows by this turn's messages.
             trigger: The reason for the turn.
 
         Returns:
-            How the (last) turn ended, with the model's final text.
+            How the turn ended, with the model's final text.
 
         Raises:
             BackendUnavailableError: The model could not be reached, even after retries.
@@ -189,22 +191,8 @@ class AgentLoop:
         """
         self._stop_requested = False
         self._stop_reason = ""
-        opening: SteeringMessage | None = None
-        while True:
-            try:
-                await self._compact_if_full(conversation, trigger)
-            except BaseException:
-                # The message that was to open this turn is not in the conversation yet:
-                # back to the inbox, or it would be lost.
-                if opening is not None and self._steering_inbox is not None:
-                    self._steering_inbox.put_back(opening)
-                raise
-            turn = TurnState(trigger, id=self.new_turn_id())
-            result = await self._run_rounds(conversation, turn, opening)
-            opening = self._late_message(result)
-            if opening is None:
-                return result
-            trigger = opening.to_trigger()
+        await self._compact_if_full(conversation, trigger)
+        return await self._run_rounds(conversation, TurnState(trigger, id=self.new_turn_id()))
 
     async def compact(self, conversation: Conversation, trigger: Trigger) -> bool:
         """Flushes memory and compresses the conversation now (the ``/compact`` command).
@@ -226,13 +214,15 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ one turn
 
-    async def _run_rounds(self, conversation: Conversation, turn: TurnState,
-                          opening: SteeringMessage | None = None) -> TurnResult:
-        self._publish(turn, TurnStarted(desk=self.desk_name, trigger_kind=turn.trigger.kind,
-                                        trigger_text=turn.trigger.text, silent=turn.silent))
-        await conversation.append(turn.trigger.to_message())
-        if opening is not None:
-            self._publish_delivery(turn, opening, started_turn=True)
+    async def _run_rounds(self, conversation: Conversation, turn: TurnState) -> TurnResult:
+        trigger = turn.trigger
+        self._publish(turn, TurnStarted(desk=self.desk_name, trigger_kind=trigger.kind,
+                                        trigger_text=trigger.text, silent=turn.silent))
+        await conversation.append(trigger.to_message())
+        if trigger.after_answer:
+            self._publish(turn, SteeringDelivered(
+                desk=self.desk_name, text=trigger.text, queued_at=trigger.at, after_round=0,
+                message_id=trigger.id, started_turn=True))
         while turn.rounds < self._round_limit(turn):
             await self._before_model_call(conversation, turn)
             try:
@@ -255,12 +245,6 @@ class AgentLoop:
             return self._compressor.flush_max_rounds
         return self._maximum_rounds
 
-    def _late_message(self, result: TurnResult) -> SteeringMessage | None:
-        """A message that came while the turn ended: it opens the next turn."""
-        if self._steering_inbox is None or result.stopped or self._stop_requested:
-            return None
-        return self._steering_inbox.take_next()
-
     async def _before_model_call(self, conversation: Conversation, turn: TurnState) -> None:
         """Delivers steering, then compresses at once if the window is past its hard mark."""
         if turn.silent:
@@ -268,7 +252,9 @@ class AgentLoop:
         if self._steering_inbox is not None:
             for message in self._steering_inbox.take_all():
                 await conversation.append(message.to_message())
-                self._publish_delivery(turn, message, started_turn=False)
+                self._publish(turn, SteeringDelivered(
+                    desk=self.desk_name, text=message.text, queued_at=message.queued_at,
+                    after_round=turn.rounds, message_id=message.id, started_turn=False))
         compressor = self._compressor
         if compressor is None:
             return
@@ -276,12 +262,6 @@ class AgentLoop:
         if compressor.is_overfull(tokens) and not self._clear(conversation, turn, tokens,
                                                              compressor.hard_threshold):
             await self._compress(conversation, turn, "mid_turn")
-
-    def _publish_delivery(self, turn: TurnState, message: SteeringMessage, *,
-                            started_turn: bool) -> None:
-        self._publish(turn, SteeringDelivered(
-            desk=self.desk_name, text=message.text, queued_at=message.queued_at,
-            after_round=turn.rounds, message_id=message.id, started_turn=started_turn))
 
     async def _ask_model(self, conversation: Conversation, turn: TurnState) -> ModelReply:
         """One model call, with retries; a context overflow is answered by compacting harder

@@ -6,21 +6,15 @@ conversation as operator messages, marked for the model as a person's words sent
 was working. Each delivery is published as a ``SteeringDelivered`` event. A silent
 memory-flush turn delivers nothing; the messages wait for the real turn.
 
-**A message that arrives while the model writes its final answer** is not lost: when
-:meth:`AgentLoop.run_turn` gets a final answer (or ends at the round limit) and the inbox
-is not empty, it ends that turn (``TurnEnded``) and, inside the same call, starts the next
-one (``TurnStarted``, trigger kind ``operator``) with the oldest waiting message as its
-trigger (``SteeringDelivered`` with ``started_turn=True``); any others are delivered before
-that turn's first model call. ``run_turn`` returns the last turn's result. It does not
-follow up after a stop request (shutdown) or when it raises; a message it took but could
-not add to the conversation before raising (the compaction before the next turn failed) is
-put back at the front of the inbox.
+The loop reads them through :class:`Steering`, one method: the desk's mailbox
+(:class:`trading_agent.daemon.mailbox.Mailbox`) is one, :class:`SteeringInbox` (for a loop
+without a daemon) another; a subagent has none.
 
-So for the daemon: while ``run_turn`` runs, put the operator's messages in the inbox; once it
-returns or raises, the desk is idle again, and any message still in the inbox (put after the
-loop's last look, or left by a stop or an error) must start a turn:
-``inbox.take_next().to_trigger()``. A loop without an inbox (a subagent) runs the same code
-and never follows up.
+**A message that arrives while the model writes its final answer** is not lost, and not
+answered inside that call: :meth:`AgentLoop.run_turn` runs one turn, and the message waits.
+Its owner opens the next turn with it at once, ``message.to_trigger(after_answer=True)``:
+the loop then publishes ``SteeringDelivered`` with ``started_turn=True``, and any other
+waiting message is delivered before that turn's first model call.
 """
 
 from __future__ import annotations
@@ -29,13 +23,14 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 
 from trading_agent.agent.conversation import ImageBlock, Message, TextBlock
 from trading_agent.agent.trigger import Trigger
 
-__all__ = ["SteeringInbox", "SteeringMessage"]
+__all__ = ["Steering", "SteeringInbox", "SteeringMessage"]
 
 
 @dataclass(frozen=True)
@@ -63,10 +58,19 @@ class SteeringMessage:
         return Message(role="user", content=(TextBlock(text + self.text), *self.images),
                        kind="steering", id=self.id, created_at=self.queued_at)
 
-    def to_trigger(self) -> Trigger:
-        """The trigger of a turn this message starts (it came too late for the last one)."""
+    def to_trigger(self, *, after_answer: bool = False) -> Trigger:
+        """The trigger of a turn this message starts; ``after_answer`` when it came while
+        the last turn's answer was written (too late for it)."""
         return Trigger(kind="operator", text=self.text, source=self.source, images=self.images,
-                       id=self.id, at=self.queued_at)
+                       id=self.id, at=self.queued_at, after_answer=after_answer)
+
+
+class Steering(Protocol):
+    """What the loop needs of whoever holds a desk's mid-turn messages."""
+
+    def take_all(self) -> list[SteeringMessage]:
+        """Removes and returns every message to deliver now, oldest first."""
+        ...
 
 
 class SteeringInbox:

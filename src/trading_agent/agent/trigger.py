@@ -36,6 +36,9 @@ class Trigger:
         merged: For coalesced ticks, how many ticks this one stands for.
         id: A unique id.
         at: When it fired, seconds since the epoch.
+        after_answer: An operator's message that came while the last turn's final answer was
+            written, too late for it: it opens this turn (the loop says so in a
+            ``SteeringDelivered`` event with ``started_turn``).
     """
 
     kind: TriggerKind
@@ -45,6 +48,7 @@ class Trigger:
     merged: int = 1
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     at: float = field(default_factory=time.time)
+    after_answer: bool = False
 
     def to_message(self) -> Message:
         """The user message that opens the turn; an operator's words are marked as such."""

@@ -1,6 +1,6 @@
 """One desk: its trigger queue and the loop that runs its turns, one at a time.
 
-The desk takes the next trigger from its :class:`TriggerQueue` and runs a turn for it with its
+The desk takes the next trigger from its :class:`Mailbox` and runs a turn for it with its
 :class:`AgentLoop`. What can go wrong is contained here, so other desks never notice:
 
 - The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries):
@@ -22,11 +22,12 @@ appending another; the store adds no notice after a notice, so the first one's t
 the first failure's reason, is kept. A day of outage leaves the trigger, one notice, then
 the answer.
 
-Operator messages are stored before they are acknowledged; during a turn they go to the
-:class:`SteeringInbox` (delivered before the next model call; one that comes while the model
-writes its final answer opens a follow-up turn inside the same ``run_turn``), else they
-queue a turn. Messages still in the inbox when ``run_turn`` returns or raises start the next
-turn at once. Each keeps its id from the store all the way into the conversation.
+Triggers and operator messages share one owner, the desk's :class:`Mailbox`. Operator
+messages are stored before they are acknowledged; during a turn they wait there for the
+next model call, else they queue a turn. One that comes while the model writes its final
+answer opens the next turn at once, ahead of every other trigger (``run_turn`` runs one
+turn); after a failed turn every waiting message queues a turn of its own. Each keeps its id
+from the store all the way into the conversation, and is taken once.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ from trading_agent.agent.conversation import (
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.image_preparer import OPERATOR_FORMATS, ImagePreparer
-from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
+from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger, TriggerKind
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
 from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled, TurnRetried
-from trading_agent.daemon.trigger_queue import TriggerQueue
+from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.errors import (
     BackendError,
     BackendUnavailableError,
@@ -231,7 +232,7 @@ class Desk:
         loop: The desk's agent loop.
         system_prompt: The desk's system prompt.
         store: Where the desk's conversation, operator messages and schedules are kept.
-        inbox: The loop's steering inbox.
+        mailbox: The desk's triggers and operator messages (the loop's steering too).
         event_bus: Where the desk's own failures are published (the loop's bus).
         backoff: The waits after failures.
         clock: Seconds since the epoch (for status and usage).
@@ -251,7 +252,7 @@ class Desk:
 
     def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
                  store: DeskStore, *,
-                 inbox: SteeringInbox, event_bus: EventBus, backoff: Backoff | None = None,
+                 mailbox: Mailbox, event_bus: EventBus, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.time, sleep: Sleep = anyio.sleep,
                  on_turn_start: Sequence[Callable[[Trigger], None]] = (),
                  on_stop: Sequence[Callable[[], None]] = (),
@@ -264,10 +265,10 @@ class Desk:
         self.loop = loop
         self.system_prompt = system_prompt
         self.store = store
-        self.inbox = inbox
+        self.mailbox = mailbox
+        self.queue = mailbox.triggers
         self.event_bus = event_bus
         self.backoff = backoff or Backoff()
-        self.queue = TriggerQueue()
         self.conversation: Conversation | None = None
         self.ready = anyio.Event()
         """Set once the desk restored its conversation (or failed its first try)."""
@@ -294,9 +295,6 @@ class Desk:
         back from the store, without a resume turn."""
         self._replies: dict[str, _Reply] = {}
         """Operator messages whose sender waits for the desk's answer (``send --wait``)."""
-        self._operator_ids: set[str] = set()
-        """Operator messages queued or put in the inbox since the last restore: a message
-        sent while the desk restores is seen by both, and must be given to it once."""
         self._log = _log.bind(desk=self.name)
 
     # ------------------------------------------------------------------ what others call
@@ -336,15 +334,10 @@ class Desk:
         message = SteeringMessage(text=self._redact(text), source=source,
                                   images=tuple(prepared))
         await self.store.add_operator_message(self.name, message)
-        if message.id in self._operator_ids:
-            return message.id  # a restore during the await already queued it
-        self._operator_ids.add(message.id)
-        if self._in_turn and not self._stopping:
-            self.inbox.put(message)
-        else:
-            self.queue.put(message.to_trigger())
-            if self._paused and self._nap is not None:
-                self._nap.cancel()  # a person is there: try again now
+        # A restore during the await may have taken it already: the mailbox takes it once.
+        if (self.mailbox.put_message(message) and not self.mailbox.in_turn and self._paused
+                and self._nap is not None):
+            self._nap.cancel()  # a person is there: try again now
         return message.id
 
     def message_limit(self) -> int | None:
@@ -679,7 +672,7 @@ class Desk:
                 conversation.messages.pop()  # the turn appends it again, as its opening
             # No await between this check and run_turn's start, so a stop() from here on
             # reaches the running turn.
-            self._in_turn = True
+            self._in_turn = self.mailbox.in_turn = True
             try:
                 with anyio.CancelScope() as self._turn_scope:
                     return await self.loop.run_turn(conversation, trigger)
@@ -687,7 +680,7 @@ class Desk:
             finally:
                 self._in_turn = False
                 self._turn_scope = None
-                self._steering_to_queue()
+                self.mailbox.turn_ended()
 
     def _finished(self, result: TurnResult, cancelled_by: str | None) -> None:
         outcome = self._outcome
@@ -726,11 +719,6 @@ class Desk:
                 waiting.result = reply
                 waiting.done.set()
 
-    def _steering_to_queue(self) -> None:
-        """Messages that arrived too late for the turn start the next one."""
-        for message in self.inbox.take_all():
-            self.queue.put(message.to_trigger())
-
     # ------------------------------------------------------------------ failures
 
     async def _failed(self, error: Exception, *, paused: bool) -> None:
@@ -754,7 +742,7 @@ class Desk:
             if self.on_failed_turns is not None:
                 await self.on_failed_turns(outcome.crashes, described)
         self._paused = True
-        self._steering_to_queue()
+        self.mailbox.to_triggers()
         with anyio.CancelScope() as self._nap:
             if not self._stopping:
                 await self._sleep(delay)
@@ -767,8 +755,8 @@ class Desk:
         notice, saying why when the desk caught the failure), then queues what is owed: the
         unfinished trigger if it never reached the conversation, else a resume turn after an
         interruption (see :func:`_resume_for`), and undelivered messages."""
-        self._steering_to_queue()
-        self._operator_ids.clear()
+        self.mailbox.to_triggers()
+        self.mailbox.forget()
         # Used once: a later restore (after a restart or a success) has no reason to give.
         cause, self._outcome.cause = self._outcome.cause, None
         conversation = await self.store.restore_conversation(self.name, self.system_prompt,
@@ -784,9 +772,8 @@ class Desk:
         elif interrupted and resume:
             self.queue.put_first(_resume_for(conversation.messages))
         for message in await self.store.undelivered_operator_messages(self.name):
-            if message.id not in delivered and message.id not in self._operator_ids:
-                self._operator_ids.add(message.id)
-                self.queue.put(message.to_trigger())
+            if message.id not in delivered:
+                self.mailbox.put_message(message)
         if self._outcome.at is None and last is not None and last.role == "assistant":
             self._outcome.at, self._outcome.text = last.created_at, last.text
 

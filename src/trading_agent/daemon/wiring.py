@@ -11,7 +11,7 @@
   its tools (trading tools through its risk policy, ``remember``/``recall`` on its notes in
   the same SQLite file, ``delegate``; narrowed to the desk's ``tools`` list), an
   executor whose approval gate is the daemon's :class:`ApprovalBook`, a context compressor
-  sized to the backend's window, an image preparer, a steering inbox, the
+  sized to the backend's window, an image preparer, the desk's mailbox, the
   :class:`AgentLoop`, the :class:`Desk`, and the services beside it (schedules, and the
   market watcher: on each new candle it matches resting paper orders and records the risk
   day, then fires the tick and candle triggers);
@@ -40,7 +40,6 @@ from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSp
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.image_preparer import ImagePreparer
-from trading_agent.agent.steering_inbox import SteeringInbox
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
@@ -50,6 +49,7 @@ from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import KillSwitchChanged, OrderFilled
+from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.reload import ConfigReloader
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
@@ -309,7 +309,7 @@ class DeskParts:
     backtest steps them itself, candle by candle, on its simulated clock.
 
     Attributes:
-        desk: The desk (its loop, tools, risk policy, compressor, image preparer, inbox).
+        desk: The desk (its loop, tools, risk policy, compressor, image preparer, mailbox).
         watcher: Fires the desk's tick and candle triggers from its feed.
         schedules: Fires its schedule triggers; None when it has none.
         account: The desk's equity and open orders, for its status.
@@ -361,14 +361,14 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     # Checked when the settings were loaded, against model.context_window; checked again
     # here against the backend's window, with the same ConfigError.
     compressor = config.context.compressor(backend.context_window, key=f"desks.{name}.context")
-    inbox = SteeringInbox()
+    mailbox = Mailbox()
     loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
-                     steering_inbox=inbox, image_preparer=preparer)
+                     steering_inbox=mailbox, image_preparer=preparer)
     profile = DeskProfile(name, mode=venue.mode, model=backend.model,
                           symbols=tuple(config.symbols))
     timing: dict[str, Any] = {} if clock is None else {
         "clock": lambda: clock().timestamp()}
-    desk = Desk(profile, loop, config.system_prompt, store, inbox=inbox, event_bus=bus,
+    desk = Desk(profile, loop, config.system_prompt, store, mailbox=mailbox, event_bus=bus,
                 backoff=_backoff(settings), sleep=sleep, image_preparer=preparer,
                 when_paused=config.controls.when_paused,
                 on_failed_turns=_halt_after(name, config.controls.halt_after_failed_turns,
