@@ -25,8 +25,8 @@ from trading_agent.backends.local_server import (
     LocalModelServer,
     ensure_model_file,
 )
+from trading_agent.backends.providers.local import LocalModelSettings
 from trading_agent.errors import BackendUnavailableError, ConfigError
-from trading_agent.settings import LocalModelSettings
 
 _HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 _HAS_MODEL = importlib.util.find_spec(local_server.DEFAULT_MODEL_PACKAGE) is not None

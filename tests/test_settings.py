@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from trading_agent import cli
+from trading_agent.backends.providers.local import LocalModelSettings
+from trading_agent.backends.providers.openai import OpenAIModelSettings
 from trading_agent.errors import ConfigError
 from trading_agent.settings import (
     DESK_TOOL_NAMES,
-    LocalModelSettings,
-    OpenAIModelSettings,
     Settings,
     load_settings,
     missing_secrets,

@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trading_agent import __version__
+from trading_agent.backends.providers import provider
 from trading_agent.errors import ConfigError, TradingAgentError
 from trading_agent.logging_setup import configure_logging
-from trading_agent.settings import LocalModelSettings, Settings, load_settings, missing_secrets
+from trading_agent.settings import Settings, load_settings, missing_secrets
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "build_parser", "main"]
 
@@ -77,7 +78,7 @@ def _summary(settings: Settings) -> str:
              f"({', '.join(desks)}); state in {settings.state_directory()}"]
     for name, desk in desks.items():
         model = desk.model
-        model_name = model.model_alias if isinstance(model, LocalModelSettings) else model.model
+        model_name = provider(model.provider).model_name(model)
         triggers = desk.triggers
         wakes = []
         if triggers.ticks.move_percent is not None:

@@ -65,7 +65,7 @@ from contextvars import ContextVar
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
@@ -91,12 +91,8 @@ from pydantic_settings.exceptions import SettingsError
 
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.image_preparer import ImageLimits
-from trading_agent.backends.config import (
-    MAX_CONTEXT_WINDOW,
-    AnthropicBackendConfig,
-    OpenAIBackendConfig,
-)
-from trading_agent.backends.local_server import LocalModelConfig
+from trading_agent.backends.config import MAX_CONTEXT_WINDOW
+from trading_agent.backends.providers import ModelTable, model_settings, provider
 from trading_agent.errors import ConfigError
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
@@ -110,15 +106,12 @@ __all__ = [
     "DESK_TOOL_NAMES",
     "ENV_PREFIX",
     "MAX_SHUTDOWN_TIMEOUT_SECONDS",
-    "AnthropicModelSettings",
     "ContextSettings",
     "ControlSettings",
     "DaemonSettings",
     "DeskSettings",
     "ImageSettings",
-    "LocalModelSettings",
     "ModelSettings",
-    "OpenAIModelSettings",
     "ScheduleSettings",
     "Settings",
     "SpendCaps",
@@ -225,101 +218,12 @@ class DaemonSettings(_Strict):
         return value
 
 
-class OpenAIModelSettings(OpenAIBackendConfig):
-    """A model on an OpenAI-compatible server (``provider = "openai"``).
-
-    The other keys are those of :class:`~trading_agent.backends.config.OpenAIBackendConfig`;
-    among them the prompt-cache ones: ``prompt_cache_key`` (``true`` by default: each desk's
-    requests carry ``trading-agent:<desk>``; a string for a key of your own; ``false`` for
-    none) and ``price_cached_input_per_million`` (what a prompt token served from the
-    server's cache costs; by default the input price)::
-
-        [model]
-        price_input_per_million = 0.15
-        price_cached_input_per_million = 0.075
-        price_output_per_million = 0.60
-
-        [desks.alpha.model]
-        prompt_cache_key = false
-    """
-
-    provider: Literal["openai"]
-
-    def backend_config(self) -> OpenAIBackendConfig:
-        """The backend's own config (these settings without ``provider``)."""
-        return OpenAIBackendConfig(**self.model_dump(exclude={"provider"}))
-
-
-def _default_cache_dir() -> Path:
-    """``$CACHE_DIRECTORY/models`` under systemd (``CacheDirectory=``), else the user's cache."""
-    from_systemd = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-    if from_systemd:
-        return Path(from_systemd) / "models"
-    return Path.home() / ".cache" / "trading-agent" / "models"
-
-
-class LocalModelSettings(LocalModelConfig):
-    """The embedded local model (``provider = "local"``).
-
-    The other keys are those of :class:`~trading_agent.backends.local_server.LocalModelConfig`;
-    ``cache_dir`` defaults to ``$CACHE_DIRECTORY/models`` under systemd (the unit's home is
-    not writable there), else ``~/.cache/trading-agent/models``.
-
-    Prompt caching needs no key here: llama-cpp-python's server reuses, for each request, the
-    longest prefix it shares with the tokens already in its KV cache (``Llama.generate``), and
-    it ignores llama.cpp's ``cache_prompt`` field, which only ``llama-server`` (C++) reads.
-
-    Attributes:
-        max_output_tokens: A cap on each answer. The small base model rarely stops on its
-            own: without a cap it writes until the context window is full.
-    """
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    provider: Literal["local"]
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
-    max_output_tokens: int = Field(default=512, gt=0, le=MAX_CONTEXT_WINDOW)
-
-    @field_validator("context_window")
-    @classmethod
-    def _check_context_window(cls, value: int) -> int:
-        if value > MAX_CONTEXT_WINDOW:
-            raise ValueError(f"at most {MAX_CONTEXT_WINDOW} tokens")
-        return value
-
-    def server_config(self) -> LocalModelConfig:
-        """The local server's own config (these settings without the request-side keys)."""
-        return LocalModelConfig(**self.model_dump(exclude={"provider", "max_output_tokens"}))
-
-
-class AnthropicModelSettings(AnthropicBackendConfig):
-    """A model on Anthropic's Messages API (``provider = "anthropic"``).
-
-    The other keys are those of :class:`~trading_agent.backends.anthropic.AnthropicBackendConfig`
-    (the key is read from ``ANTHROPIC_API_KEY`` unless ``api_key_env`` names another
-    variable)::
-
-        [model]
-        provider = "anthropic"
-        model = "claude-sonnet-4-5"
-        context_window = 200000
-        price_input_per_million = 3.0
-        price_output_per_million = 15.0
-        price_cache_read_per_million = 0.3
-        price_cache_write_per_million = 3.75
-    """
-
-    provider: Literal["anthropic"]
-
-    def backend_config(self) -> AnthropicBackendConfig:
-        """The backend's own config (these settings without ``provider``)."""
-        return AnthropicBackendConfig(**self.model_dump(exclude={"provider"}))
-
-
-ModelSettings = Annotated[OpenAIModelSettings | AnthropicModelSettings | LocalModelSettings,
-                          Field(discriminator="provider")]
-"""One model: ``provider = "openai"`` (any OpenAI-compatible server), ``"anthropic"`` or
-``"local"``."""
+if TYPE_CHECKING:
+    ModelSettings = ModelTable
+else:
+    ModelSettings = model_settings()
+"""One model: one of the registered providers' tables, by ``provider``
+(:mod:`trading_agent.backends.providers`)."""
 
 
 class ContextSettings(_Strict):
@@ -762,9 +666,9 @@ class Settings(BaseSettings):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
         for desk_name, desk in self.desks.items():
             prefix = f"desks.{desk_name}"
-            if isinstance(desk.model, OpenAIModelSettings | AnthropicModelSettings) and (
-                    desk.model.api_key_env):
-                yield f"{prefix}.model.api_key_env", desk.model.api_key_env, True
+            key_variable = provider(desk.model.provider).key_variable(desk.model)
+            if key_variable:
+                yield f"{prefix}.model.api_key_env", key_variable, True
             for index, server in enumerate(desk.mcp_servers):
                 where = f"{prefix}.mcp_servers[{index}]"
                 for header, variable in server.headers_env.items():

@@ -10,8 +10,9 @@ import pytest
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.scripted_anthropic_server import AnthropicScriptedServer, unauthorized
 from tests.scripted_server import Reply, ToolCall
+from trading_agent.backends.providers.anthropic import AnthropicModelSettings
 from trading_agent.errors import ConfigError
-from trading_agent.settings import AnthropicModelSettings, load_settings
+from trading_agent.settings import load_settings
 
 
 def _config(folder: Path, base_url: str, model_extra: str = "") -> Path:

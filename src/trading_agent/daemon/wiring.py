@@ -43,10 +43,7 @@ from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
-from trading_agent.backends.anthropic import AnthropicBackend
-from trading_agent.backends.config import AnthropicBackendConfig, OpenAIBackendConfig
-from trading_agent.backends.local_server import LocalModelServer
-from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.backends.providers import ProviderContext, provider
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import KillSwitchChanged, OrderFilled
 from trading_agent.daemon.mailbox import Mailbox
@@ -61,13 +58,7 @@ from trading_agent.logging_setup import secret_values
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
-from trading_agent.settings import (
-    AnthropicModelSettings,
-    DeskSettings,
-    LocalModelSettings,
-    OpenAIModelSettings,
-    Settings,
-)
+from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import prepare_state_directory
 from trading_agent.store.store import Store, database_path
 from trading_agent.telemetry.traces import open_tracing
@@ -606,50 +597,13 @@ async def _last_price(venues: Mapping[str, TradingVenue], desk: str, symbol: str
 
 
 class ModelBackends:
-    """The desks' model backends: one per distinct model config, shared by the desks that
-    use it (a backend holds an HTTP client whose TLS setup alone costs ~60 ms of CPU, so one
-    per desk would stall the start of a daemon with hundreds of desks); the embedded local
-    server is started once."""
+    """The desks' model backends, opened by their providers (see
+    :mod:`trading_agent.backends.providers`): one per distinct model config, shared by the
+    desks that use it, closed with the daemon."""
 
     def __init__(self, stack: AsyncExitStack, environ: Mapping[str, str] | None) -> None:
-        self._stack = stack
-        self._environ = environ
-        self._backends: dict[str, OpenAICompatibleBackend] = {}
-        self._anthropic_backends: dict[str, AnthropicBackend] = {}
-        self._local: dict[str, LocalModelServer] = {}
+        self._context = ProviderContext(stack, environ)
 
     async def get(self, config: DeskSettings) -> ModelBackend:
-        model = config.model
-        if isinstance(model, AnthropicModelSettings):
-            return self._anthropic(model.backend_config())
-        if isinstance(model, OpenAIModelSettings):
-            backend_config = model.backend_config()
-        else:
-            backend_config = await self._local_config(model)
-        key = backend_config.model_dump_json()
-        backend = self._backends.get(key)
-        if backend is None:
-            backend = OpenAICompatibleBackend(backend_config, environ=self._environ)
-            self._stack.push_async_callback(backend.aclose)
-            self._backends[key] = backend
-        return backend
-
-    def _anthropic(self, config: AnthropicBackendConfig) -> AnthropicBackend:
-        key = "anthropic:" + config.model_dump_json()
-        backend = self._anthropic_backends.get(key)
-        if backend is None:
-            backend = AnthropicBackend(config, environ=self._environ)
-            self._stack.push_async_callback(backend.aclose)
-            self._anthropic_backends[key] = backend
-        return backend
-
-    async def _local_config(self, model: LocalModelSettings) -> OpenAIBackendConfig:
-        server_config = model.server_config()
-        key = server_config.model_dump_json()
-        server = self._local.get(key)
-        if server is None:
-            server = await self._stack.enter_async_context(LocalModelServer(server_config))
-            self._local[key] = server
-        return OpenAIBackendConfig(base_url=server.base_url, model=server.model,
-                                   context_window=server.context_window,
-                                   max_output_tokens=model.max_output_tokens)
+        """The backend of a desk's model."""
+        return await provider(config.model.provider).open_backend(config.model, self._context)
