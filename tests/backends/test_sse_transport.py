@@ -6,7 +6,6 @@ import anyio
 import pytest
 
 from tests.scripted_server import RawJSON, RawSSE, Reply, ScriptedServer, server_error, slow
-from trading_agent.backends.openai_compatible import _ssl_context
 from trading_agent.backends.sse_transport import (
     ConnectionFailed,
     HttpStatusError,
@@ -14,6 +13,7 @@ from trading_agent.backends.sse_transport import (
     ServerSentEvent,
     SSETransport,
     _EventDecoder,
+    verified_ssl_context,
 )
 
 
@@ -65,7 +65,7 @@ async def test_answers_read_to_the_end_leave_one_connection_for_every_request(
         scripted_server: ScriptedServer) -> None:
     scripted_server.add(*[Reply(f"answer {n}") for n in range(5)])
     transport = SSETransport(scripted_server.base_url + "/chat/completions", {}, 5.0,
-                             _ssl_context())
+                             verified_ssl_context())
     try:
         for _ in range(5):
             assert (await _events(transport))[-1].data == "[DONE]"
@@ -80,7 +80,7 @@ async def test_concurrent_requests_each_get_a_connection_then_share_them(
     scripted_server.add(*[slow(0.2, Reply("x")) for _ in range(8)],
                         *[Reply("y") for _ in range(8)])
     transport = SSETransport(scripted_server.base_url + "/chat/completions", {}, 5.0,
-                             _ssl_context())
+                             verified_ssl_context())
     try:
         for _ in range(2):
             async with anyio.create_task_group() as group:
@@ -97,7 +97,7 @@ async def test_failures_come_back_as_the_transports_own_errors(
     scripted_server.add(server_error(503, "busy"), slow(2.0),
                         RawSSE('data: {"a": 1}\n\n', headers={"Content-Length": "999"}))
     transport = SSETransport(scripted_server.base_url + "/chat/completions", {}, 0.3,
-                             _ssl_context())
+                             verified_ssl_context())
     try:
         with pytest.raises(HttpStatusError) as status:
             await transport.post(b"{}")
@@ -105,7 +105,7 @@ async def test_failures_come_back_as_the_transports_own_errors(
             await transport.post(b"{}")
     finally:
         await transport.aclose()
-    closed = SSETransport("http://127.0.0.1:9/v1/chat/completions", {}, 2.0, _ssl_context())
+    closed = SSETransport("http://127.0.0.1:9/v1/chat/completions", {}, 2.0, verified_ssl_context())
     try:
         with pytest.raises(ConnectionFailed):
             await closed.post(b"{}")
@@ -122,8 +122,8 @@ async def test_a_proxy_named_by_the_environment_carries_the_requests(
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     scripted_server.add(Reply("through the proxy"))
     transport = SSETransport("http://model.invalid/v1/chat/completions", {}, 5.0,
-                             _ssl_context())
-    exempt = SSETransport("http://127.0.0.1:9/v1/chat/completions", {}, 2.0, _ssl_context())
+                             verified_ssl_context())
+    exempt = SSETransport("http://127.0.0.1:9/v1/chat/completions", {}, 2.0, verified_ssl_context())
     try:
         events = await _events(transport)
         with pytest.raises(ConnectionFailed):  # straight there, not through the proxy
@@ -141,7 +141,7 @@ async def test_a_redirect_is_an_error_not_a_post_repeated_elsewhere(
     scripted_server.add(RawJSON(307, {"moved": True},
                                 {"Location": scripted_server.base_url + "/elsewhere"}))
     transport = SSETransport(scripted_server.base_url + "/chat/completions", {}, 5.0,
-                             _ssl_context())
+                             verified_ssl_context())
     try:
         with pytest.raises(HttpStatusError) as caught:
             await transport.post(b"{}")

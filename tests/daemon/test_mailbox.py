@@ -29,7 +29,7 @@ def test_a_message_is_a_trigger_while_idle_and_waits_for_the_model_during_a_turn
 
 def test_messages_left_when_a_turn_ends_open_the_next_first_and_follow_it() -> None:
     mailbox = Mailbox()
-    mailbox.put(Trigger(kind="tick", text="BTC +1%", source="BTC/USDT"))
+    mailbox.triggers.put(Trigger(kind="tick", text="BTC +1%", source="BTC/USDT"))
     mailbox.in_turn = True
     first, second = SteeringMessage("Sell half."), SteeringMessage("Then the rest.")
     mailbox.put_message(first)
@@ -64,4 +64,4 @@ def test_after_a_failure_every_waiting_message_queues_a_turn_of_its_own() -> Non
     mailbox.to_triggers()
 
     assert [t.text for t in _taken(mailbox)] == ["One.", "Two."]
-    assert mailbox.waiting_messages == 0
+    assert mailbox.take_all() == []

@@ -43,19 +43,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 import os
 import re
-import ssl
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple
-
-import httpx
 
 from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
 from trading_agent.agent.conversation import (
@@ -68,6 +64,7 @@ from trading_agent.agent.conversation import (
 )
 from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
+    TRANSIENT_STATUSES,
     ConnectionFailed,
     EventStream,
     HttpStatusError,
@@ -224,12 +221,6 @@ def _tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
     definition["input_schema"] = function.get("parameters") or {"type": "object",
                                                                 "properties": {}}
     return definition
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One verifying TLS context for every backend: loading the CA store is slow."""
-    return httpx.create_ssl_context()
 
 
 # --------------------------------------------------------------------------- streaming
@@ -393,7 +384,6 @@ def _decode(text: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- errors
 
-_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 _TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error",
                               "timeout_error"})
 _OVERFLOW_MARKERS = ("prompt is too long", "exceed context limit", "context window",
@@ -455,8 +445,7 @@ class AnthropicBackend:
                    "content-type": "application/json", "accept": "text/event-stream"}
         if self._api_key is not None:
             headers["x-api-key"] = self._api_key
-        self._transport = SSETransport(self._url, headers, config.request_timeout,
-                                       _ssl_context())
+        self._transport = SSETransport(self._url, headers, config.request_timeout)
         head: dict[str, Any] = {"model": config.model, "stream": True}
         if config.temperature is not None:
             head["temperature"] = config.temperature
@@ -773,7 +762,7 @@ class AnthropicBackend:
                       if variable is not None else
                       "no key was sent: name its environment variable in api_key_env")
             return BackendError(f"{detail}; {advice}", status_code=status, model=self.model)
-        if kind in _TRANSIENT_TYPES or effective is None or effective in _TRANSIENT_STATUSES:
+        if kind in _TRANSIENT_TYPES or effective is None or effective in TRANSIENT_STATUSES:
             return TransientBackendError(detail, status_code=status, model=self.model,
                                          retry_after=retry_after)
         return BackendError(detail, status_code=status, model=self.model)

@@ -29,18 +29,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
 import json
 import os
-import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 
 from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
@@ -54,11 +51,13 @@ from trading_agent.agent.conversation import (
 )
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
+    TRANSIENT_STATUSES,
     ConnectionFailed,
     EventStream,
     HttpStatusError,
     RequestTimeout,
     SSETransport,
+    verified_ssl_context,
 )
 from trading_agent.errors import (
     BackendError,
@@ -73,7 +72,6 @@ NO_KEY_PLACEHOLDER = "no-key-needed"
 """The API key sent to a server that needs none (the SDK insists on one)."""
 
 _CACHE_KEY = "openai_wire"
-_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 _CONTEXT_MARKERS = (
     "context_length_exceeded",
     "maximum context length",
@@ -196,12 +194,6 @@ def encode_message(message: Message) -> bytes:
         cached = b",".join(_dumps(wire) for wire in _wire_messages(message))
         message.cache[_CACHE_KEY] = cached
     return cached
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One verifying TLS context for every backend: loading the CA store costs ~75 ms."""
-    return httpx2.create_ssl_context()
 
 
 def _tool_definition(tool: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -417,11 +409,11 @@ class OpenAICompatibleBackend:
             default_headers=config.extra_headers or None,
             organization=None,
             project=None,
-            http_client=openai.DefaultAsyncHttpx2Client(verify=_ssl_context()),
+            http_client=openai.DefaultAsyncHttpx2Client(verify=verified_ssl_context()),
         )
         self._transport = SSETransport(
             str(self._client.base_url).rstrip("/") + "/chat/completions",
-            self._sdk_headers(config), config.request_timeout, _ssl_context())
+            self._sdk_headers(config), config.request_timeout)
         head: dict[str, Any] = {"model": config.model, **config.extra_body, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if config.temperature is not None:
@@ -712,7 +704,7 @@ class OpenAICompatibleBackend:
         if status != 429 and _mentions_context(message, code):
             return ContextOverflowError(f"the prompt is too long for the model: {message}",
                                         status_code=status, model=self.model)
-        if status is None or status in _TRANSIENT_STATUSES:
+        if status is None or status in TRANSIENT_STATUSES:
             where = "in the answer stream" if in_stream else "the server refused the request"
             return TransientBackendError(f"{where}: {message}", status_code=status,
                                          model=self.model, retry_after=retry_after)

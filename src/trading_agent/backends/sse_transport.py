@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import re
 import ssl
@@ -33,14 +34,17 @@ from email.utils import parsedate_to_datetime
 from types import TracebackType
 
 import aiohttp
+import httpx
 
 __all__ = [
+    "TRANSIENT_STATUSES",
     "ConnectionFailed",
     "EventStream",
     "HttpStatusError",
     "RequestTimeout",
     "SSETransport",
     "ServerSentEvent",
+    "verified_ssl_context",
 ]
 
 _MAX_CONNECTIONS = 1000
@@ -51,6 +55,16 @@ _KEEPALIVE_SECONDS = 15.0
 _ERROR_BODY_LIMIT = 64 * 1024
 """The most bytes of an error answer that are read (its message is near the start)."""
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+
+TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+"""Answers worth trying again: a timeout, a conflict, too early, rate limited, a server
+error, overloaded."""
+
+
+@functools.cache
+def verified_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context for every transport (loading the CA store costs ~75 ms)."""
+    return httpx.create_ssl_context()
 
 
 class HttpStatusError(Exception):
@@ -224,16 +238,16 @@ class SSETransport:
         url: Where every request goes.
         headers: Sent with every request (``Content-Length`` and ``Host`` are added).
         timeout: Seconds to wait for a connection, or for the next bytes of an answer.
-        ssl_context: How HTTPS servers are verified.
+        ssl_context: How HTTPS servers are verified; :func:`verified_ssl_context` when None.
     """
 
     def __init__(self, url: str, headers: Mapping[str, str], timeout: float,
-                 ssl_context: ssl.SSLContext) -> None:
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.url = url
         self._headers = dict(headers)
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
                                               sock_read=timeout, connect=timeout)
-        self._ssl_context = ssl_context
+        self._ssl_context = ssl_context or verified_ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proxy = _environment_proxy(url)

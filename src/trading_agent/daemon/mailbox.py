@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import deque
 
 from trading_agent.agent.steering_inbox import SteeringMessage
-from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.trigger_queue import TriggerQueue
 
 __all__ = ["Mailbox"]
@@ -73,19 +72,3 @@ class Mailbox:
     def forget(self) -> None:
         """Forgets which messages were taken (a restore reads them back from the store)."""
         self._seen.clear()
-
-    def seen(self, message_id: str) -> bool:
-        """Whether a message of this id was taken since :meth:`forget`."""
-        return message_id in self._seen
-
-    @property
-    def waiting_messages(self) -> int:
-        """Messages waiting for a model call."""
-        return len(self._steering)
-
-    def __len__(self) -> int:
-        return len(self.triggers)
-
-    def put(self, trigger: Trigger) -> None:
-        """Queues a trigger (see :meth:`TriggerQueue.put`)."""
-        self.triggers.put(trigger)

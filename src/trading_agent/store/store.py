@@ -669,8 +669,10 @@ class Store:
             query += " ORDER BY seq DESC LIMIT ?"
             args.append(max(0, limit))
             rows = [_row(values) for values in connection.execute(query, args)]
+            ids = [row.message_id for row in rows]
             retracted = {values[0] for values in connection.execute(
-                "SELECT message_id FROM retracted_messages WHERE desk = ?", (desk,))}
+                "SELECT message_id FROM retracted_messages WHERE desk = ? AND message_id IN "
+                f"({', '.join('?' * len(ids))})", (desk, *ids))} if ids else set()
             return rows, retracted
 
         rows, retracted = await self._db.read(read)
