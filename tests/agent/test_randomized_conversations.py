@@ -301,6 +301,8 @@ def as_openai(body: dict[str, Any]) -> dict[str, Any]:
         for block in message["content"]:
             if block["type"] == "tool_result":
                 inner = block.get("content") or []
+                if isinstance(inner, str):  # the API's short form
+                    inner = [{"type": "text", "text": inner}]
                 messages.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                  "content": "\n".join(b["text"] for b in inner
                                                       if b["type"] == "text")})

@@ -245,14 +245,13 @@ async def test_a_tool_round_trip_is_sent_back_as_anthropic_blocks(
         {"type": "tool_use", "id": "toolu_3", "name": "get_ticker",
          "input": {"raw_arguments": "{oops"}}]
     assert messages[2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "toolu_1",
-         "content": [{"type": "text", "text": "last 64000"}]},
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "last 64000"},
         {"type": "tool_result", "tool_use_id": "toolu_2", "content": [
             {"type": "text", "text": "chart ready"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": base64.b64encode(chart.data).decode()}}]},
-        {"type": "tool_result", "tool_use_id": "toolu_3",
-         "content": [{"type": "text", "text": "bad arguments"}], "is_error": True},
+        {"type": "tool_result", "tool_use_id": "toolu_3", "content": "bad arguments",
+         "is_error": True},
         {"type": "text", "text": "Also check ETH.", "cache_control": EPHEMERAL}]
     server.assert_complete()
 
@@ -342,8 +341,8 @@ def test_every_encoding_is_valid_json_of_the_wire_blocks(texts: list[str]) -> No
     assert wire.role == "user"
     assert json.loads(wire.whole)["content"] == json.loads(b"[" + wire.blocks + b"]")
     assert json.loads(b"[" + wire.blocks + b"]") == [
-        {"type": "tool_result", "tool_use_id": f"call_{i}",
-         "content": [{"type": "text", "text": text}]} for i, text in enumerate(texts)]
+        {"type": "tool_result", "tool_use_id": f"call_{i}", "content": text}
+        for i, text in enumerate(texts)]
 
 
 # --------------------------------------------------------------------------- prompt caching
@@ -835,7 +834,7 @@ async def test_the_agent_loop_runs_a_tool_turn_over_the_anthropic_backend(
         "input": {"symbol": "BTC/USDT"}}
     assert sent["messages"][2]["content"] == [{
         "type": "tool_result", "tool_use_id": "toolu_1",
-        "content": [{"type": "text", "text": "BTC/USDT last 21,034.50"}],
+        "content": "BTC/USDT last 21,034.50",
         "cache_control": EPHEMERAL}]
     assert sent["tools"][0]["name"] == "get_ticker" and "input_schema" in sent["tools"][0]
     assert len(breakpoints(sent)) == 3
