@@ -65,7 +65,7 @@ async def test_a_desk_on_the_anthropic_api_answers_an_operator_with_a_tool_call(
         assert "How is BTC?" in first.json["messages"][-1]["content"][0]["text"]
         tool_result = second.json["messages"][-1]["content"][0]
         assert tool_result["type"] == "tool_result"
-        assert "BTC/USDT" in tool_result["content"][0]["text"]
+        assert "BTC/USDT" in tool_result["content"]  # one text: the short string form
         server.assert_complete()
 
 
