@@ -30,12 +30,12 @@ from pathlib import Path
 
 import anyio
 
+from trading_agent.store.database import Database
 from trading_agent.trading.config import PACKAGED_CANDLES, PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle, OrderRequest
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed, load_candles_csv
 from trading_agent.trading.risk import RiskPolicy
-from trading_agent.trading.sqlite import SqliteDatabase
 
 D = Decimal
 PAPER = PaperExchangeConfig(starting_balances={"USDT": D("10000000")})
@@ -73,19 +73,18 @@ async def _paper_orders(candles: list[Candle], count: int, directory: Path,
 
 
 async def _raw_inserts(count: int, directory: Path) -> float:
-    database = await SqliteDatabase.open(
-        directory / "raw.sqlite3",
-        "CREATE TABLE fills (seq INTEGER PRIMARY KEY, symbol TEXT, amount TEXT, price TEXT)")
+    database = await Database.open(directory / "raw.sqlite3", ((1, (
+        "CREATE TABLE fills (seq INTEGER PRIMARY KEY, symbol TEXT, amount TEXT, price TEXT)",
+    )),), "bench")
 
     def insert(connection: sqlite3.Connection) -> None:
-        with connection:
-            connection.execute("INSERT INTO fills (symbol, amount, price) VALUES (?, ?, ?)",
-                               ("BTC/USDT", "0.01", "16612.0"))
+        connection.execute("INSERT INTO fills (symbol, amount, price) VALUES (?, ?, ?)",
+                           ("BTC/USDT", "0.01", "16612.0"))
 
     try:
         started = time.perf_counter()
         for _ in range(count):
-            await database.run(insert)
+            await database.write(insert)
         elapsed = time.perf_counter() - started
     finally:
         await database.close()

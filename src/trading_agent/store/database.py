@@ -19,6 +19,13 @@ abandoned), so a transaction is never cut in half; one cancelled while still que
 dropped. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a second process or
 component writing the same file waits (``busy_timeout``) instead of failing half-way.
 
+One writer per file: every part of the daemon's state (transcripts, events, the paper
+books, the order and risk journals, the kill switch, the desks' notes) lives in one file, and
+:meth:`Database.open` hands every caller in a process (per event loop) the same open
+``Database`` for it, counted, so they share one writer, one group commit and one durability.
+Each part brings its own schema as a *component* with its own numbered migrations
+(:meth:`Database.migrate`), recorded in ``schema_migrations``.
+
 Who may read it: the file is created 0600 (SQLite gives its ``-wal`` and ``-shm`` files the
 mode of the file itself), and :func:`prepare_state_directory` makes the daemon's state
 directory 0700: the conversations, orders and balances are the operator's alone.
@@ -26,6 +33,7 @@ directory 0700: the conversations, orders and balances are the operator's alone.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import stat
@@ -34,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
 import structlog
@@ -52,8 +60,12 @@ Migration = tuple[int, Sequence[str]]
 _BUSY_TIMEOUT_MS = 10_000
 
 _MAX_BATCH = 1000
-"""The most writes committed together: a batch holds the file's write lock, which the
-trading layer's own connections wait for."""
+"""The most writes committed together: a batch holds the file's write lock, which another
+process on the file (a ``check-config``, a script) waits for."""
+
+_MEMORY = ":memory:"
+"""A database of its own that lives as long as its connection (tests, what-if runs): its
+reads go through the writer, as a second connection would see another database."""
 
 _PRIVATE_DIRECTORY = 0o700
 _PRIVATE_FILE = 0o600
@@ -143,7 +155,7 @@ def transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     connection.execute("COMMIT")
 
 
-def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+def _connect(path: Path | str, *, read_only: bool) -> sqlite3.Connection:
     connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                  timeout=_BUSY_TIMEOUT_MS / 1000)
     connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
@@ -151,7 +163,7 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
         connection.execute("PRAGMA query_only=ON")
     else:
         mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+        if str(mode).lower() != "wal" and str(path) != _MEMORY:
             raise StoreError(f"{path}: SQLite refused WAL mode (journal mode {mode})")
         connection.execute("PRAGMA synchronous=FULL")
         connection.execute("PRAGMA foreign_keys=ON")
@@ -161,7 +173,7 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
 class _Connection:
     """A connection used by one call at a time, in a worker thread."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+    def __init__(self, path: Path | str, connection: sqlite3.Connection) -> None:
         self._path = path
         self._connection = connection
         self._lock = anyio.Lock()
@@ -240,76 +252,52 @@ def _run_batch(connection: sqlite3.Connection, calls: Sequence[Callable[[sqlite3
     return outcomes, 0
 
 
-class Database:
-    """The SQLite file: a writer and a reader connection (WAL lets them work at once).
+_OpenKey = tuple[str, int]
+"""A file's real path and the event loop using it."""
 
-    Use :meth:`open`.
 
-    Args:
-        path: The file.
-        writer: The writing connection.
-        reader: The reading connection.
-
-    Attributes:
-        commits: How many write transactions were committed (each cost one fsync).
-        writes: How many writes were committed.
-    """
+class _File:
+    """One open file: its two connections and its queue of writes, shared by every
+    :class:`Database` opened on it in one event loop."""
 
     def __init__(self, path: Path, writer: sqlite3.Connection,
-                 reader: sqlite3.Connection) -> None:
+                 reader: sqlite3.Connection | None) -> None:
         self.path = path
         self._writer = _Connection(path, writer)
-        self._reader = _Connection(path, reader)
+        self._reader = self._writer if reader is None else _Connection(path, reader)
         self._queued: list[_Write] = []
         self._committing = anyio.Lock()
         self._batch_ended = anyio.Event()
+        self.users = 0
         self.commits = 0
         self.writes = 0
 
     @classmethod
-    async def open(cls, path: Path, migrations: Sequence[Migration],
-                   component: str) -> Database:
-        """Opens (or creates) the file and brings ``component``'s schema up to date.
-
-        Args:
-            path: The file; its folder is created if missing.
-            migrations: The component's migrations, in version order.
-            component: Whose schema it is, in the ``schema_migrations`` table.
-
-        Raises:
-            StoreError: The file cannot be opened, or a migration failed.
-        """
-
-        def connect() -> Database:
-            path.parent.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
-            _create_private(path)
-            writer = _connect(path, read_only=False)
+    async def connect(cls, path: Path | str) -> _File:
+        def connect() -> _File:
+            if str(path) == _MEMORY:
+                return cls(Path(_MEMORY), _connect(_MEMORY, read_only=False), None)
+            file = Path(path)
+            file.parent.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+            _create_private(file)
+            writer = _connect(file, read_only=False)
             try:
-                _migrate(writer, migrations, component)
-                reader = _connect(path, read_only=True)
+                reader = _connect(file, read_only=True)
             except BaseException:
                 writer.close()
                 raise
-            return cls(path, writer, reader)
+            return cls(file, writer, reader)
 
         try:
             return await anyio.to_thread.run_sync(connect)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
 
+    async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
+        await self._writer.run(lambda connection: _migrate(connection, migrations, component))
+
     async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
-        """Runs ``call`` in a write transaction on the writer connection; returns once the
-        transaction is committed.
-
-        ``call`` may share its transaction with other writes queued at the same moment (see
-        the module's docstring); it runs in a savepoint of its own, so what it raises rolls
-        back its own changes only, and raises here only.
-
-        Raises:
-            StoreError: SQLite failed (the call's changes were rolled back), or the store is
-                closed.
-            Exception: Whatever else ``call`` raised (its changes were rolled back).
-        """
+        """See :meth:`Database.write`."""
         write = _Write(call)
         self._queued.append(write)
         try:
@@ -365,17 +353,158 @@ class Database:
             self.writes += int(error is None)
 
     async def read(self, call: Callable[[sqlite3.Connection], T]) -> T:
+        """See :meth:`Database.read`."""
+        return await self._reader.run(call)
+
+    async def close(self) -> None:
+        await self._writer.close()
+        await self._reader.close()
+
+
+class _Opening:
+    """A file being opened: those who ask meanwhile wait for the same one."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.file: _File | None = None
+
+
+class Database:
+    """The SQLite file: a writer and a reader connection (WAL lets them work at once).
+
+    Use :meth:`open`. Each ``Database`` is one user's hold on the file; every user in the
+    process (per event loop) shares the same connections and queue of writes, and the last
+    to :meth:`close` closes them.
+
+    Args:
+        file: The open file.
+    """
+
+    _open: ClassVar[dict[_OpenKey, _File | _Opening]] = {}
+    """The files open in this process, by real path and event loop."""
+
+    def __init__(self, file: _File, key: _OpenKey | None) -> None:
+        self._file = file
+        self._key = key
+        self._closed = False
+        file.users += 1
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self._file.path
+
+    @property
+    def commits(self) -> int:
+        """How many write transactions were committed on the file (each cost one fsync)."""
+        return self._file.commits
+
+    @property
+    def writes(self) -> int:
+        """How many writes were committed on the file."""
+        return self._file.writes
+
+    @classmethod
+    async def open(cls, path: Path | str, migrations: Sequence[Migration] = (),
+                   component: str = "") -> Database:
+        """A hold on the file, opened (or created) on first use in this process; and
+        ``component``'s schema brought up to date.
+
+        Args:
+            path: The file (its folder is created if missing), or ``:memory:`` for a
+                database of the caller's own.
+            migrations: The component's migrations, in version order.
+            component: Whose schema it is, in the ``schema_migrations`` table.
+
+        Raises:
+            StoreError: The file cannot be opened, or a migration failed.
+        """
+        if str(path) == _MEMORY:
+            database = cls(await _File.connect(path), None)
+        else:
+            key = (str(await anyio.Path(path).resolve()), id(asyncio.get_running_loop()))
+            database = cls(await cls._shared(key, path), key)
+        if migrations:
+            try:
+                await database.migrate(component, migrations)
+            except BaseException:
+                await database.close()
+                raise
+        return database
+
+    @classmethod
+    async def _shared(cls, key: _OpenKey, path: Path | str) -> _File:
+        while True:
+            found = cls._open.get(key)
+            if isinstance(found, _File):
+                return found
+            if found is None:
+                break
+            await found.done.wait()  # another task is opening it: take what it got
+        opening = cls._open[key] = _Opening()
+        try:
+            file = await _File.connect(path)
+        except BaseException:
+            del cls._open[key]
+            raise
+        finally:
+            opening.done.set()
+        cls._open[key] = opening.file = file
+        return file
+
+    async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
+        """Applies ``component``'s migrations not applied yet, each in a transaction of its
+        own, on the writer (between two batches of writes).
+
+        Raises:
+            StoreError: A migration failed (it was rolled back), or the file holds a newer
+                schema of the component than this program knows.
+        """
+        await self._file.migrate(component, migrations)
+
+    async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
+        """Runs ``call`` in a write transaction on the writer connection; returns once the
+        transaction is committed.
+
+        ``call`` may share its transaction with other writes queued at the same moment (see
+        the module's docstring); it runs in a savepoint of its own, so what it raises rolls
+        back its own changes only, and raises here only. It must not commit or roll back
+        (no ``with connection:``).
+
+        Raises:
+            StoreError: SQLite failed (the call's changes were rolled back), or the store is
+                closed.
+            Exception: Whatever else ``call`` raised (its changes were rolled back).
+        """
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+        return await self._file.write(call)
+
+    async def read(self, call: Callable[[sqlite3.Connection], T]) -> T:
         """Runs ``call`` on the reader connection (it sees every committed write).
 
         Raises:
             StoreError: SQLite failed, or the store is closed.
         """
-        return await self._reader.run(call)
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+        return await self._file.read(call)
 
     async def close(self) -> None:
-        """Closes both connections once their calls have finished (idempotent)."""
-        await self._writer.close()
-        await self._reader.close()
+        """Lets go of the file (idempotent); the last hold on it closes both connections
+        once their calls have finished."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.users -= 1
+        if self._file.users > 0:
+            return
+        if self._key is not None and self._open.get(self._key) is self._file:
+            del self._open[self._key]
+        await self._file.close()
+
+    def __repr__(self) -> str:
+        return f"Database({str(self.path)!r}{', closed' if self._closed else ''})"
 
 
 def _migrate(connection: sqlite3.Connection, migrations: Sequence[Migration],

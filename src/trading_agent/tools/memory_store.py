@@ -12,21 +12,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from trading_agent.trading.sqlite import SqliteDatabase
+from trading_agent.store.database import Database, Migration
 from trading_agent.trading.timing import Clock, utc_now
 
 __all__ = ["DeskMemory", "Note", "SqliteMemory"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS memory_notes (
+COMPONENT = "memory_notes"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS memory_notes (
     seq INTEGER PRIMARY KEY,
     desk TEXT NOT NULL,
     key TEXT NOT NULL,
     text TEXT NOT NULL,
     saved_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS memory_notes_key ON memory_notes (desk, key, seq);
-"""
+)""",
+    "CREATE INDEX IF NOT EXISTS memory_notes_key ON memory_notes (desk, key, seq)",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 # The newest version of each key of a desk.
 _LATEST = """
@@ -90,7 +95,7 @@ class SqliteMemory:
             replayed time).
     """
 
-    def __init__(self, database: SqliteDatabase, desk: str, clock: Clock = utc_now) -> None:
+    def __init__(self, database: Database, desk: str, clock: Clock = utc_now) -> None:
         self._database = database
         self.desk = desk
         self._clock = clock
@@ -102,22 +107,21 @@ class SqliteMemory:
         Raises:
             StoreError: The file cannot be opened.
         """
-        return cls(await SqliteDatabase.open(path, _SCHEMA), desk, clock)
+        return cls(await Database.open(path, MIGRATIONS, COMPONENT), desk, clock)
 
     async def remember(self, key: str, text: str) -> Note | None:
         """Appends a new version of ``key``; returns the previous one."""
         desk, saved_at = self.desk, self._clock().isoformat()
 
         def write(connection: sqlite3.Connection) -> Note | None:
-            with connection:
-                previous = connection.execute(
-                    "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
-                    "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
-                connection.execute("INSERT INTO memory_notes (desk, key, text, saved_at) "
-                                   "VALUES (?, ?, ?, ?)", (desk, key, text, saved_at))
+            previous = connection.execute(
+                "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
+                "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
+            connection.execute("INSERT INTO memory_notes (desk, key, text, saved_at) "
+                               "VALUES (?, ?, ?, ?)", (desk, key, text, saved_at))
             return None if previous is None else _note(previous)
 
-        return await self._database.run(write)
+        return await self._database.write(write)
 
     async def recall(self, key: str) -> Note | None:
         """The newest version of ``key``."""
@@ -129,7 +133,7 @@ class SqliteMemory:
                 "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
             return None if row is None else _note(row)
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def search(self, word: str, limit: int = 5) -> list[Note]:
         """Newest notes mentioning ``word`` in their key or text."""
@@ -141,7 +145,7 @@ class SqliteMemory:
                 "OR text LIKE ? ESCAPE '\\' ORDER BY saved_at DESC LIMIT ?",
                 (desk, pattern, pattern, limit))]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def recent(self, limit: int = 5) -> list[Note]:
         """The newest notes, one per key."""
@@ -151,7 +155,7 @@ class SqliteMemory:
             return [_note(row) for row in connection.execute(
                 f"SELECT * FROM ({_LATEST}) ORDER BY saved_at DESC LIMIT ?", (desk, limit))]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def keys(self) -> list[str]:
         """Every key the desk has used, sorted."""
@@ -161,7 +165,7 @@ class SqliteMemory:
             return [key for (key,) in connection.execute(
                 "SELECT DISTINCT key FROM memory_notes WHERE desk = ? ORDER BY key", (desk,))]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def close(self) -> None:
         """Closes the file."""

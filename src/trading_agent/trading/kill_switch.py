@@ -18,21 +18,26 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trading_agent.trading.sqlite import SqliteDatabase
+from trading_agent.store.database import Database, Migration
 
 __all__ = ["ALL_DESKS", "Halt", "KillSwitch"]
 
 ALL_DESKS = "*"
 """The scope of a switch that halts every desk (no desk can be named so)."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kill_switch (
+COMPONENT = "kill_switch"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS kill_switch (
     scope TEXT PRIMARY KEY,
     by TEXT NOT NULL,
     at TEXT NOT NULL,
     reason TEXT NOT NULL
-);
-"""
+)""",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class KillSwitch:
         halts: The switches that are on, by scope.
     """
 
-    def __init__(self, database: SqliteDatabase | None = None,
+    def __init__(self, database: Database | None = None,
                  halts: dict[str, Halt] | None = None) -> None:
         self._database = database
         self._halts: dict[str, Halt] = dict(halts or {})
@@ -90,7 +95,7 @@ class KillSwitch:
         Raises:
             StoreError: The file cannot be opened.
         """
-        database = await SqliteDatabase.open(path, _SCHEMA, synchronous="FULL")
+        database = await Database.open(path, MIGRATIONS, COMPONENT)
 
         def read(connection: sqlite3.Connection) -> dict[str, Halt]:
             return {scope: Halt(scope, by, datetime.fromisoformat(at), reason)
@@ -98,7 +103,7 @@ class KillSwitch:
                         "SELECT scope, by, at, reason FROM kill_switch")}
 
         try:
-            halts = await database.run(read)
+            halts = await database.read(read)
         except BaseException:
             await database.close()
             raise
@@ -163,10 +168,9 @@ class KillSwitch:
             return
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(sql, values)
+            connection.execute(sql, values)
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def close(self) -> None:
         """Closes the file, if any."""

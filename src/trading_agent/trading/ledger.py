@@ -16,17 +16,20 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
+from trading_agent.store.database import Database, Migration
 from trading_agent.trading.exchange import Fill, Order, OrderSide, OrderStatus, OrderType
-from trading_agent.trading.sqlite import SqliteDatabase
 
 __all__ = ["BalanceChange", "LedgerChanges", "LedgerSnapshot", "PaperLedger", "PaperOrder"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS paper_accounts (
+COMPONENT = "paper_books"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS paper_accounts (
     account TEXT PRIMARY KEY,
     created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS paper_orders (
+)""",
+    """CREATE TABLE IF NOT EXISTS paper_orders (
     seq INTEGER PRIMARY KEY,
     account TEXT NOT NULL,
     id TEXT NOT NULL,
@@ -47,9 +50,9 @@ CREATE TABLE IF NOT EXISTS paper_orders (
     updated_at TEXT NOT NULL,
     UNIQUE (account, id),
     UNIQUE (account, client_order_id)
-);
-CREATE INDEX IF NOT EXISTS paper_orders_open ON paper_orders (account, status);
-CREATE TABLE IF NOT EXISTS paper_fills (
+)""",
+    "CREATE INDEX IF NOT EXISTS paper_orders_open ON paper_orders (account, status)",
+    """CREATE TABLE IF NOT EXISTS paper_fills (
     seq INTEGER PRIMARY KEY,
     account TEXT NOT NULL,
     order_id TEXT NOT NULL,
@@ -61,8 +64,8 @@ CREATE TABLE IF NOT EXISTS paper_fills (
     fee_currency TEXT NOT NULL,
     liquidity TEXT NOT NULL,
     at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS paper_balance_changes (
+)""",
+    """CREATE TABLE IF NOT EXISTS paper_balance_changes (
     seq INTEGER PRIMARY KEY,
     account TEXT NOT NULL,
     currency TEXT NOT NULL,
@@ -71,22 +74,24 @@ CREATE TABLE IF NOT EXISTS paper_balance_changes (
     reason TEXT NOT NULL,
     order_id TEXT,
     at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS paper_balances (
+)""",
+    """CREATE TABLE IF NOT EXISTS paper_balances (
     account TEXT NOT NULL,
     currency TEXT NOT NULL,
     free TEXT NOT NULL,
     used TEXT NOT NULL,
     PRIMARY KEY (account, currency)
-);
-CREATE TABLE IF NOT EXISTS paper_positions (
+)""",
+    """CREATE TABLE IF NOT EXISTS paper_positions (
     account TEXT NOT NULL,
     symbol TEXT NOT NULL,
     amount TEXT NOT NULL,
     cost TEXT,
     PRIMARY KEY (account, symbol)
-);
-"""
+)""",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,10 @@ class LedgerSnapshot:
     order_count: int
 
 
+class _SeenClientOrderId(Exception):
+    """The account already has an order with the new order's client order id."""
+
+
 def _text(value: Decimal | None) -> str | None:
     return None if value is None else str(value)
 
@@ -206,7 +215,7 @@ class PaperLedger:
         account: The account's name (the desk's), so desks can share a file.
     """
 
-    def __init__(self, database: SqliteDatabase, account: str) -> None:
+    def __init__(self, database: Database, account: str) -> None:
         self._database = database
         self.account = account
 
@@ -217,11 +226,11 @@ class PaperLedger:
         Raises:
             StoreError: The file cannot be opened.
         """
-        return cls(await SqliteDatabase.open(path, _SCHEMA), account)
+        return cls(await Database.open(path, MIGRATIONS, COMPONENT), account)
 
     async def load(self) -> LedgerSnapshot:
         """The account as last committed."""
-        return await self._database.run(self._load)
+        return await self._database.read(self._load)
 
     def _load(self, connection: sqlite3.Connection) -> LedgerSnapshot:
         account = self.account
@@ -250,12 +259,11 @@ class PaperLedger:
         """Marks the account opened and commits its starting balances and positions."""
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute("INSERT INTO paper_accounts (account, created_at) "
-                                   "VALUES (?, ?)", (self.account, changes.at.isoformat()))
-                self._write(connection, changes)
+            connection.execute("INSERT INTO paper_accounts (account, created_at) "
+                               "VALUES (?, ?)", (self.account, changes.at.isoformat()))
+            self._write(connection, changes)
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def commit(self, changes: LedgerChanges, *,
                      new_client_order_id: str | None = None) -> bool:
@@ -276,15 +284,17 @@ class PaperLedger:
 
         def write(connection: sqlite3.Connection) -> bool:
             try:
-                with connection:
-                    self._write(connection, changes)
+                self._write(connection, changes)
             except sqlite3.IntegrityError as exc:
                 if new_client_order_id is not None and "client_order_id" in str(exc):
-                    return False
+                    raise _SeenClientOrderId from exc  # rolls back what was written
                 raise
             return True
 
-        return await self._database.run(write)
+        try:
+            return await self._database.write(write)
+        except _SeenClientOrderId:
+            return False
 
     def _write(self, connection: sqlite3.Connection, changes: LedgerChanges) -> None:
         account, at = self.account, changes.at.isoformat()
@@ -344,7 +354,7 @@ class PaperLedger:
                 (self.account, value)).fetchone()
             return None if row is None else _order_from_row(row)
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def fills(self, order_id: str | None = None) -> list[Fill]:
         """The account's fills (of one order if given), oldest first."""
@@ -363,7 +373,7 @@ class PaperLedger:
                 in connection.execute(query + " ORDER BY seq", arguments)
             ]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def close(self) -> None:
         """Closes the file."""

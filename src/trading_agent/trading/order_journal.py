@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from trading_agent.errors import StoreError
+from trading_agent.store.database import Database, Migration
 from trading_agent.trading.exchange import (
     Balance,
     Order,
@@ -36,14 +37,16 @@ from trading_agent.trading.exchange import (
     OrderStatus,
     OrderType,
 )
-from trading_agent.trading.sqlite import SqliteDatabase
 
 __all__ = ["IntentState", "OrderIntent", "OrderJournal", "SeenBalances"]
 
 IntentState = Literal["sending", "placed", "rejected", "unknown", "lost"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS order_intents (
+COMPONENT = "order_journal"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS order_intents (
     client_order_id TEXT PRIMARY KEY,
     exchange TEXT NOT NULL,
     symbol TEXT NOT NULL,
@@ -56,20 +59,22 @@ CREATE TABLE IF NOT EXISTS order_intents (
     error TEXT,
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS order_intents_state ON order_intents (state);
-CREATE TABLE IF NOT EXISTS order_status (
+)""",
+    "CREATE INDEX IF NOT EXISTS order_intents_state ON order_intents (state)",
+    """CREATE TABLE IF NOT EXISTS order_status (
     client_order_id TEXT PRIMARY KEY,
     status TEXT NOT NULL,
     filled TEXT NOT NULL,
     updated_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS balances_seen (
+)""",
+    """CREATE TABLE IF NOT EXISTS balances_seen (
     exchange TEXT PRIMARY KEY,
     balances TEXT NOT NULL,
     seen_at TEXT NOT NULL
-);
-"""
+)""",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 _COLUMNS = ("client_order_id, exchange, symbol, side, type, amount, price, state, "
             "exchange_order_id, error, created_at")
@@ -126,7 +131,7 @@ class OrderJournal:
         database: The open database, its schema applied.
     """
 
-    def __init__(self, database: SqliteDatabase) -> None:
+    def __init__(self, database: Database) -> None:
         self._database = database
 
     @classmethod
@@ -136,7 +141,7 @@ class OrderJournal:
         Raises:
             StoreError: The file cannot be opened.
         """
-        return cls(await SqliteDatabase.open(path, _SCHEMA, synchronous="FULL"))
+        return cls(await Database.open(path, MIGRATIONS, COMPONENT))
 
     async def record(self, request: OrderRequest, exchange: str, at: datetime) -> None:
         """Commits the intent to send ``request``; call it before sending.
@@ -149,14 +154,13 @@ class OrderJournal:
                str(request.amount), price, "sending", at.isoformat(), at.isoformat())
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(
-                    "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
-                    "amount, price, state, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            connection.execute(
+                "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
+                "amount, price, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
         try:
-            await self._database.run(write)
+            await self._database.write(write)
         except StoreError as exc:
             raise StoreError(f"the order journal refused client order id "
                              f"{request.client_order_id}: {exc}") from exc
@@ -166,14 +170,13 @@ class OrderJournal:
         """Records where an order stands now."""
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(
-                    "UPDATE order_intents SET state = ?, "
-                    "exchange_order_id = COALESCE(?, exchange_order_id), error = ?, "
-                    "updated_at = ? WHERE client_order_id = ?",
-                    (state, exchange_order_id, error, at.isoformat(), client_order_id))
+            connection.execute(
+                "UPDATE order_intents SET state = ?, "
+                "exchange_order_id = COALESCE(?, exchange_order_id), error = ?, "
+                "updated_at = ? WHERE client_order_id = ?",
+                (state, exchange_order_id, error, at.isoformat(), client_order_id))
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def get(self, client_order_id: str) -> OrderIntent | None:
         """The intent with that id, or None."""
@@ -183,7 +186,7 @@ class OrderJournal:
                                      "WHERE client_order_id = ?", (client_order_id,)).fetchone()
             return None if row is None else _intent(row)
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def unresolved(self, exchange: str) -> list[OrderIntent]:
         """Intents of ``exchange`` whose fate is not known (``sending`` or ``unknown``)."""
@@ -193,7 +196,7 @@ class OrderJournal:
                 f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
                 "AND state IN ('sending', 'unknown') ORDER BY created_at", (exchange,))]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def get_by_exchange_order_id(self, exchange: str,
                                        exchange_order_id: str) -> OrderIntent | None:
@@ -205,7 +208,7 @@ class OrderJournal:
                 "AND exchange_order_id = ?", (exchange, exchange_order_id)).fetchone()
             return None if row is None else _intent(row)
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def note_status(self, order: Order, at: datetime) -> None:
         """Remembers an order's status as just seen; ignored for an order not in the
@@ -214,15 +217,14 @@ class OrderJournal:
                order.client_order_id)
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(
-                    "INSERT INTO order_status (client_order_id, status, filled, updated_at) "
-                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM order_intents "
-                    "WHERE client_order_id = ?) ON CONFLICT (client_order_id) DO UPDATE SET "
-                    "status = excluded.status, filled = excluded.filled, "
-                    "updated_at = excluded.updated_at", row)
+            connection.execute(
+                "INSERT INTO order_status (client_order_id, status, filled, updated_at) "
+                "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM order_intents "
+                "WHERE client_order_id = ?) ON CONFLICT (client_order_id) DO UPDATE SET "
+                "status = excluded.status, filled = excluded.filled, "
+                "updated_at = excluded.updated_at", row)
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def last_status(self, client_order_id: str) -> OrderStatus | None:
         """The order's status when last seen, or None when never noted."""
@@ -232,7 +234,7 @@ class OrderJournal:
                                      (client_order_id,)).fetchone()
             return None if row is None else cast(OrderStatus, row[0])
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def believed_open(self, exchange: str) -> list[OrderIntent]:
         """Intents of ``exchange`` that may still be on the book: unresolved ones
@@ -247,7 +249,7 @@ class OrderJournal:
                 "i.state IN ('sending', 'unknown') OR (i.state = 'placed' AND "
                 "COALESCE(s.status, 'open') = 'open')) ORDER BY i.created_at", (exchange,))]
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def adopt(self, order: Order, exchange: str, at: datetime) -> bool:
         """Records an order found on the exchange that the journal did not know (placed with
@@ -262,18 +264,17 @@ class OrderJournal:
         status = (order.client_order_id, order.status, str(order.filled), at.isoformat())
 
         def write(connection: sqlite3.Connection) -> bool:
-            with connection:
-                added = connection.execute(
-                    "INSERT OR IGNORE INTO order_intents (client_order_id, exchange, symbol, "
-                    "side, type, amount, price, state, exchange_order_id, created_at, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", intent).rowcount
-                if added:
-                    connection.execute(
-                        "INSERT OR REPLACE INTO order_status (client_order_id, status, filled, "
-                        "updated_at) VALUES (?, ?, ?, ?)", status)
-                return bool(added)
+            added = connection.execute(
+                "INSERT OR IGNORE INTO order_intents (client_order_id, exchange, symbol, "
+                "side, type, amount, price, state, exchange_order_id, created_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", intent).rowcount
+            if added:
+                connection.execute(
+                    "INSERT OR REPLACE INTO order_status (client_order_id, status, filled, "
+                    "updated_at) VALUES (?, ?, ?, ?)", status)
+            return bool(added)
 
-        return await self._database.run(write)
+        return await self._database.write(write)
 
     async def record_balances(self, exchange: str, balances: Mapping[str, Balance],
                               at: datetime) -> None:
@@ -282,13 +283,12 @@ class OrderJournal:
                            for currency, b in sorted(balances.items())})
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(
-                    "INSERT INTO balances_seen (exchange, balances, seen_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (exchange) DO UPDATE SET balances = excluded.balances, "
-                    "seen_at = excluded.seen_at", (exchange, data, at.isoformat()))
+            connection.execute(
+                "INSERT INTO balances_seen (exchange, balances, seen_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (exchange) DO UPDATE SET balances = excluded.balances, "
+                "seen_at = excluded.seen_at", (exchange, data, at.isoformat()))
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def last_balances(self, exchange: str) -> SeenBalances | None:
         """The balances last recorded for ``exchange``, or None when never."""
@@ -302,7 +302,7 @@ class OrderJournal:
                         for currency, (free, used) in json.loads(row[0]).items()}
             return SeenBalances(balances, datetime.fromisoformat(row[1]))
 
-        return await self._database.run(read)
+        return await self._database.read(read)
 
     async def close(self) -> None:
         """Closes the file."""

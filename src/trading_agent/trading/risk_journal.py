@@ -14,26 +14,31 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from trading_agent.trading.sqlite import SqliteDatabase
+from trading_agent.store.database import Database, Migration
 
 __all__ = ["DayState", "RiskJournal"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS risk_orders (
+COMPONENT = "risk_journal"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS risk_orders (
     seq INTEGER PRIMARY KEY,
     desk TEXT NOT NULL,
     client_order_id TEXT NOT NULL,
     at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS risk_orders_at ON risk_orders (desk, at);
-CREATE TABLE IF NOT EXISTS risk_days (
+)""",
+    "CREATE INDEX IF NOT EXISTS risk_orders_at ON risk_orders (desk, at)",
+    """CREATE TABLE IF NOT EXISTS risk_days (
     desk TEXT NOT NULL,
     day TEXT NOT NULL,
     start_equity TEXT NOT NULL,
     halted TEXT,
     PRIMARY KEY (desk, day)
-);
-"""
+)""",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 _HOUR = timedelta(hours=1)
 
@@ -63,7 +68,7 @@ class RiskJournal:
         days: Known days.
     """
 
-    def __init__(self, desk: str, database: SqliteDatabase | None = None,
+    def __init__(self, desk: str, database: Database | None = None,
                  orders: list[datetime] | None = None,
                  days: dict[date, DayState] | None = None) -> None:
         self.desk = desk
@@ -88,7 +93,7 @@ class RiskJournal:
         Raises:
             StoreError: The file cannot be opened.
         """
-        database = await SqliteDatabase.open(path, _SCHEMA)
+        database = await Database.open(path, MIGRATIONS, COMPONENT)
         since = (now - _HOUR).isoformat()
         recent_day = (now.date() - timedelta(days=1)).isoformat()
 
@@ -106,7 +111,7 @@ class RiskJournal:
             return orders, days
 
         try:
-            orders, days = await database.run(read)
+            orders, days = await database.read(read)
         except BaseException:
             await database.close()
             raise
@@ -124,12 +129,11 @@ class RiskJournal:
             desk = self.desk
 
             def write(connection: sqlite3.Connection) -> None:
-                with connection:
-                    connection.execute("INSERT INTO risk_orders (desk, client_order_id, at) "
-                                       "VALUES (?, ?, ?)", (desk, client_order_id,
-                                                            at.isoformat()))
+                connection.execute("INSERT INTO risk_orders (desk, client_order_id, at) "
+                                   "VALUES (?, ?, ?)", (desk, client_order_id,
+                                                        at.isoformat()))
 
-            await self._database.run(write)
+            await self._database.write(write)
         self._orders.append(at)
 
     def day(self, day: date) -> DayState | None:
@@ -160,12 +164,11 @@ class RiskJournal:
         row = (self.desk, state.day.isoformat(), str(state.start_equity), state.halted)
 
         def write(connection: sqlite3.Connection) -> None:
-            with connection:
-                connection.execute(
-                    "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
+            connection.execute(
+                "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
 
-        await self._database.run(write)
+        await self._database.write(write)
 
     async def close(self) -> None:
         """Closes the file, if any."""
