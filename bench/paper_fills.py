@@ -31,6 +31,7 @@ from pathlib import Path
 import anyio
 
 from trading_agent.store.database import Database
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.trading.config import PACKAGED_CANDLES, PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle, OrderRequest
 from trading_agent.trading.paper import PaperExchange
@@ -57,7 +58,8 @@ def _feed(candles: list[Candle], start_offset: int = 300) -> ReplayFeed:
 
 async def _paper_orders(candles: list[Candle], count: int, directory: Path,
                         with_risk: bool) -> float:
-    exchange = await PaperExchange.open(PAPER, _feed(candles), directory / "bench.sqlite3")
+    exchange = await PaperExchange.open(PAPER, _feed(candles),
+                                        await SqlitePaperBooks.open(directory / "bench.sqlite3"))
     policy = RiskPolicy(LIMITS, exchange)
     place: Callable[[OrderRequest], Awaitable[object]] = (
         policy.place_order if with_risk else exchange.create_order)
@@ -95,7 +97,8 @@ async def _replay_with_desk(candles: list[Candle], directory: Path) -> float:
     """Candles/s: the replay at speed 0, one subscriber, the paper exchange syncing a resting
     order on every candle."""
     feed = _feed(candles, start_offset=1)
-    exchange = await PaperExchange.open(PAPER, feed, directory / "replay.sqlite3")
+    exchange = await PaperExchange.open(PAPER, feed,
+                                        await SqlitePaperBooks.open(directory / "replay.sqlite3"))
     # A buy far below the market: it rests through the whole replay and is checked each time.
     await exchange.create_order(OrderRequest("BTC/USDT", "buy", "limit", D("0.01"), D("1000")))
     seen = 0

@@ -22,9 +22,9 @@ from typing import Any
 import anyio
 
 from trading_agent.operator.client import OperatorClient, OperatorClientError
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.trading.config import PaperExchangeConfig, ReplayConfig
 from trading_agent.trading.exchange import OrderRequest
-from trading_agent.trading.ledger import PaperLedger
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 
@@ -147,8 +147,8 @@ async def place_resting_order(state_dir: Path, account: str = "alpha") -> str:
     market (it never fills); returns the order's id."""
     await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
     feed = ReplayFeed.from_config(ReplayConfig())
-    exchange = await PaperExchange.open(PaperExchangeConfig(), feed,
-                                        state_dir / "trading-agent.sqlite3", account=account)
+    books = await SqlitePaperBooks.open(state_dir / "trading-agent.sqlite3", account)
+    exchange = await PaperExchange.open(PaperExchangeConfig(), feed, books)
     try:
         order = await exchange.create_order(OrderRequest(
             "BTC/USDT", "buy", "limit", Decimal("0.01"), Decimal("1")))
@@ -160,7 +160,7 @@ async def place_resting_order(state_dir: Path, account: str = "alpha") -> str:
 
 async def paper_books(state_dir: Path, account: str = "alpha") -> dict[str, Any]:
     """The paper account's balances and open orders, read from the file."""
-    ledger = await PaperLedger.open(state_dir / "trading-agent.sqlite3", account)
+    ledger = await SqlitePaperBooks.open(state_dir / "trading-agent.sqlite3", account)
     try:
         snapshot = await ledger.load()
     finally:

@@ -21,10 +21,10 @@ from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.daemon.wiring import open_daemon
 from trading_agent.errors import RiskLimitError
 from trading_agent.settings import Settings, load_settings
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.store.store import database_path
 from trading_agent.telemetry.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from trading_agent.trading.exchange import Candle, OrderRequest
-from trading_agent.trading.ledger import PaperLedger
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
@@ -135,7 +135,7 @@ async def _run_books(settings: Settings) -> None:
         # The test moves the replay itself, one candle at a time, and waits for what each
         # candle must do to the books before it publishes the next.
         supervisor.services.clear()
-        books = await PaperLedger.open(database, "alpha")
+        books = await SqlitePaperBooks.open(database, "alpha")
         try:
             async with anyio.create_task_group() as group:
                 await group.start(supervisor.run)
@@ -168,7 +168,7 @@ async def _run_books(settings: Settings) -> None:
     assert "daily loss 60" in str(refused.value)
 
 
-async def _has_fills(books: PaperLedger) -> bool:
+async def _has_fills(books: SqlitePaperBooks) -> bool:
     return bool(await books.fills())
 
 

@@ -37,9 +37,11 @@ from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
+from trading_agent.store.memory_notes import SqliteMemory
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.telemetry.config import WEBHOOK_EVENTS, WebhookSettings
 from trading_agent.telemetry.webhooks import Webhooks, open_webhooks, verify_signature
-from trading_agent.tools import SqliteMemory, register_trading_tools
+from trading_agent.tools import register_trading_tools
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
@@ -442,7 +444,8 @@ class _PaperDesk:
     async def __aenter__(self) -> AgentLoop:
         feed = ReplayFeed({"BTC/USDT": list(packaged_candles())}, speed=0, start_offset=300)
         database = self.tmp_path / "desk.sqlite3"
-        self.paper = await PaperExchange.open(PAPER, feed, database, account="alpha")
+        self.paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database,
+                                                                                       "alpha"))
         self.memory = await SqliteMemory.open(database, "alpha", clock=feed.now)
         registry = register_trading_tools(
             ToolRegistry(), exchange=self.paper, risk_policy=RiskPolicy(LIMITS, self.paper),

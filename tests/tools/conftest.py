@@ -13,7 +13,9 @@ import pytest
 
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_registry import ToolContext, ToolOutput, ToolRegistry
-from trading_agent.tools import SqliteMemory, register_trading_tools
+from trading_agent.store.memory_notes import SqliteMemory
+from trading_agent.store.paper_books import SqlitePaperBooks
+from trading_agent.tools import register_trading_tools
 from trading_agent.trading.config import PACKAGED_CANDLES, PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle
 from trading_agent.trading.paper import PaperExchange
@@ -60,7 +62,7 @@ class Desk:
 async def desk(tmp_path: Path) -> AsyncIterator[Desk]:
     feed = ReplayFeed({"BTC/USDT": list(packaged_candles())}, speed=0, start_offset=300)
     database = tmp_path / "desk.sqlite3"
-    paper = await PaperExchange.open(PAPER, feed, database, account="alpha")
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database, "alpha"))
     memory = await SqliteMemory.open(database, "alpha", clock=feed.now)
     registry = ToolRegistry()
     register_trading_tools(registry, exchange=paper, risk_policy=RiskPolicy(LIMITS, paper),

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from trading_agent.errors import ToolError
-from trading_agent.tools import DeskMemory, SqliteMemory
+from trading_agent.store.memory_notes import SqliteMemory
+from trading_agent.tools import DeskMemory
 
 from .conftest import Desk
 

@@ -35,6 +35,7 @@ from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.operator.approvals import ApprovalBook, PendingApproval
 from trading_agent.operator.events import ApprovalRequested, ApprovalResolved
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.tools.delegate import SubagentConfig, register_delegate_tool
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
@@ -107,7 +108,9 @@ def live() -> bool:
 @pytest.fixture
 async def desk(tmp_path: Path, live: bool) -> AsyncIterator[Desk]:
     feed = ReplayFeed({"BTC/USDT": _candles()}, speed=0, start_offset=300)
-    paper = await PaperExchange.open(PAPER, feed, tmp_path / "desk.sqlite3", account="alpha")
+    paper = await PaperExchange.open(PAPER, feed,
+                                     await SqlitePaperBooks.open(tmp_path / "desk.sqlite3",
+                                                                 "alpha"))
     policy = RiskPolicy(LIMITS, paper)
 
     async def last_price(desk: str, symbol: str) -> float | None:

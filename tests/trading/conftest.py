@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import PACKAGED_CANDLES, CcxtExchangeConfig
 from trading_agent.trading.exchange import Candle
@@ -101,7 +102,7 @@ def database(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 async def journal(database: Path) -> AsyncIterator[OrderJournal]:
     """The live exchange's order journal in the test's SQLite file."""
-    opened = await OrderJournal.open(database)
+    opened = await SqliteOrderJournal.open(database)
     yield opened
     await opened.close()
 

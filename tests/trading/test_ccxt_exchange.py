@@ -15,6 +15,7 @@ from trading_agent.errors import (
     ExchangeUnavailableError,
     OrderRejectedError,
 )
+from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import CcxtExchangeConfig
 from trading_agent.trading.exchange import OrderRequest
@@ -197,7 +198,7 @@ async def test_reusing_a_placed_client_order_id_returns_the_order(
 async def test_after_a_restart_lost_answers_are_reconciled(
         ccxt_config: CcxtExchangeConfig, database: Path, binance: FakeBinance,
         sleep: RecordingSleep) -> None:
-    journal = await OrderJournal.open(database)
+    journal = await SqliteOrderJournal.open(database)
     exchange = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
                                        environ=ENVIRON, sleep=sleep)
     request = limit_buy()
@@ -210,7 +211,7 @@ async def test_after_a_restart_lost_answers_are_reconciled(
         await exchange.close()
         await journal.close()
 
-    journal = await OrderJournal.open(database)
+    journal = await SqliteOrderJournal.open(database)
     reopened = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
                                        environ=ENVIRON, sleep=sleep)
     try:
@@ -381,7 +382,7 @@ async def test_an_order_never_found_is_lost_after_ten_minutes(
         ccxt_config: CcxtExchangeConfig, database: Path, binance: FakeBinance,
         sleep: RecordingSleep) -> None:
     now = [datetime(2024, 1, 1, tzinfo=UTC)]
-    journal = await OrderJournal.open(database)
+    journal = await SqliteOrderJournal.open(database)
     exchange = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
                                        environ=ENVIRON, sleep=sleep, clock=lambda: now[0])
     try:

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from trading_agent.errors import ConfigError
+from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading import (
     CcxtExchangeConfig,
     ExchangeConfig,
@@ -33,7 +34,7 @@ def market_buy() -> OrderRequest:
 
 
 async def test_the_default_is_paper_trading_on_the_packaged_replay(database: Path) -> None:
-    async with open_exchange(ExchangeConfig(), database=database, account="alpha",
+    async with open_exchange(ExchangeConfig(), state=TradingStateFile(database), account="alpha",
                              risk_limits=RiskLimits()) as venue:
         assert venue.mode == "paper"
         assert isinstance(venue.exchange, PaperExchange)
@@ -66,7 +67,7 @@ async def test_paper_mode_on_a_ccxt_feed_never_sends_an_order(
         sleep: RecordingSleep) -> None:
     config = ExchangeConfig(mode="paper", feed="ccxt", ccxt=ccxt_config)
 
-    async with open_exchange(config, database=database, symbols=["BTC/USDT"],
+    async with open_exchange(config, state=TradingStateFile(database), symbols=["BTC/USDT"],
                              environ={}, sleep=sleep) as venue:
         assert isinstance(venue.exchange, PaperExchange)
         assert isinstance(venue.feed, CcxtPriceFeed)
@@ -87,7 +88,7 @@ async def test_live_mode_sends_orders_to_the_exchange(
     config = ExchangeConfig(mode="live", ccxt=ccxt_config)
     limits = RiskLimits(max_order_notional=Decimal("1000"))
 
-    async with open_exchange(config, database=database, environ=ENVIRON, sleep=sleep,
+    async with open_exchange(config, state=TradingStateFile(database), environ=ENVIRON, sleep=sleep,
                              risk_limits=limits) as venue:
         assert isinstance(venue.exchange, CcxtExchange)
         assert venue.risk is not None

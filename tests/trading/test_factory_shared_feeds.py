@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
+from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading import (
     CcxtExchangeConfig,
     ExchangeConfig,
@@ -40,9 +41,11 @@ async def test_desks_on_one_replay_config_share_its_feed_and_its_clock(database:
         assert other is not feed
         assert feeds.feeds == [feed, other]
 
-        async with open_exchange(ExchangeConfig(), database=database, account="alpha",
+        async with open_exchange(ExchangeConfig(), state=TradingStateFile(database),
+                                 account="alpha",
                                  feed=feed) as alpha, \
-                open_exchange(rich, database=database, account="beta", feed=feed) as beta:
+                open_exchange(rich, state=TradingStateFile(database), account="beta",
+                              feed=feed) as beta:
             assert alpha.feed is beta.feed is feed
             feed.advance(3)
             first = await alpha.exchange.create_order(market_buy())
@@ -74,9 +77,10 @@ async def test_paper_desks_on_one_ccxt_feed_share_one_market_data_client(
         feed = await feeds.get(config, symbols=["BTC/USDT"])
         assert await feeds.get(config, symbols=["BTC/USDT"]) is feed
         assert isinstance(feed, CcxtPriceFeed)
-        async with open_exchange(config, database=database, account="alpha",
+        async with open_exchange(config, state=TradingStateFile(database), account="alpha",
                                  feed=feed) as alpha, \
-                open_exchange(config, database=database, account="beta", feed=feed) as beta:
+                open_exchange(config, state=TradingStateFile(database), account="beta",
+                              feed=feed) as beta:
             assert isinstance(alpha.exchange, PaperExchange)
             assert isinstance(beta.exchange, PaperExchange)
             await alpha.exchange.create_order(market_buy())

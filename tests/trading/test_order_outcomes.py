@@ -35,6 +35,8 @@ from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.errors import ToolError
 from trading_agent.operator.events import ApprovalRequested, ApprovalResolved
 from trading_agent.store import INTERRUPTED_NOTICE, Store, database_path
+from trading_agent.store.order_journal import SqliteOrderJournal
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.store.store import LOOKED_UP_NOTE
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.ccxt_exchange import CcxtExchange
@@ -45,7 +47,6 @@ from trading_agent.trading.config import (
     RiskLimits,
 )
 from trading_agent.trading.exchange import Exchange, client_order_id_for
-from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.order_outcomes import OrderOutcomes
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
@@ -111,7 +112,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 @pytest.fixture
 async def paper(feed: ReplayFeed, store: Store) -> AsyncIterator[PaperExchange]:
     # The daemon keeps the paper books in the store's file.
-    exchange = await PaperExchange.open(PAPER, feed, store.path, account=DESK)
+    exchange = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(store.path, DESK))
     yield exchange
     await exchange.close()
 
@@ -362,7 +363,7 @@ async def test_a_resolver_that_raises_leaves_the_default_answer(store: Store) ->
 @pytest.fixture
 async def live(ccxt_config: CcxtExchangeConfig, store: Store,
                sleep: RecordingSleep) -> AsyncIterator[CcxtExchange]:
-    journal = await OrderJournal.open(store.path)
+    journal = await SqliteOrderJournal.open(store.path)
     exchange = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
                                        environ=ENVIRON, sleep=sleep)
     yield exchange
@@ -529,8 +530,8 @@ async def test_kill_9_while_an_order_waits_for_approval_then_restore_says_never_
         daemon.close()
 
     feed = ReplayFeed.from_config(ReplayConfig())
-    exchange = await PaperExchange.open(PaperExchangeConfig(), feed, database_path(state),
-                                        account=DESK)
+    exchange = await PaperExchange.open(PaperExchangeConfig(), feed,
+                                        await SqlitePaperBooks.open(database_path(state), DESK))
     try:
         async with await Store.open(database_path(state)) as store:
             conversation = await store.restore_conversation(DESK, "x",

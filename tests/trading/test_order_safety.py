@@ -17,6 +17,7 @@ from trading_agent.agent.conversation import ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import Tool, ToolRegistry
+from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import CcxtExchangeConfig, RiskLimits
@@ -58,7 +59,7 @@ class Desk:
 @pytest.fixture
 async def desk(ccxt_config: CcxtExchangeConfig, database: Path,
                sleep: RecordingSleep) -> AsyncIterator[Desk]:
-    journal = await OrderJournal.open(database)
+    journal = await SqliteOrderJournal.open(database)
     exchange = await CcxtExchange.open(ccxt_config, allow_orders=True, journal=journal,
                                        environ=ENVIRON, sleep=sleep)
     yield Desk(exchange, journal)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trading_agent.errors import OrderRejectedError
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.trading.config import PaperExchangeConfig
 from trading_agent.trading.exchange import Candle, OrderRequest
 from trading_agent.trading.paper import PaperExchange
@@ -30,7 +31,8 @@ CONFIG = PaperExchangeConfig(starting_balances={"USDT": D("10000")}, taker_fee=D
 
 @pytest.fixture
 async def paper(feed: ReplayFeed, database: Path) -> AsyncIterator[PaperExchange]:
-    exchange = await PaperExchange.open(CONFIG, feed, database, account="alpha")
+    exchange = await PaperExchange.open(CONFIG, feed, await SqlitePaperBooks.open(database,
+                                                                                  "alpha"))
     yield exchange
     await exchange.close()
 
@@ -183,14 +185,14 @@ async def test_the_same_client_order_id_is_never_filled_twice(paper: PaperExchan
 
 async def test_a_restart_resumes_open_orders_and_balances_exactly(
         feed: ReplayFeed, database: Path) -> None:
-    first = await PaperExchange.open(CONFIG, feed, database, account="alpha")
+    first = await PaperExchange.open(CONFIG, feed, await SqlitePaperBooks.open(database, "alpha"))
     await first.create_order(buy("0.1"))
     resting_buy = await first.create_order(buy("0.1", "16601.0"))
     resting_sell = await first.create_order(sell("0.05", "16700"))
     before = await balances(first)
     await first.close()
 
-    second = await PaperExchange.open(CONFIG, feed, database, account="alpha")
+    second = await PaperExchange.open(CONFIG, feed, await SqlitePaperBooks.open(database, "alpha"))
     try:
         assert await balances(second) == before
         assert [o.id for o in await second.fetch_open_orders()] == [resting_buy.id,
@@ -209,13 +211,14 @@ async def test_a_restart_resumes_open_orders_and_balances_exactly(
 
 async def test_starting_balances_apply_only_to_a_new_account(feed: ReplayFeed,
                                                              database: Path) -> None:
-    first = await PaperExchange.open(CONFIG, feed, database, account="alpha")
+    first = await PaperExchange.open(CONFIG, feed, await SqlitePaperBooks.open(database, "alpha"))
     await first.create_order(buy("0.1"))
     await first.close()
     richer = CONFIG.model_copy(update={"starting_balances": {"USDT": D("99999")}})
 
-    reopened = await PaperExchange.open(richer, feed, database, account="alpha")
-    other = await PaperExchange.open(richer, feed, database, account="beta")
+    reopened = await PaperExchange.open(richer, feed, await SqlitePaperBooks.open(database,
+                                                                                  "alpha"))
+    other = await PaperExchange.open(richer, feed, await SqlitePaperBooks.open(database, "beta"))
     try:
         alpha, beta = await balances(reopened), await balances(other)
     finally:
@@ -270,7 +273,8 @@ NEXT_OPEN = CONFIG.model_copy(update={"market_fill": "next_open"})
 
 async def test_with_next_open_a_market_order_waits_for_the_next_candles_open(
         feed: ReplayFeed, database: Path) -> None:
-    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="backtest")
+    paper = await PaperExchange.open(NEXT_OPEN, feed, await SqlitePaperBooks.open(database,
+                                                                                  "backtest"))
     try:
         order = await paper.create_order(buy("0.1"))
         # Decided at the 17:40 candle's close (16,612.0): nothing is known of 17:45 yet.
@@ -289,7 +293,8 @@ async def test_with_next_open_a_market_order_waits_for_the_next_candles_open(
     assert packaged_candles()[300].open == D("16611.9")
     assert (filled.status, filled.average, filled.fee) == ("closed", D("16628.5119"),
                                                           D("1.66285119"))
-    reopened = await PaperExchange.open(NEXT_OPEN, feed, database, account="backtest")
+    reopened = await PaperExchange.open(NEXT_OPEN, feed, await SqlitePaperBooks.open(database,
+                                                                                     "backtest"))
     try:
         fills = await reopened.fills()
         assert [(f.liquidity, f.at.isoformat()) for f in fills] == [
@@ -310,7 +315,8 @@ async def test_with_next_open_a_buy_the_open_makes_unaffordable_is_rejected_and_
            Candle("BTC/USDT", "5m", start + timedelta(minutes=5), D(110), D(111), D(109),
                   D(110), D(5)))
     feed = replay_feed(start_offset=1, candles=gap)
-    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="all-in")
+    paper = await PaperExchange.open(NEXT_OPEN, feed, await SqlitePaperBooks.open(database,
+                                                                                  "all-in"))
     try:
         order = await paper.create_order(buy("99"))  # 99 × 100.1 × 1.001 = 9,919.9101
         assert order.status == "open"
@@ -325,7 +331,8 @@ async def test_with_next_open_a_buy_the_open_makes_unaffordable_is_rejected_and_
 
 async def test_with_next_open_a_marketable_limit_order_takes_the_next_open_not_the_close(
         feed: ReplayFeed, database: Path) -> None:
-    paper = await PaperExchange.open(NEXT_OPEN, feed, database, account="limits")
+    paper = await PaperExchange.open(NEXT_OPEN, feed, await SqlitePaperBooks.open(database,
+                                                                                  "limits"))
     try:
         # Above the last close (16,612.0): marketable, yet it reaches the book at 17:45.
         taker = await paper.create_order(buy("0.1", "16700"))

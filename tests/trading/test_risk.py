@@ -16,6 +16,9 @@ import anyio
 import pytest
 
 from trading_agent.errors import RiskLimitError
+from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.paper_books import SqlitePaperBooks
+from trading_agent.store.risk_records import SqliteRiskRecords
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle, Order, OrderRequest
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
@@ -43,7 +46,7 @@ class Desk:
 
 @pytest.fixture
 async def desk(feed: ReplayFeed, database: Path) -> AsyncIterator[Desk]:
-    paper = await PaperExchange.open(PAPER, feed, database)
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database))
     yield Desk(feed, paper, RiskPolicy(LIMITS, paper))
     await paper.close()
 
@@ -114,7 +117,7 @@ async def test_open_orders_are_capped_but_market_orders_do_not_rest(desk: Desk) 
 
 async def test_orders_per_hour_roll_with_the_exchange_clock(feed: ReplayFeed,
                                                             database: Path) -> None:
-    paper = await PaperExchange.open(PAPER, feed, database)
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database))
     policy = RiskPolicy(LIMITS.model_copy(update={"max_orders_per_hour": 3}), paper)
     try:
         for _ in range(3):
@@ -134,10 +137,10 @@ async def test_orders_per_hour_roll_with_the_exchange_clock(feed: ReplayFeed,
 
 async def test_a_daily_loss_halts_the_day_and_switches_the_kill_switch_on(
         feed: ReplayFeed, database: Path) -> None:
-    paper = await PaperExchange.open(PAPER, feed, database)
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database))
     limits = LIMITS.model_copy(update={"max_daily_loss": D("15")})
-    journal = await RiskJournal.open(database, "alpha", feed.now())
-    switch = await KillSwitch.open(database)
+    journal = await RiskJournal.restore(await SqliteRiskRecords.open(database), "alpha", feed.now())
+    switch = await KillSwitch.restore(await SqliteHalts.open(database))
     policy = RiskPolicy(limits, paper, journal=journal, kill_switch=switch)
     try:
         await policy.observe()  # the day starts at 100,000 USDT
@@ -148,8 +151,9 @@ async def test_a_daily_loss_halts_the_day_and_switches_the_kill_switch_on(
         await journal.close()
         await switch.close()
         # A restart does not lift the halt, nor the kill switch.
-        journal = await RiskJournal.open(database, "alpha", feed.now())
-        switch = await KillSwitch.open(database)
+        journal = await RiskJournal.restore(await SqliteRiskRecords.open(database), "alpha",
+                                            feed.now())
+        switch = await KillSwitch.restore(await SqliteHalts.open(database))
         policy = RiskPolicy(limits, paper, journal=journal, kill_switch=switch)
         after_restart = await refused(policy, order("sell", "0.1"))
         feed.advance(75)  # 00:00 UTC on 2023-01-04
@@ -240,9 +244,8 @@ async def test_the_day_does_not_start_while_a_holding_has_no_price(database: Pat
     candles = tuple(Candle("BTC/USDT", "5m", t0 + i * timedelta(minutes=5), c, c, c, c, D(1))
                     for i, c in enumerate(closes))
     feed = replay_feed(start_offset=0, candles=candles)
-    paper = await PaperExchange.open(
-        PaperExchangeConfig(starting_balances={"USDT": D("1000"), "BTC": D("1")}), feed,
-        database)
+    config = PaperExchangeConfig(starting_balances={"USDT": D("1000"), "BTC": D("1")})
+    paper = await PaperExchange.open(config, feed, await SqlitePaperBooks.open(database))
     policy = RiskPolicy(LIMITS.model_copy(update={"max_daily_loss": D("1000")}), paper)
     try:
         assert await policy.observe() is None  # BTC has no price yet: no start value

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trading_agent.errors import OrderRejectedError, RiskLimitError
+from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import OrderRequest
 from trading_agent.trading.paper import PaperExchange
@@ -57,7 +58,7 @@ def test_no_accepted_order_breaks_a_limit(
 
 async def _play(script: list[tuple[str, str, str, Decimal, int, int]]) -> None:
     feed = replay_feed(candles=packaged_candles()[:4000])  # two weeks are plenty
-    paper = await PaperExchange.open(PAPER, feed, ":memory:")
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(":memory:"))
     policy = RiskPolicy(LIMITS, paper)
     accepted_at: list[datetime] = []
     day_start: dict[date, Decimal] = {}

@@ -78,6 +78,7 @@ from trading_agent.daemon.wiring import DeskParts, ModelBackends, build_desk
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.store import Store
+from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.config import ExchangeConfig
 from trading_agent.trading.exchange import Candle, client_order_id_for, timeframe_delta
 from trading_agent.trading.factory import TradingVenue, open_exchange
@@ -334,8 +335,8 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
         bus = EventBus()
         exchange_config = _paper_next_open(config.exchange)
         venue = await stack.enter_async_context(open_exchange(
-            exchange_config, database=database, account=spec.desk, symbols=config.symbols,
-            risk_limits=config.risk, feed=feed))
+            exchange_config, state=TradingStateFile(database), account=spec.desk,
+            symbols=config.symbols, risk_limits=config.risk, feed=feed))
         if backend_factory is None:
             backend = await ModelBackends(stack, spec.environ).get(config)
         else:

@@ -60,12 +60,14 @@ from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import prepare_state_directory
+from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.memory_notes import SqliteMemory
 from trading_agent.store.store import Store, database_path
+from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
 from trading_agent.tools.mcp import McpServerError, McpToolSource
-from trading_agent.tools.memory_store import SqliteMemory
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
@@ -150,7 +152,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         bus = EventBus(first_id=await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
-        kill_switch = await KillSwitch.open(database)
+        kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
         kill_switch.on_change = _announce(bus)
         venues: dict[str, TradingVenue] = {}
@@ -167,7 +169,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
                                    risk_limits=desk_settings.risk)
             venue = await stack.enter_async_context(open_exchange(
-                desk_settings.exchange, database=database, account=name,
+                desk_settings.exchange, state=TradingStateFile(database), account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
                 feed=feed, kill_switch=kill_switch))
             venues[name] = venue
@@ -495,7 +497,7 @@ async def offline_tool_definitions(name: str, config: DeskSettings,
             store = await Store.open(database)
             stack.push_async_callback(store.close)
             venue = await stack.enter_async_context(open_exchange(
-                paper, database=database, account=name, symbols=config.symbols,
+                paper, state=TradingStateFile(database), account=name, symbols=config.symbols,
                 risk_limits=config.risk, feed=feed))
             backend = _DefinitionsOnly(config.model.context_window)
             registry, _, _ = await _tools(name, config, venue, backend, stack=stack,

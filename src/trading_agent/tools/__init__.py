@@ -11,7 +11,8 @@ messages. The daemon wires a desk with::
 
 The modules: ``market`` (ticker, order book, candles), ``charts`` (``render_chart``),
 ``account`` (balances, positions), ``orders`` (place, cancel, status, open orders),
-``memory`` (``remember``/``recall``) on ``memory_store`` (SQLite notes), ``text`` (wording),
+``memory`` (``remember``/``recall``) on ``memory_store`` (the notes' protocol; the store
+keeps them), ``text`` (wording),
 ``trading_tools`` (all of them at once).
 
 The names below are imported on first use, so that ``python -m trading_agent.tools.charts``
@@ -26,14 +27,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trading_agent.tools.charts import render_chart_png
     from trading_agent.tools.memory import register_memory_tools
-    from trading_agent.tools.memory_store import DeskMemory, Note, SqliteMemory
+    from trading_agent.tools.memory_store import DeskMemory, Note
     from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES, register_trading_tools
 
 __all__ = [
     "TRADING_TOOL_NAMES",
     "DeskMemory",
     "Note",
-    "SqliteMemory",
     "register_memory_tools",
     "register_trading_tools",
     "render_chart_png",
@@ -43,7 +43,6 @@ _HOMES = {
     "TRADING_TOOL_NAMES": "trading_tools",
     "DeskMemory": "memory_store",
     "Note": "memory_store",
-    "SqliteMemory": "memory_store",
     "register_memory_tools": "memory",
     "register_trading_tools": "trading_tools",
     "render_chart_png": "charts",

@@ -1,43 +1,18 @@
-"""A desk's notes in SQLite: what the ``remember`` and ``recall`` tools read and write.
+"""What a desk's notes are to the ``remember`` and ``recall`` tools: a :class:`Note`, and
+:class:`DeskMemory`, the protocol they read and write through (the store keeps them:
+``store.memory_notes.SqliteMemory``).
 
 Notes are appended, never rewritten: saving a key again adds a newer version, and reading a
-key gives its newest. Several desks may share one file.
+key gives its newest.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from trading_agent.store.database import Database, Migration
-from trading_agent.trading.timing import Clock, utc_now
-
-__all__ = ["DeskMemory", "Note", "SqliteMemory"]
-
-COMPONENT = "memory_notes"
-"""Its schema's name in ``schema_migrations``."""
-
-MIGRATIONS: tuple[Migration, ...] = ((1, (
-    """CREATE TABLE IF NOT EXISTS memory_notes (
-    seq INTEGER PRIMARY KEY,
-    desk TEXT NOT NULL,
-    key TEXT NOT NULL,
-    text TEXT NOT NULL,
-    saved_at TEXT NOT NULL
-)""",
-    "CREATE INDEX IF NOT EXISTS memory_notes_key ON memory_notes (desk, key, seq)",
-)),)
-"""Numbered migrations: a released one is never edited. The first is written with
-``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
-
-# The newest version of each key of a desk.
-_LATEST = """
-SELECT key, text, saved_at FROM memory_notes
-WHERE seq IN (SELECT MAX(seq) FROM memory_notes WHERE desk = ? GROUP BY key)
-"""
+__all__ = ["DeskMemory", "Note"]
 
 
 @dataclass(frozen=True)
@@ -74,99 +49,3 @@ class DeskMemory(Protocol):
     async def recent(self, limit: int = 5) -> list[Note]:
         """The most recently saved notes, one per key, newest first."""
         ...
-
-
-def _note(row: tuple[str, str, str]) -> Note:
-    return Note(row[0], row[1], datetime.fromisoformat(row[2]))
-
-
-def _like(word: str) -> str:
-    escaped = word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-class SqliteMemory:
-    """A desk's notes in a SQLite file. Use :meth:`open`.
-
-    Args:
-        database: The open database, its schema applied.
-        desk: The desk's name.
-        clock: What time a note is saved at (the exchange clock, so a replay's notes carry
-            replayed time).
-    """
-
-    def __init__(self, database: Database, desk: str, clock: Clock = utc_now) -> None:
-        self._database = database
-        self.desk = desk
-        self._clock = clock
-
-    @classmethod
-    async def open(cls, path: Path | str, desk: str, clock: Clock = utc_now) -> SqliteMemory:
-        """Opens (or creates) the notes file.
-
-        Raises:
-            StoreError: The file cannot be opened.
-        """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT), desk, clock)
-
-    async def remember(self, key: str, text: str) -> Note | None:
-        """Appends a new version of ``key``; returns the previous one."""
-        desk, saved_at = self.desk, self._clock().isoformat()
-
-        def write(connection: sqlite3.Connection) -> Note | None:
-            previous = connection.execute(
-                "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
-                "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
-            connection.execute("INSERT INTO memory_notes (desk, key, text, saved_at) "
-                               "VALUES (?, ?, ?, ?)", (desk, key, text, saved_at))
-            return None if previous is None else _note(previous)
-
-        return await self._database.write(write)
-
-    async def recall(self, key: str) -> Note | None:
-        """The newest version of ``key``."""
-        desk = self.desk
-
-        def read(connection: sqlite3.Connection) -> Note | None:
-            row = connection.execute(
-                "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
-                "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
-            return None if row is None else _note(row)
-
-        return await self._database.read(read)
-
-    async def search(self, word: str, limit: int = 5) -> list[Note]:
-        """Newest notes mentioning ``word`` in their key or text."""
-        desk, pattern = self.desk, _like(word)
-
-        def read(connection: sqlite3.Connection) -> list[Note]:
-            return [_note(row) for row in connection.execute(
-                f"SELECT * FROM ({_LATEST}) WHERE key LIKE ? ESCAPE '\\' "
-                "OR text LIKE ? ESCAPE '\\' ORDER BY saved_at DESC LIMIT ?",
-                (desk, pattern, pattern, limit))]
-
-        return await self._database.read(read)
-
-    async def recent(self, limit: int = 5) -> list[Note]:
-        """The newest notes, one per key."""
-        desk = self.desk
-
-        def read(connection: sqlite3.Connection) -> list[Note]:
-            return [_note(row) for row in connection.execute(
-                f"SELECT * FROM ({_LATEST}) ORDER BY saved_at DESC LIMIT ?", (desk, limit))]
-
-        return await self._database.read(read)
-
-    async def keys(self) -> list[str]:
-        """Every key the desk has used, sorted."""
-        desk = self.desk
-
-        def read(connection: sqlite3.Connection) -> list[str]:
-            return [key for (key,) in connection.execute(
-                "SELECT DISTINCT key FROM memory_notes WHERE desk = ? ORDER BY key", (desk,))]
-
-        return await self._database.read(read)
-
-    async def close(self) -> None:
-        """Closes the file."""
-        await self._database.close()

@@ -7,7 +7,7 @@ data only (its credentials are not even read).
 
 Example::
 
-    async with open_exchange(config.exchange, database=state_dir / "trading.sqlite3",
+    async with open_exchange(config.exchange, state=TradingStateFile(database),
                              account="alpha", risk_limits=config.risk) as venue:
         async with anyio.create_task_group() as group:
             if isinstance(venue.feed, ReplayFeed):
@@ -18,6 +18,10 @@ Desks on the same feed config can share one feed (a replay parses its files and 
 candle; a ccxt feed holds a client): :class:`SharedFeeds` opens one per distinct config, and
 ``open_exchange(..., feed=...)`` trades on it. Whoever opened a shared feed runs it (one
 ``ReplayFeed.run`` for all its desks) and closes it.
+
+What must outlive the process (the paper books, the order journal, the risk journal) is
+kept by the store; the venue reaches it through :class:`TradingState`, which the caller
+gives (the store's ``TradingStateFile``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Protocol
 
 import anyio
 
@@ -35,13 +38,33 @@ from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Exchange
 from trading_agent.trading.feed import PriceFeed
 from trading_agent.trading.kill_switch import KillSwitch
+from trading_agent.trading.ledger import PaperBooks
+from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
-from trading_agent.trading.risk_journal import RiskJournal
+from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
 from trading_agent.trading.timing import Sleep
 
-__all__ = ["SharedFeeds", "TradingVenue", "open_exchange", "open_feed", "order_seconds"]
+__all__ = ["SharedFeeds", "TradingState", "TradingVenue", "open_exchange", "open_feed",
+           "order_seconds"]
+
+
+class TradingState(Protocol):
+    """Where a venue's lasting state is kept; each part is closed by the venue that opened
+    it."""
+
+    async def paper_books(self, account: str) -> PaperBooks:
+        """A paper account's books."""
+        ...
+
+    async def order_journal(self) -> OrderJournal:
+        """The live orders' journal."""
+        ...
+
+    async def risk_records(self) -> RiskRecords:
+        """The risk policies' memory."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +89,7 @@ class TradingVenue:
 async def open_exchange(
     config: ExchangeConfig,
     *,
-    database: Path | str,
+    state: TradingState,
     account: str = "default",
     symbols: Sequence[str] | None = None,
     risk_limits: RiskLimits | None = None,
@@ -79,8 +102,8 @@ async def open_exchange(
 
     Args:
         config: The exchange config.
-        database: The SQLite file for the paper books, the order journal and the risk
-            journal (desks may share it; each is one ``account``).
+        state: Where the paper books, the order journal and the risk journal are kept
+            (desks share it; each is one ``account``).
         account: The desk's name.
         symbols: The symbols a ccxt feed carries (the replay's own come from its files);
             the risk limits' allowed symbols by default.
@@ -104,10 +127,8 @@ async def open_exchange(
             # never need it.
             from trading_agent.trading.ccxt_exchange import CcxtExchange
             from trading_agent.trading.ccxt_feed import CcxtPriceFeed
-            from trading_agent.trading.order_journal import OrderJournal
-
             assert config.ccxt is not None  # ExchangeConfig validates this
-            journal = await OrderJournal.open(database)
+            journal = await state.order_journal()
             stack.push_async_callback(journal.close)
             live = await CcxtExchange.open(config.ccxt, allow_orders=True, journal=journal,
                                            environ=environ, sleep=sleep)
@@ -119,12 +140,14 @@ async def open_exchange(
         elif feed is None:
             feed = await stack.enter_async_context(open_feed(config, symbols=wanted, sleep=sleep))
         if config.mode == "paper":
-            paper = await PaperExchange.open(config.paper, feed, database, account=account)
+            paper = await PaperExchange.open(config.paper, feed,
+                                             await state.paper_books(account))
             stack.push_async_callback(paper.close)
             exchange = paper
         risk = None
         if risk_limits is not None:
-            risk_journal = await RiskJournal.open(database, account, exchange.now())
+            risk_journal = await RiskJournal.restore(await state.risk_records(), account,
+                                                     exchange.now())
             stack.push_async_callback(risk_journal.close)
             risk = RiskPolicy(risk_limits, exchange, journal=risk_journal,
                               order_seconds=order_seconds(config), kill_switch=kill_switch)

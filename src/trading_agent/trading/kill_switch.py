@@ -12,33 +12,15 @@ is halted while either is on; switching one off leaves the other as it is.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Protocol
 
-from trading_agent.store.database import Database, Migration
-
-__all__ = ["ALL_DESKS", "Halt", "KillSwitch"]
+__all__ = ["ALL_DESKS", "Halt", "HaltRecords", "KillSwitch"]
 
 ALL_DESKS = "*"
 """The scope of a switch that halts every desk (no desk can be named so)."""
-
-COMPONENT = "kill_switch"
-"""Its schema's name in ``schema_migrations``."""
-
-MIGRATIONS: tuple[Migration, ...] = ((1, (
-    """CREATE TABLE IF NOT EXISTS kill_switch (
-    scope TEXT PRIMARY KEY,
-    by TEXT NOT NULL,
-    at TEXT NOT NULL,
-    reason TEXT NOT NULL
-)""",
-)),)
-"""Numbered migrations: a released one is never edited. The first is written with
-``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
-
 
 @dataclass(frozen=True)
 class Halt:
@@ -67,17 +49,38 @@ class Halt:
                 "reason": self.reason, "text": self.describe()}
 
 
+class HaltRecords(Protocol):
+    """Where the switches that are on are kept across restarts (the store's
+    ``store.halts.SqliteHalts``)."""
+
+    async def load(self) -> dict[str, Halt]:
+        """The switches that are on, by scope."""
+        ...
+
+    async def put(self, halt: Halt) -> None:
+        """Keeps a switch that went on; stored before this returns."""
+        ...
+
+    async def delete(self, scope: str) -> None:
+        """Forgets a switch that went off."""
+        ...
+
+    async def close(self) -> None:
+        """Lets go of the file."""
+        ...
+
+
 class KillSwitch:
-    """Every switch of a daemon. Use :meth:`open` (kept in SQLite) or :meth:`in_memory`.
+    """Every switch of a daemon. Use :meth:`restore` (kept by the store) or :meth:`in_memory`.
 
     Args:
-        database: Where the switches are kept, or None for memory only.
+        records: Where the switches are kept, or None for memory only.
         halts: The switches that are on, by scope.
     """
 
-    def __init__(self, database: Database | None = None,
+    def __init__(self, records: HaltRecords | None = None,
                  halts: dict[str, Halt] | None = None) -> None:
-        self._database = database
+        self._records = records
         self._halts: dict[str, Halt] = dict(halts or {})
         self.on_change: Callable[[Halt, bool, str], None] | None = None
         """Told of every switch that goes on (True) or off (False), and by whom, once it is
@@ -89,25 +92,18 @@ class KillSwitch:
         return cls()
 
     @classmethod
-    async def open(cls, path: Path | str) -> KillSwitch:
-        """Opens the switches kept in a SQLite file (the state directory's).
+    async def restore(cls, records: HaltRecords) -> KillSwitch:
+        """The switches kept in ``records``, which it keeps from then on (and closes).
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: They cannot be read.
         """
-        database = await Database.open(path, MIGRATIONS, COMPONENT)
-
-        def read(connection: sqlite3.Connection) -> dict[str, Halt]:
-            return {scope: Halt(scope, by, datetime.fromisoformat(at), reason)
-                    for scope, by, at, reason in connection.execute(
-                        "SELECT scope, by, at, reason FROM kill_switch")}
-
         try:
-            halts = await database.read(read)
+            halts = await records.load()
         except BaseException:
-            await database.close()
+            await records.close()
             raise
-        return cls(database, halts)
+        return cls(records, halts)
 
     def halt_for(self, desk: str) -> Halt | None:
         """What halts a desk: its own switch first, else the daemon-wide one; None when it may
@@ -136,9 +132,8 @@ class KillSwitch:
         if known is not None:
             return known
         halt = Halt(scope, by, at or datetime.now(UTC), reason.strip() or "no reason given")
-        await self._write("INSERT OR REPLACE INTO kill_switch (scope, by, at, reason) "
-                          "VALUES (?, ?, ?, ?)",
-                          (halt.scope, halt.by, halt.at.isoformat(), halt.reason))
+        if self._records is not None:
+            await self._records.put(halt)
         self._halts[scope] = halt
         if self.on_change is not None:
             self.on_change(halt, True, halt.by)
@@ -157,22 +152,14 @@ class KillSwitch:
         halt = self._halts.get(scope)
         if halt is None:
             return None
-        await self._write("DELETE FROM kill_switch WHERE scope = ?", (scope,))
+        if self._records is not None:
+            await self._records.delete(scope)
         del self._halts[scope]
         if self.on_change is not None:
             self.on_change(halt, False, by)
         return halt
 
-    async def _write(self, sql: str, values: tuple[str, ...]) -> None:
-        if self._database is None:
-            return
-
-        def write(connection: sqlite3.Connection) -> None:
-            connection.execute(sql, values)
-
-        await self._database.write(write)
-
     async def close(self) -> None:
-        """Closes the file, if any."""
-        if self._database is not None:
-            await self._database.close()
+        """Lets go of where the switches are kept, if anywhere."""
+        if self._records is not None:
+            await self._records.close()

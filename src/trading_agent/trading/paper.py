@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -52,7 +51,7 @@ from trading_agent.trading.formatting import format_amount
 from trading_agent.trading.ledger import (
     BalanceChange,
     LedgerChanges,
-    PaperLedger,
+    PaperBooks,
     PaperOrder,
 )
 
@@ -112,7 +111,7 @@ class PaperExchange:
         name: A name for messages.
     """
 
-    def __init__(self, config: PaperExchangeConfig, feed: PriceFeed, ledger: PaperLedger,
+    def __init__(self, config: PaperExchangeConfig, feed: PriceFeed, ledger: PaperBooks,
                  *, name: str = "paper") -> None:
         self._config = config
         self._feed = feed
@@ -129,21 +128,20 @@ class PaperExchange:
         self._closed = False
 
     @classmethod
-    async def open(cls, config: PaperExchangeConfig, feed: PriceFeed, path: Path | str, *,
-                   account: str = "default", name: str = "paper") -> PaperExchange:
-        """Opens the account in the ledger file, creating it with the starting balances.
+    async def open(cls, config: PaperExchangeConfig, feed: PriceFeed, ledger: PaperBooks, *,
+                   name: str = "paper") -> PaperExchange:
+        """Opens the account kept in ``ledger``, creating it with the starting balances; the
+        exchange closes the ledger when it closes (also when this fails).
 
         Args:
             config: Starting balances (used only when the account is new), fees, slippage.
             feed: The price feed.
-            path: The SQLite file.
-            account: The account's name in the file (the desk's name).
+            ledger: The account's books (the store's ``SqlitePaperBooks``).
             name: A name for messages.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The books cannot be read.
         """
-        ledger = await PaperLedger.open(path, account)
         exchange = cls(config, feed, ledger, name=name)
         try:
             await exchange._restore()

@@ -1,44 +1,20 @@
 """What the risk policy must remember across restarts: recent orders, each day's start, halts.
 
 A restart must not reset the hourly order count or lift a daily-loss halt, so the policy
-writes them here (appends and single-row updates in SQLite) and reads them back on open.
+writes them here and reads them back on open; the store keeps them (:class:`RiskRecords`,
+``store.risk_records.SqliteRiskRecords``).
 :meth:`RiskJournal.in_memory` keeps them only in memory (tests, throwaway runs).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections import deque
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
+from typing import Protocol
 
-from trading_agent.store.database import Database, Migration
-
-__all__ = ["DayState", "RiskJournal"]
-
-COMPONENT = "risk_journal"
-"""Its schema's name in ``schema_migrations``."""
-
-MIGRATIONS: tuple[Migration, ...] = ((1, (
-    """CREATE TABLE IF NOT EXISTS risk_orders (
-    seq INTEGER PRIMARY KEY,
-    desk TEXT NOT NULL,
-    client_order_id TEXT NOT NULL,
-    at TEXT NOT NULL
-)""",
-    "CREATE INDEX IF NOT EXISTS risk_orders_at ON risk_orders (desk, at)",
-    """CREATE TABLE IF NOT EXISTS risk_days (
-    desk TEXT NOT NULL,
-    day TEXT NOT NULL,
-    start_equity TEXT NOT NULL,
-    halted TEXT,
-    PRIMARY KEY (desk, day)
-)""",
-)),)
-"""Numbered migrations: a released one is never edited. The first is written with
-``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
+__all__ = ["DayState", "RiskJournal", "RiskRecords"]
 
 _HOUR = timedelta(hours=1)
 
@@ -58,21 +34,43 @@ class DayState:
     halted: str | None = None
 
 
+class RiskRecords(Protocol):
+    """Where a desk's risk memory is kept across restarts."""
+
+    async def load(self, desk: str, since: datetime,
+                   from_day: date) -> tuple[list[datetime], dict[date, DayState]]:
+        """The desk's orders placed after ``since`` (oldest first), and its days from
+        ``from_day`` on."""
+        ...
+
+    async def add_order(self, desk: str, client_order_id: str, at: datetime) -> None:
+        """Keeps an order placed (or that may have been)."""
+        ...
+
+    async def put_day(self, desk: str, state: DayState) -> None:
+        """Keeps a day's start and halt."""
+        ...
+
+    async def close(self) -> None:
+        """Lets go of the file."""
+        ...
+
+
 class RiskJournal:
-    """A desk's risk memory. Use :meth:`open` or :meth:`in_memory`.
+    """A desk's risk memory. Use :meth:`restore` or :meth:`in_memory`.
 
     Args:
         desk: The desk's name.
-        database: Where to persist, or None to keep everything in memory.
+        records: Where it is kept, or None to keep everything in memory.
         orders: Times of the orders placed in the last hour, oldest first.
         days: Known days.
     """
 
-    def __init__(self, desk: str, database: Database | None = None,
+    def __init__(self, desk: str, records: RiskRecords | None = None,
                  orders: list[datetime] | None = None,
                  days: dict[date, DayState] | None = None) -> None:
         self.desk = desk
-        self._database = database
+        self._records = records
         self._orders: deque[datetime] = deque(orders or ())
         self._days: dict[date, DayState] = dict(days or {})
 
@@ -82,40 +80,25 @@ class RiskJournal:
         return cls(desk)
 
     @classmethod
-    async def open(cls, path: Path | str, desk: str, now: datetime) -> RiskJournal:
-        """Opens the journal file and reads the last hour's orders and the recent days.
+    async def restore(cls, records: RiskRecords, desk: str, now: datetime) -> RiskJournal:
+        """The desk's journal as kept in ``records`` (the last hour's orders and the recent
+        days), which it keeps from then on (and closes).
 
         Args:
-            path: The SQLite file.
+            records: Where it is kept.
             desk: The desk's name.
             now: The exchange clock's current time.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: They cannot be read.
         """
-        database = await Database.open(path, MIGRATIONS, COMPONENT)
-        since = (now - _HOUR).isoformat()
-        recent_day = (now.date() - timedelta(days=1)).isoformat()
-
-        def read(connection: sqlite3.Connection) -> tuple[list[datetime], dict[date, DayState]]:
-            orders = [datetime.fromisoformat(at) for (at,) in connection.execute(
-                "SELECT at FROM risk_orders WHERE desk = ? AND at > ? ORDER BY at",
-                (desk, since))]
-            days = {
-                date.fromisoformat(day): DayState(date.fromisoformat(day), Decimal(equity),
-                                                  halted)
-                for day, equity, halted in connection.execute(
-                    "SELECT day, start_equity, halted FROM risk_days "
-                    "WHERE desk = ? AND day >= ?", (desk, recent_day))
-            }
-            return orders, days
-
         try:
-            orders, days = await database.read(read)
+            orders, days = await records.load(desk, now - _HOUR,
+                                              now.date() - timedelta(days=1))
         except BaseException:
-            await database.close()
+            await records.close()
             raise
-        return cls(desk, database, orders, days)
+        return cls(desk, records, orders, days)
 
     def orders_in_hour_before(self, now: datetime) -> list[datetime]:
         """Times of the orders placed in the hour up to ``now``, oldest first."""
@@ -125,15 +108,8 @@ class RiskJournal:
 
     async def record_order(self, client_order_id: str, at: datetime) -> None:
         """Remembers that an order was placed (or may have been) at ``at``."""
-        if self._database is not None:
-            desk = self.desk
-
-            def write(connection: sqlite3.Connection) -> None:
-                connection.execute("INSERT INTO risk_orders (desk, client_order_id, at) "
-                                   "VALUES (?, ?, ?)", (desk, client_order_id,
-                                                        at.isoformat()))
-
-            await self._database.write(write)
+        if self._records is not None:
+            await self._records.add_order(self.desk, client_order_id, at)
         self._orders.append(at)
 
     def day(self, day: date) -> DayState | None:
@@ -159,18 +135,10 @@ class RiskJournal:
         return state
 
     async def _write_day(self, state: DayState) -> None:
-        if self._database is None:
-            return
-        row = (self.desk, state.day.isoformat(), str(state.start_equity), state.halted)
-
-        def write(connection: sqlite3.Connection) -> None:
-            connection.execute(
-                "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
-
-        await self._database.write(write)
+        if self._records is not None:
+            await self._records.put_day(self.desk, state)
 
     async def close(self) -> None:
-        """Closes the file, if any."""
-        if self._database is not None:
-            await self._database.close()
+        """Lets go of where it is kept, if anywhere."""
+        if self._records is not None:
+            await self._records.close()

@@ -1,0 +1,100 @@
+"""The risk policy's memory in the state file
+(:class:`~trading_agent.trading.risk_journal.RiskRecords`): recent orders and each day's
+start and halt, so a restart neither resets the hourly count nor lifts a daily-loss halt."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from trading_agent.store.database import Database, Migration
+from trading_agent.trading.risk_journal import DayState
+
+__all__ = ["COMPONENT", "MIGRATIONS", "SqliteRiskRecords"]
+
+COMPONENT = "risk_journal"
+"""Its schema's name in ``schema_migrations``."""
+
+MIGRATIONS: tuple[Migration, ...] = ((1, (
+    """CREATE TABLE IF NOT EXISTS risk_orders (
+    seq INTEGER PRIMARY KEY,
+    desk TEXT NOT NULL,
+    client_order_id TEXT NOT NULL,
+    at TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS risk_orders_at ON risk_orders (desk, at)",
+    """CREATE TABLE IF NOT EXISTS risk_days (
+    desk TEXT NOT NULL,
+    day TEXT NOT NULL,
+    start_equity TEXT NOT NULL,
+    halted TEXT,
+    PRIMARY KEY (desk, day)
+)""",
+)),)
+"""Numbered migrations: a released one is never edited. The first is written with
+``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
+
+
+class SqliteRiskRecords:
+    """Every desk's risk memory in the state file. Use :meth:`open`.
+
+    Args:
+        database: The open file, its schema applied.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    @classmethod
+    async def open(cls, path: Path | str) -> SqliteRiskRecords:
+        """Opens (or creates) the file.
+
+        Raises:
+            StoreError: The file cannot be opened.
+        """
+        return cls(await Database.open(path, MIGRATIONS, COMPONENT))
+
+    async def load(self, desk: str, since: datetime,
+                   from_day: date) -> tuple[list[datetime], dict[date, DayState]]:
+        """The desk's orders placed after ``since`` and its days from ``from_day`` on."""
+
+        def read(connection: sqlite3.Connection) -> tuple[list[datetime], dict[date, DayState]]:
+            orders = [datetime.fromisoformat(at) for (at,) in connection.execute(
+                "SELECT at FROM risk_orders WHERE desk = ? AND at > ? ORDER BY at",
+                (desk, since.isoformat()))]
+            days = {
+                date.fromisoformat(day): DayState(date.fromisoformat(day), Decimal(equity),
+                                                  halted)
+                for day, equity, halted in connection.execute(
+                    "SELECT day, start_equity, halted FROM risk_days "
+                    "WHERE desk = ? AND day >= ?", (desk, from_day.isoformat()))
+            }
+            return orders, days
+
+        return await self._database.read(read)
+
+    async def add_order(self, desk: str, client_order_id: str, at: datetime) -> None:
+        """Keeps an order placed (or that may have been)."""
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute("INSERT INTO risk_orders (desk, client_order_id, at) "
+                               "VALUES (?, ?, ?)", (desk, client_order_id, at.isoformat()))
+
+        await self._database.write(write)
+
+    async def put_day(self, desk: str, state: DayState) -> None:
+        """Keeps a day's start equity and halt."""
+        row = (desk, state.day.isoformat(), str(state.start_equity), state.halted)
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
+
+        await self._database.write(write)
+
+    async def close(self) -> None:
+        """Lets go of the file."""
+        await self._database.close()
