@@ -81,10 +81,10 @@ async def test_a_store_from_before_cached_tokens_is_migrated_and_keeps_its_days(
 
     assert await anyio.to_thread.run_sync(versions) == [
         ("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5)]
+        ("store", 5), ("store", 6)]
     # Opened again, nothing is applied twice.
     again = await Store.open(path)
     await again.close()
     assert await anyio.to_thread.run_sync(versions) == [
         ("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5)]
+        ("store", 5), ("store", 6)]

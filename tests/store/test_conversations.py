@@ -17,7 +17,6 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     repair,
 )
-from trading_agent.agent.events import TurnEnded, TurnStarted
 from trading_agent.store import INTERRUPTED_NOTICE, Store
 from trading_agent.tools.delegate import SubagentLink
 
@@ -222,31 +221,35 @@ async def test_a_finished_turn_gets_no_notice(store: Store) -> None:
 async def test_a_turn_that_ended_at_its_round_limit_gets_no_notice(
         store: Store, clock: FakeClock) -> None:
     conversation = Conversation("p", observer=store.observer("alpha"))
+    conversation.turn_id = "t1"
     for message in (Message.user_text("go"), _call(), _results()):
         await conversation.append(message)
-    await store.append_events([
-        TurnStarted(desk="alpha", turn="t1", trigger_kind="tick", trigger_text="go", id=1,
-                    at=conversation.messages[0].created_at),
-        TurnEnded(desk="alpha", turn="t1", rounds=1, hit_round_limit=True, final_text="limit",
-                  input_tokens=1, output_tokens=1, cost=None, id=2,
-                  at=conversation.messages[-1].created_at + 0.01),
-        # The next turn's silent memory flush began, and the daemon stopped during it: its
-        # messages were never stored, so the conversation still ends with that turn.
-        TurnStarted(desk="alpha", turn="t2", trigger_kind="command", trigger_text="flush",
-                    silent=True, id=3, at=conversation.messages[-1].created_at + 1),
-    ])
+    await store.record_turn_end("alpha", "t1", "round_limit")
+    # The next turn's silent memory flush began, and the daemon stopped during it: its
+    # messages are never stored, so the conversation still ends with that turn.
     restored = await store.restore_conversation("alpha", "p")
     assert [m.kind for m in restored.messages][-1] == "tool_results"
 
 
-async def test_a_turn_stopped_for_shutdown_gets_a_notice(store: Store) -> None:
+async def test_a_turn_without_an_end_gets_a_notice_and_is_recorded_cut_off(
+        store: Store) -> None:
     conversation = Conversation("p", observer=store.observer("alpha"))
+    conversation.turn_id = "t1"
     for message in (Message.user_text("go"), _call(), _results()):
         await conversation.append(message)
-    await store.append_events([TurnEnded(
-        desk="alpha", turn="t1", rounds=1, hit_round_limit=False, final_text="Stopped",
-        input_tokens=1, output_tokens=1, cost=None, stopped=True, id=5,
-        at=conversation.messages[-1].created_at + 0.01)])
+    restored = await store.restore_conversation("alpha", "p")
+    assert restored.messages[-1].kind == "notice"
+    assert await store.turn_end("alpha", "t1") == "cut_off"
+    again = await store.restore_conversation("alpha", "p")  # no second notice
+    assert [m.id for m in again.messages] == [m.id for m in restored.messages]
+
+
+async def test_a_turn_stopped_for_shutdown_gets_a_notice(store: Store) -> None:
+    conversation = Conversation("p", observer=store.observer("alpha"))
+    conversation.turn_id = "t1"
+    for message in (Message.user_text("go"), _call(), _results()):
+        await conversation.append(message)
+    await store.record_turn_end("alpha", "t1", "stopped")
     restored = await store.restore_conversation("alpha", "p")
     assert restored.messages[-1].kind == "notice"
 
@@ -305,10 +308,10 @@ async def test_the_file_is_in_wal_mode_with_a_migrations_table(
 
     assert await anyio.to_thread.run_sync(inspect) == (
         "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5)])
+        ("store", 5), ("store", 6)])
     # Opening again applies nothing twice.
     again = await Store.open(db_path)
     await again.close()
     assert await anyio.to_thread.run_sync(inspect) == (
         "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5)])
+        ("store", 5), ("store", 6)])

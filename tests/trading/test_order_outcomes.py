@@ -30,10 +30,8 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
 )
 from trading_agent.agent.event_bus import EventBus
-from trading_agent.agent.events import Event, ToolCallStarted, TurnEnded, TurnStarted
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.errors import ToolError
-from trading_agent.operator.events import ApprovalRequested, ApprovalResolved
 from trading_agent.store import INTERRUPTED_NOTICE, Store, database_path
 from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.store.paper_books import SqlitePaperBooks
@@ -66,40 +64,35 @@ RESTING_BUY = {"symbol": "BTC/USDT", "side": "buy", "type": "limit", "amount": "
 
 
 class Transcript:
-    """A desk's turn written to the store as the daemon writes it, up to a tool round."""
+    """A desk's turn written to the store as the daemon writes it, up to a tool round: each
+    message with its turn, a held call's approval before the call goes on."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.next_event = 1
         self.at = time.time() - 100
 
     def tick(self) -> float:
         self.at += 1
         return self.at
 
-    async def event(self, event: Event) -> None:
-        object.__setattr__(event, "id", self.next_event)
-        self.next_event += 1
-        await self.store.append_events([event])
-
     async def turn(self, turn: str = TURN, *, text: str = "Buy 0.01 BTC.") -> None:
-        await self.event(TurnStarted(desk=DESK, turn=turn, trigger_kind="operator",
-                                     trigger_text=text, at=self.tick()))
         await self.store.append_message(DESK, Message(
-            role="user", kind="operator", content=(TextBlock(text),), created_at=self.tick()))
+            role="user", kind="operator", content=(TextBlock(text),), created_at=self.tick()),
+            turn=turn)
 
-    async def calls(self, *calls: tuple[str, str, dict[str, Any]], turn: str = TURN,
-                    events: bool = True) -> None:
-        """The model's tool calls (id, tool, arguments), then their tool_call events."""
+    async def calls(self, *calls: tuple[str, str, dict[str, Any]], turn: str | None = TURN
+                    ) -> None:
+        """The model's tool calls (id, tool, arguments)."""
         await self.store.append_message(DESK, Message(role="assistant", created_at=self.tick(),
                                                       content=tuple(
             ToolUseBlock(call_id, name, json.dumps(arguments))
-            for call_id, name, arguments in calls)))
-        if events:
-            for call_id, name, arguments in calls:
-                await self.event(ToolCallStarted(desk=DESK, turn=turn, call_id=call_id,
-                                                 name=name, arguments=json.dumps(arguments),
-                                                 at=self.tick()))
+            for call_id, name, arguments in calls)), turn=turn)
+
+    async def held(self, call_id: str, outcome: str | None = None, *, turn: str = TURN) -> None:
+        """The call waited for an operator's approval (and, with ``outcome``, got it)."""
+        await self.store.record_approval(DESK, turn, call_id, "ab12cd34", None)
+        if outcome is not None:
+            await self.store.record_approval(DESK, turn, call_id, "ab12cd34", outcome)
 
 
 @pytest.fixture
@@ -208,10 +201,7 @@ async def test_a_call_held_for_approval_is_told_never_sent(
     transcript = Transcript(store)
     await transcript.turn()
     await transcript.calls(("call_1", "place_order", MARKET_BUY))
-    await transcript.event(ApprovalRequested(
-        desk=DESK, turn=TURN, approval_id="ab12cd34", call_id="call_1", tool="place_order",
-        arguments=json.dumps(MARKET_BUY), reason="a live order", notional=166.0,
-        expires_at=transcript.at + 300, at=transcript.tick()))
+    await transcript.held("call_1")
 
     (result,) = await restored_results(store, paper)
 
@@ -227,13 +217,7 @@ async def test_an_approved_call_whose_order_filled_is_told_filled(
     transcript = Transcript(store)
     await transcript.turn()
     await transcript.calls(("call_1", "place_order", MARKET_BUY))
-    await transcript.event(ApprovalRequested(
-        desk=DESK, turn=TURN, approval_id="ab12cd34", call_id="call_1", tool="place_order",
-        arguments=json.dumps(MARKET_BUY), reason="a live order", notional=166.0,
-        expires_at=transcript.at + 300, at=transcript.tick()))
-    await transcript.event(ApprovalResolved(
-        desk=DESK, turn=TURN, approval_id="ab12cd34", call_id="call_1", tool="place_order",
-        outcome="approved", operator="ann", at=transcript.tick()))
+    await transcript.held("call_1", "approved")
     await place(paper, "call_1", MARKET_BUY)
 
     (result,) = await restored_results(store, paper)
@@ -246,10 +230,7 @@ async def test_without_a_resolver_a_held_call_is_still_told_it_never_ran(
     transcript = Transcript(store)
     await transcript.turn()
     await transcript.calls(("call_1", "place_order", MARKET_BUY))
-    await transcript.event(ApprovalRequested(
-        desk=DESK, turn=TURN, approval_id="ab12cd34", call_id="call_1", tool="place_order",
-        arguments=json.dumps(MARKET_BUY), reason="a live order", notional=166.0,
-        expires_at=transcript.at + 300, at=transcript.tick()))
+    await transcript.held("call_1")
 
     conversation = await store.restore_conversation(DESK, "You trade.")
 
@@ -261,12 +242,11 @@ async def test_without_a_resolver_a_held_call_is_still_told_it_never_ran(
     assert conversation.messages[-1].text == INTERRUPTED_NOTICE
 
 
-async def test_the_turn_is_found_from_the_call_event_when_its_start_was_not_stored(
+async def test_the_turn_is_read_from_the_calls_own_message(
         store: Store, paper: PaperExchange) -> None:
-    transcript = Transcript(store)
+    # The trigger was stored before turns were (an older file); the calls carry their turn.
     await store.append_message(DESK, Message.user_text("Buy.", kind="operator"))
-    transcript.at = time.time() - 10
-    await transcript.calls(("call_1", "place_order", MARKET_BUY))
+    await Transcript(store).calls(("call_1", "place_order", MARKET_BUY))
     await place(paper, "call_1", MARKET_BUY)
 
     (result,) = await restored_results(store, paper)
@@ -295,28 +275,27 @@ async def test_an_earlier_turn_reusing_the_call_id_is_not_mistaken_for_this_one(
     assert client_order_id_for(DESK, "turn-2", "call_0") in result.text
 
 
-async def test_an_ended_turn_is_never_taken_for_the_one_whose_events_were_lost(
+async def test_a_held_call_of_an_earlier_turn_reusing_the_id_is_not_this_ones(
         store: Store, paper: PaperExchange) -> None:
     transcript = Transcript(store)
     await transcript.turn("turn-1")
-    await store.append_message(DESK, Message(role="assistant", content=(TextBlock("Hi."),),
-                                              created_at=transcript.tick()))
-    await transcript.event(TurnEnded(desk=DESK, turn="turn-1", rounds=1, hit_round_limit=False,
-                                     final_text="Hi.", input_tokens=1, output_tokens=1,
-                                     cost=None, at=transcript.tick()))
-    # turn-2's events were never stored; its order was placed before the kill.
-    await store.append_message(DESK, Message.user_text("Buy.", kind="operator"))
-    await transcript.calls(("call_1", "place_order", MARKET_BUY), events=False)
+    await transcript.calls(("call_1", "place_order", MARKET_BUY), turn="turn-1")
+    await transcript.held("call_1", "denied", turn="turn-1")
+    await store.append_message(DESK, Message(
+        role="user", kind="tool_results", created_at=transcript.tick(),
+        content=(ToolResultBlock("call_1", (TextBlock("Denied."),)),)), turn="turn-1")
+    await store.record_turn_end(DESK, "turn-1", "answered")
+    # turn-2 reuses the call id; it was never held, and its order went out before the kill.
+    await transcript.turn("turn-2")
+    await transcript.calls(("call_1", "place_order", MARKET_BUY), turn="turn-2")
     await place(paper, "call_1", MARKET_BUY, turn="turn-2")
 
     (result,) = await restored_results(store, paper)
 
-    # Not "never sent" from turn-1's client id: unknown, as before.
-    assert "may or may not have taken effect" in result.text
-    assert "NEVER SENT" not in result.text
+    assert "order P1 FILLED" in result.text
 
 
-async def test_with_no_event_naming_the_turn_the_default_answer_stands(
+async def test_with_no_turn_stored_the_default_answer_stands(
         store: Store, paper: PaperExchange) -> None:
     await store.append_message(DESK, Message.user_text("Buy.", kind="operator"))
     await store.append_message(DESK, Message(role="assistant", content=(

@@ -216,6 +216,7 @@ class AgentLoop:
 
     async def _run_rounds(self, conversation: Conversation, turn: TurnState) -> TurnResult:
         trigger = turn.trigger
+        conversation.turn_id = turn.id
         self._publish(turn, TurnStarted(desk=self.desk_name, trigger_kind=trigger.kind,
                                         trigger_text=trigger.text, silent=turn.silent))
         await conversation.append(trigger.to_message())

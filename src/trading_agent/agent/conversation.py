@@ -349,6 +349,9 @@ class Conversation:
         """Tokens the server counts per estimated token (characters / 4): learnt from the
         usage it reports, and raised when it refuses a prompt the estimate said would fit,
         so a digit-heavy conversation is not taken for smaller than it is."""
+        self.turn_id: str | None = None
+        """The turn running on it, or the last one that ran (the loop sets it as a turn
+        starts): the observer stores it with each message, a fact recovery reads."""
 
     def window(self) -> list[Message]:
         """What is sent: the summary (if any), then the messages after the last compaction."""

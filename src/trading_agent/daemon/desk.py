@@ -115,6 +115,11 @@ class DeskStore(Protocol):
         """Records that the desk is paused, or (None) no longer is."""
         ...
 
+    async def record_turn_end(self, desk: str, turn: str, how: str) -> None:
+        """Records how a turn of the desk ended (``answered``, ``round_limit``,
+        ``stopped``): a turn without an end was cut off."""
+        ...
+
     async def retract_messages(self, desk: str, message_ids: Sequence[str], by: str) -> None:
         """Takes messages out of what a restored conversation holds; the transcript keeps
         them, marked."""
@@ -673,14 +678,19 @@ class Desk:
             # No await between this check and run_turn's start, so a stop() from here on
             # reaches the running turn.
             self._in_turn = self.mailbox.in_turn = True
+            result: TurnResult | None = None  # stays None when cut by cancel_turn(now=True)
             try:
                 with anyio.CancelScope() as self._turn_scope:
-                    return await self.loop.run_turn(conversation, trigger)
-                return None  # cut by cancel_turn(now=True)
+                    result = await self.loop.run_turn(conversation, trigger)
             finally:
                 self._in_turn = False
                 self._turn_scope = None
                 self.mailbox.turn_ended()
+            if result is not None and result.turn_id:
+                with anyio.CancelScope(shield=True):  # a fact recovery reads: never half-said
+                    await self.store.record_turn_end(self.name, result.turn_id,
+                                                     _turn_end(result))
+            return result
 
     def _finished(self, result: TurnResult, cancelled_by: str | None) -> None:
         outcome = self._outcome
@@ -783,6 +793,13 @@ class Desk:
         if self._outcome.unfinished_appended or trigger.id in window:
             return True
         return await self.store.has_message(self.name, trigger.id)
+
+
+def _turn_end(result: TurnResult) -> str:
+    """How a turn that returned ended, as the store keeps it."""
+    if result.stopped:
+        return "stopped"
+    return "round_limit" if result.hit_round_limit else "answered"
 
 
 def _resume_for(messages: Sequence[Message]) -> Trigger:

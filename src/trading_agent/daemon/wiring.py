@@ -160,7 +160,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             settings.operator,
             # The venue in force (a reload may rebuild it); a desk unknown here: ask.
             is_live=lambda desk: desk not in venues or venues[desk].mode == "live",
-            price_lookup=functools.partial(_last_price, venues))
+            price_lookup=functools.partial(_last_price, venues), records=store)
         backends = ModelBackends(stack, environ)
         feeds = await stack.enter_async_context(SharedFeeds())
 

@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from pydantic import BaseModel
@@ -192,14 +192,29 @@ def _is_sell(arguments: Mapping[str, Any]) -> bool:
     return isinstance(side, str) and side.strip().lower() == "sell"
 
 
+class ApprovalRecords(Protocol):
+    """Where held calls are kept for recovery (the store has it): a call cut off by a
+    restart while it waited never ran, one approved may have."""
+
+    async def record_approval(self, desk: str, turn: str, call_id: str, approval_id: str,
+                              outcome: str | None) -> None:
+        """Keeps a held call (``outcome`` None while it waits), then how its approval
+        ended."""
+        ...
+
+
 class ApprovalBook:
     """Holds dangerous tool calls until an operator answers; the approval gate of a daemon.
+
+    Every hold, and then its outcome, is written to ``records`` (when given) before the call
+    goes on or is refused, so a restart knows whether a cut-off call could have run.
 
     Args:
         timeout_seconds: How long a held call waits; no answer means deny.
         notional_threshold: Orders above this value wait on every desk; None: only live.
         is_live: Whether a desk trades real money (its dangerous calls always wait).
         price_lookup: Values market orders: ``(desk, symbol) -> last price``.
+        records: Where held calls are kept for recovery; None keeps nothing.
         clock: Seconds since the epoch (tests pass their own).
 
     Example::
@@ -215,6 +230,7 @@ class ApprovalBook:
         notional_threshold: float | None = None,
         is_live: Callable[[str], bool] | None = None,
         price_lookup: PriceLookup | None = None,
+        records: ApprovalRecords | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if timeout_seconds <= 0:
@@ -223,6 +239,7 @@ class ApprovalBook:
         self.notional_threshold = notional_threshold
         self._is_live = is_live or (lambda desk: False)
         self._price_lookup = price_lookup
+        self._records = records
         self._clock = clock
         self._pending: dict[str, PendingApproval] = {}
         self._resolved: OrderedDict[str, PendingApproval] = OrderedDict()
@@ -231,20 +248,22 @@ class ApprovalBook:
 
     @classmethod
     def from_config(cls, config: OperatorConfig, *, is_live: Callable[[str], bool] | None = None,
-                    price_lookup: PriceLookup | None = None) -> ApprovalBook:
+                    price_lookup: PriceLookup | None = None,
+                    records: ApprovalRecords | None = None) -> ApprovalBook:
         """A book with the configured timeout and threshold.
 
         Args:
             config: The operator settings.
             is_live: Whether a desk trades real money.
             price_lookup: Values market orders.
+            records: Where held calls are kept for recovery (the store).
 
         Returns:
             The book.
         """
         return cls(timeout_seconds=config.approval_timeout_seconds,
                    notional_threshold=config.approval_notional_threshold,
-                   is_live=is_live, price_lookup=price_lookup)
+                   is_live=is_live, price_lookup=price_lookup, records=records)
 
     # ------------------------------------------------------------------ the gate
 
@@ -267,16 +286,26 @@ class ApprovalBook:
             return None
         approval = self._hold(tool, data, reason, notional, context)
         try:
+            await self._record(approval)
             with anyio.move_on_after(self.timeout_seconds):
                 await approval._decided.wait()
         except BaseException:
             # The turn was cancelled (shutdown) while waiting: close the approval so no one
             # approves a call that will never run.
             self._settle(approval, "cancelled", "", "the turn was cancelled")
+            with anyio.CancelScope(shield=True):
+                await self._record(approval)
             raise
         if approval.outcome is None:
             self._settle(approval, "timed_out", "", "")
+        await self._record(approval)  # before the call runs or is refused
         return self._verdict(approval, is_order)
+
+    async def _record(self, approval: PendingApproval) -> None:
+        if self._records is not None:
+            await self._records.record_approval(approval.desk, approval.turn,
+                                                approval.call_id, approval.id,
+                                                approval.outcome)
 
     async def _why_hold(self, desk: str,
                         data: dict[str, Any]) -> tuple[str | None, bool, float | None]:

@@ -132,4 +132,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             at REAL NOT NULL,
             PRIMARY KEY (desk, message_id))""",
     )),
+    (6, (
+        # Plain facts recovery reads (store/recovery.py), instead of event JSON. The turn each
+        # message was made in (NULL for messages made outside a turn, and before version 6).
+        "ALTER TABLE messages ADD COLUMN turn TEXT",
+        # How each turn ended, once it returned: answered, round_limit, stopped; cut_off when
+        # a restore found it cut off.
+        """CREATE TABLE turn_ends (
+            desk TEXT NOT NULL,
+            turn TEXT NOT NULL,
+            how TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (desk, turn))""",
+        # Calls held for an operator's approval, and how that ended (NULL while waiting):
+        # stored before the call went on or was refused.
+        """CREATE TABLE held_calls (
+            desk TEXT NOT NULL,
+            turn TEXT NOT NULL,
+            call_id TEXT NOT NULL,
+            approval_id TEXT NOT NULL,
+            outcome TEXT,
+            at REAL NOT NULL,
+            PRIMARY KEY (desk, approval_id))""",
+        "CREATE INDEX held_calls_by_turn ON held_calls (desk, turn)",
+    )),
 )

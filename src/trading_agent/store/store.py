@@ -16,13 +16,12 @@ How the daemon uses it::
     for message in await store.undelivered_operator_messages("alpha"):
         ...  # queue it again, with the same id
 
-A tool call the daemon never answered (a ``kill -9`` mid tool round) is answered on restore.
-By default the answer says it was interrupted and may or may not have taken effect; a
-resolver registered for the desk (:meth:`Store.set_call_outcomes`, e.g. the trading layer's
-``OrderOutcomes``) may look the call up and say what really happened instead. The store
-gives it what the stored messages and events tell about the call (:class:`InterruptedCall`:
-its turn, whether it waited for an operator's approval) and imports nothing of the trading
-layer.
+A tool call the daemon never answered (a ``kill -9`` mid tool round) is answered on restore,
+by :mod:`~trading_agent.store.recovery` from the plain facts kept here: the turn each message
+was made in, how each turn ended, each call held for an operator's approval. A resolver
+registered for the desk (:meth:`Store.set_call_outcomes`, e.g. the trading layer's
+``OrderOutcomes``) may look a call up and say what really happened; the store imports
+nothing of the trading layer.
 """
 
 from __future__ import annotations
@@ -44,15 +43,10 @@ import anyio
 import structlog
 
 from trading_agent.agent.conversation import (
-    ContentBlock,
     Conversation,
     ConversationObserver,
     ImageBlock,
     Message,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    repair,
 )
 from trading_agent.agent.event_bus import Subscription
 from trading_agent.agent.events import Event, UsageReported
@@ -66,6 +60,15 @@ from trading_agent.store.codec import (
     image_refs,
 )
 from trading_agent.store.database import Database
+from trading_agent.store.recovery import (
+    INTERRUPTED_NOTICE,
+    LOOKED_UP_NOTE,
+    CallOutcome,
+    CallOutcomes,
+    InterruptedCall,
+    TurnEnd,
+    restore,
+)
 from trading_agent.store.schema import COMPONENT, MIGRATIONS
 
 __all__ = [
@@ -90,22 +93,6 @@ DATABASE_NAME = "trading-agent.sqlite3"
 DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "thinking_delta",
                                                     "tool_heartbeat"})
 """Event types not stored by default: there are too many, and the messages keep their text."""
-
-INTERRUPTED_NOTICE = (
-    "[Notice from the daemon] Your previous turn was interrupted before it finished (the "
-    "daemon stopped, or the turn failed). Tool calls that had not returned are marked as "
-    "interrupted: they may or may not have taken effect, so check your open orders, positions "
-    "and balances before repeating any of them."
-)
-"""What a desk is told when its conversation is restored after a turn was cut off: by a
-stop or crash of the daemon, or by a turn that failed in a running one (the model
-unavailable, an error). When the caller of :meth:`Store.restore_conversation` knows which, the
-notice goes on with ``"\nWhy it stopped: "`` and its reason."""
-
-LOOKED_UP_NOTE = (
-    "Some of those calls were looked up after the restart: their results above say what "
-    "really happened, and only what they leave uncertain needs checking.")
-"""Added to the notice when a resolver said what became of an interrupted call."""
 
 _IN_CHUNK = 500
 """The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
@@ -171,51 +158,6 @@ class SubagentOrigin(Protocol):
     def task(self) -> str: ...
     @property
     def tools(self) -> tuple[str, ...]: ...
-
-
-@dataclass(frozen=True)
-class InterruptedCall:
-    """A tool call of a desk that never got its result (the daemon stopped during it).
-
-    Attributes:
-        desk: The desk.
-        tool: The tool's name.
-        arguments: The arguments, as the raw JSON text the model wrote.
-        call_id: The call's id.
-        turn_id: The id of the turn it was made in, as the stored events tell; None when
-            they do not (the events were lost).
-        approval: None when the call was never held for an operator's approval;
-            ``"pending"`` when it was still waiting for one when the daemon stopped; else
-            the approval's outcome (``approved``, ``denied``, ``timed_out``, ``cancelled``).
-    """
-
-    desk: str
-    tool: str
-    arguments: str
-    call_id: str
-    turn_id: str | None
-    approval: str | None = None
-
-
-class CallOutcome(Protocol):
-    """What became of an interrupted call (``trading.order_outcomes.OrderOutcome`` has this
-    shape; the store does not import the trading layer)."""
-
-    @property
-    def text(self) -> str:
-        """The tool result the model reads."""
-        ...
-
-    @property
-    def is_error(self) -> bool:
-        """Whether the result reports that the call did not do what it was asked."""
-        ...
-
-
-CallOutcomes = Callable[[InterruptedCall], Awaitable[CallOutcome | None]]
-"""Says what became of an interrupted call, or None to leave it to the default answer (it
-may or may not have taken effect). It must not raise (the store logs and ignores it if it
-does) and should bound its own time: the desk waits for it before its first turn."""
 
 
 @dataclass(frozen=True)
@@ -383,7 +325,8 @@ class Store:
 
     async def append_message(self, desk: str, message: Message, *,
                              subagent_id: str | None = None,
-                             parent_call_id: str | None = None) -> str:
+                             parent_call_id: str | None = None,
+                             turn: str | None = None) -> str:
         """Stores one message at the end of a desk's transcript.
 
         Idempotent on the message id: storing the same message again changes nothing. A
@@ -395,6 +338,7 @@ class Store:
             message: The message.
             subagent_id: For a subagent's message, its id.
             parent_call_id: For a subagent's message, the desk's ``delegate`` call.
+            turn: The turn it was made in (a fact recovery reads), if any.
 
         Returns:
             The id it is stored under: the message's own, unless another message of the desk
@@ -412,9 +356,10 @@ class Store:
             stored_id = message.id
             inserted = connection.execute(
                 "INSERT OR IGNORE INTO messages (desk, message_id, role, kind, content, "
-                "created_at, subagent_id, parent_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, subagent_id, parent_call_id, turn) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (desk, stored_id, message.role, message.kind, content, message.created_at,
-                 subagent_id, parent_call_id)).rowcount
+                 subagent_id, parent_call_id, turn)).rowcount
             if not inserted:
                 existing = connection.execute(
                     "SELECT content, subagent_id FROM messages WHERE desk = ? AND message_id = ?",
@@ -424,9 +369,9 @@ class Store:
                 stored_id = f"{message.id}~{uuid.uuid4().hex[:8]}"
                 connection.execute(
                     "INSERT INTO messages (desk, message_id, role, kind, content, created_at, "
-                    "subagent_id, parent_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "subagent_id, parent_call_id, turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (desk, stored_id, message.role, message.kind, content, message.created_at,
-                     subagent_id, parent_call_id))
+                     subagent_id, parent_call_id, turn))
             if subagent_id is None:
                 connection.execute(
                     "UPDATE operator_messages SET delivered_at = ? "
@@ -522,26 +467,14 @@ class Store:
     async def restore_conversation(self, desk: str, system_prompt: str,
                                    reason: str | None = None, *,
                                    outcomes: CallOutcomes | None = None) -> Conversation:
-        """A desk's conversation as it was: the latest summary and the messages after it.
-
-        A turn that was cut off (its last message a tool call, a tool result, or a trigger
-        nobody answered; a turn that ended at its round limit does not count) is repaired so
-        the next request is valid, and the desk is told, with :data:`INTERRUPTED_NOTICE`
-        followed by ``reason`` when one is given. Each unanswered call gets the result the
-        desk's resolver gives (``outcomes``, else the one registered with
-        :meth:`set_call_outcomes`): what really became of it; without one, or when it has no
-        answer, a call that was waiting for an operator's approval is answered that it never
-        ran, and any other that it was interrupted and may or may not have taken effect.
-        Both are appended and stored; nothing stored is rewritten. A conversation that
-        already ends with a notice is not cut off, so restoring it again adds no second
-        notice (whatever the reason). The conversation stores itself from then on.
+        """A desk's conversation as it was: the latest summary and the messages after it, a
+        cut-off turn repaired and followed by a notice (see :func:`recovery.restore
+        <trading_agent.store.recovery.restore>`).
 
         Args:
             desk: The desk.
-            system_prompt: The desk's system prompt (from the config, which may have changed).
-            reason: Why the turn stopped, when the caller knows (``"the model was
-                unavailable: ..."``); it must hold no secret. None after a restart of the
-                daemon, when nobody knows.
+            system_prompt: The desk's system prompt.
+            reason: Why the turn stopped, when the caller knows; None after a restart.
             outcomes: Says what became of each interrupted call; the registered one when
                 None.
 
@@ -551,9 +484,18 @@ class Store:
         Raises:
             StoreError: SQLite failed, or a stored message cannot be decoded.
         """
+        return await restore(self, desk, system_prompt, reason,
+                             outcomes=outcomes or self._call_outcomes.get(desk))
 
-        def read(connection: sqlite3.Connection) -> tuple[Message | None, list[Message],
-                                                           float | None]:
+    async def restored_window(self, desk: str) -> tuple[Message | None, list[Message]]:
+        """The desk's latest summary and the messages after it, an operator's retracted ones
+        left out, oldest first.
+
+        Raises:
+            StoreError: SQLite failed, or a stored message cannot be decoded.
+        """
+
+        def read(connection: sqlite3.Connection) -> tuple[Message | None, list[Message]]:
             compaction = connection.execute(
                 "SELECT summary_id, summary, summary_created_at, first_kept_seq FROM "
                 "compactions WHERE desk = ? AND subagent_id IS NULL ORDER BY id DESC LIMIT 1",
@@ -576,67 +518,56 @@ class Store:
             messages = [Message(role=row.role, kind=row.kind,  # type: ignore[arg-type]
                                 id=row.message_id, created_at=row.created_at,
                                 content=decode_content(row.blocks, images)) for row in rows]
-            return summary, messages, _round_limit_end(connection, desk)
+            return summary, messages
 
-        summary, messages, round_limit_end = await self._db.read(read)
-        repaired = repair(messages)
-        # Messages repair added after the last stored one are stored; a fix inside the
-        # history is only in memory (repair is deterministic, so every restore redoes it).
-        stored_ids = {m.id for m in messages}
-        tail = len(repaired)
-        while tail > 0 and repaired[tail - 1].id not in stored_ids:
-            tail -= 1
-        conversation = Conversation(system_prompt, repaired[:tail], summary=summary,
-                                    observer=self.observer(desk))
-        added = repaired[tail:]
-        looked_up = 0
-        if added and messages and messages[-1].role == "assistant":
-            # Only the last message's calls can be answered here: earlier repairs are fixes
-            # inside the history, made again on every restore and never stored.
-            added[0], looked_up = await self._answer_interrupted(
-                desk, messages[-1], added[0], outcomes or self._call_outcomes.get(desk))
-        for message in added:
-            await conversation.append(Message(role=message.role, content=message.content,
-                                              kind=message.kind, created_at=self._clock()))
-        if added or _cut_off(messages, round_limit_end):
-            text = _notice(reason) + (f"\n{LOOKED_UP_NOTE}" if looked_up else "")
-            await conversation.append(Message(role="user", kind="notice",
-                                              content=(TextBlock(text),),
-                                              created_at=self._clock()))
-            _log.warning("turn_interrupted", desk=desk, repaired_messages=len(added),
-                         looked_up=looked_up, reason=reason)
-        return conversation
+        return await self._db.read(read)
 
-    async def _answer_interrupted(self, desk: str, calls_message: Message, answer: Message,
-                                  outcomes: CallOutcomes | None) -> tuple[Message, int]:
-        """``answer`` (repair's results for ``calls_message``'s calls, none of which had
-        one) with each call's real outcome where it is known, and how many were known."""
-        calls = {call.id: call for call in calls_message.tool_uses}
-        if not calls:
-            return answer, 0
-        facts = await self._db.read(
-            lambda connection: _interrupted_facts(connection, desk, calls_message))
-        content: list[ContentBlock] = []
-        looked_up = 0
-        for block in answer.content:
-            call = calls.get(block.tool_use_id) if isinstance(block, ToolResultBlock) else None
-            if call is None:
-                content.append(block)
-                continue
-            turn_id, approval = facts.get(call.id, (None, None))
-            interrupted = InterruptedCall(desk, call.name, call.arguments, call.id, turn_id,
-                                          approval)
-            outcome = await _look_up(outcomes, interrupted) if outcomes is not None else None
-            if outcome is not None:
-                looked_up += 1
-                content.append(ToolResultBlock(call.id, (TextBlock(outcome.text),),
-                                               is_error=outcome.is_error))
-            elif approval is not None and approval != "approved":
-                content.append(_never_ran(call, approval))
-            else:
-                content.append(block)
-        return Message(role=answer.role, content=tuple(content), kind=answer.kind,
-                       id=answer.id, created_at=answer.created_at), looked_up
+    # --- turns: plain facts for recovery -----------------------------------------------------
+
+    async def turn_of(self, desk: str, message_id: str) -> str | None:
+        """The turn a message of the desk was made in; None when it was stored without one
+        (made outside a turn, or stored before turns were)."""
+        row = await self._db.read(lambda connection: connection.execute(
+            "SELECT turn FROM messages WHERE desk = ? AND message_id = ?",
+            (desk, message_id)).fetchone())
+        return None if row is None or row[0] is None else str(row[0])
+
+    async def turn_end(self, desk: str, turn: str) -> TurnEnd | None:
+        """How the desk's turn ended (``answered``, ``round_limit``, ``stopped``,
+        ``cut_off``), or None when it never did."""
+        row = await self._db.read(lambda connection: connection.execute(
+            "SELECT how FROM turn_ends WHERE desk = ? AND turn = ?", (desk, turn)).fetchone())
+        return None if row is None else str(row[0])
+
+    async def record_turn_end(self, desk: str, turn: str, how: TurnEnd) -> None:
+        """Records how the desk's turn ended (the first word stays: a turn ends once)."""
+        at = self._clock()
+        await self._db.write(lambda connection: connection.execute(
+            "INSERT OR IGNORE INTO turn_ends (desk, turn, how, at) VALUES (?, ?, ?, ?)",
+            (desk, turn, how, at)))
+
+    async def record_approval(self, desk: str, turn: str, call_id: str, approval_id: str,
+                              outcome: str | None) -> None:
+        """Records a call held for an operator's approval (``outcome`` None while it waits),
+        then how its approval ended; stored before the call goes on or is refused."""
+        at = self._clock()
+        await self._db.write(lambda connection: connection.execute(
+            "INSERT INTO held_calls (desk, turn, call_id, approval_id, outcome, at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (desk, approval_id) DO UPDATE SET "
+            "outcome = excluded.outcome, at = excluded.at",
+            (desk, turn, call_id, approval_id, outcome, at)))
+
+    async def held_calls(self, desk: str, turn: str) -> dict[str, str]:
+        """The turn's calls held for an operator's approval: ``pending`` while they waited,
+        else the outcome (the latest approval of a call wins)."""
+        rows = await self._db.read(lambda connection: connection.execute(
+            "SELECT call_id, outcome FROM held_calls WHERE desk = ? AND turn = ? "
+            "ORDER BY rowid", (desk, turn)).fetchall())
+        return {str(call_id): str(outcome or "pending") for call_id, outcome in rows}
+
+    def now(self) -> float:
+        """The store's clock (seconds since the epoch)."""
+        return self._clock()
 
     async def transcript(self, desk: str, before_seq: int | None = None, limit: int = 50, *,
                          include_subagents: bool = True) -> list[dict[str, Any]]:
@@ -1104,130 +1035,6 @@ def _add_usage(connection: sqlite3.Connection, desk: str, day: str, requests: in
         (desk, day, requests, input_tokens, output_tokens, cost, cached_input_tokens))
 
 
-def _notice(reason: str | None) -> str:
-    """The interrupted notice, with why the turn stopped when that is known."""
-    reason = (reason or "").strip()
-    return f"{INTERRUPTED_NOTICE}\nWhy it stopped: {reason}" if reason else INTERRUPTED_NOTICE
-
-
-def _cut_off(messages: Sequence[Message], round_limit_end: float | None) -> bool:
-    """Whether the transcript ends inside a turn: a call, results, or an unanswered trigger.
-
-    A turn that hit its round limit ends on tool results without being cut off; it is
-    recognized by its end-of-turn event (``round_limit_end``, when it is the desk's last
-    turn event), written after its last message.
-    """
-    if not messages:
-        return False
-    last = messages[-1]
-    if last.role == "assistant":
-        return bool(last.tool_uses)
-    if last.kind == "tool_results" and round_limit_end is not None:
-        return round_limit_end < last.created_at
-    return last.kind in ("trigger", "operator", "steering", "tool_results")
-
-
-async def _look_up(outcomes: CallOutcomes, call: InterruptedCall) -> CallOutcome | None:
-    """The resolver's answer; a resolver that fails leaves the default answer."""
-    try:
-        return await outcomes(call)
-    except Exception as exc:  # a lookup must never keep a desk from restoring
-        _log.exception("call_outcome_failed", desk=call.desk, tool=call.tool,
-                       call_id=call.call_id, error=repr(exc))
-        return None
-
-
-_NOT_APPROVED = {
-    "pending": "was waiting for an operator's approval when the daemon stopped",
-    "denied": "was denied by an operator",
-    "timed_out": "timed out waiting for an operator's approval",
-    "cancelled": "had its approval cancelled",
-}
-
-
-def _never_ran(call: ToolUseBlock, approval: str) -> ToolResultBlock:
-    """The result of a held call that was never approved: a held call runs only once
-    approved, so it never ran."""
-    why = _NOT_APPROVED.get(approval, f"was not approved ({approval})")
-    return ToolResultBlock(call.id, (TextBlock(
-        f"Error: the call to {call.name} {why}, so it never ran. Make it again if it is "
-        "still wanted (it will wait for approval again)."),), is_error=True)
-
-
-_DESK_OWN_EVENTS = "desk = ? AND json_extract(data, '$.subagent') IS NULL"
-"""The desk's own events (not its subagents')."""
-
-
-def _interrupted_facts(connection: sqlite3.Connection, desk: str,
-                       calls_message: Message) -> dict[str, tuple[str | None, str | None]]:
-    """What the events tell of each call of ``calls_message``: its turn and approval.
-
-    A call's own ``tool_call`` event, published after the message was made, names its turn.
-    When it was not stored (events are written in batches), the turn is the desk's last real
-    turn (not a subagent's, not the silent memory flush) that started at or before the
-    message was made, since a desk's turns run one at a time; unless that turn ended (a
-    turn whose calls went unanswered never did), which means the start of the right one was
-    lost too: the turn is then unknown rather than guessed.
-    """
-    row = connection.execute(
-        f"SELECT turn FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'turn_start' "
-        "AND turn IS NOT NULL AND NOT COALESCE(json_extract(data, '$.silent'), 0) "
-        "AND at <= ? ORDER BY id DESC LIMIT 1", (desk, calls_message.created_at)).fetchone()
-    turn: str | None = None if row is None else str(row[0])
-    if turn is not None and connection.execute(
-            f"SELECT 1 FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'turn_end' AND turn = ? "
-            "LIMIT 1", (desk, turn)).fetchone() is not None:
-        turn = None
-    facts: dict[str, tuple[str | None, str | None]] = {}
-    for call in calls_message.tool_uses:
-        found = connection.execute(
-            f"SELECT turn FROM events WHERE {_DESK_OWN_EVENTS} AND type = 'tool_call' "
-            "AND json_extract(data, '$.call_id') = ? AND at >= ? AND turn IS NOT NULL "
-            "ORDER BY id DESC LIMIT 1", (desk, call.id, calls_message.created_at)).fetchone()
-        call_turn = turn if found is None else str(found[0])
-        facts[call.id] = (call_turn, _approval(connection, desk, call_turn, call.id))
-    return facts
-
-
-def _approval(connection: sqlite3.Connection, desk: str, turn: str | None,
-              call_id: str) -> str | None:
-    """None when the call was never held; ``pending`` when it still waited; else how its
-    approval was resolved."""
-    if turn is None:
-        return None
-    requested = connection.execute(
-        f"SELECT json_extract(data, '$.approval_id') FROM events WHERE {_DESK_OWN_EVENTS} "
-        "AND turn = ? AND type = 'approval_requested' AND json_extract(data, '$.call_id') = ? "
-        "ORDER BY id DESC LIMIT 1", (desk, turn, call_id)).fetchone()
-    if requested is None:
-        return None
-    resolved = connection.execute(
-        f"SELECT json_extract(data, '$.outcome') FROM events WHERE {_DESK_OWN_EVENTS} "
-        "AND type = 'approval_resolved' AND json_extract(data, '$.approval_id') = ? "
-        "ORDER BY id DESC LIMIT 1", (desk, requested[0])).fetchone()
-    return "pending" if resolved is None or resolved[0] is None else str(resolved[0])
-
-
-def _round_limit_end(connection: sqlite3.Connection, desk: str) -> float | None:
-    """When the desk's last turn ended at its round limit, if its last turn event says so.
-
-    Events are written in batches, so a lost event can only make a finished turn look cut
-    off (a needless notice), never the reverse.
-    """
-    row = connection.execute(
-        "SELECT type, data FROM events WHERE desk = ? AND type IN ('turn_start', 'turn_end') "
-        "AND json_extract(data, '$.subagent') IS NULL "
-        # A silent memory-flush turn stores no messages: only the desk's real turns count.
-        "AND NOT COALESCE(json_extract(data, '$.silent'), 0) ORDER BY id DESC LIMIT 1",
-        (desk,)).fetchone()
-    if row is None or row[0] != "turn_end":
-        return None
-    data = json.loads(row[1])
-    if data.get("stopped") or not data.get("hit_round_limit"):
-        return None
-    return float(data["at"])
-
-
 def _public_message(row: _StoredRow) -> dict[str, Any]:
     text = "\n".join(str(b["text"]) for b in row.blocks if b.get("type") == "text")
     return {"seq": row.seq, "id": row.message_id, "desk": row.desk, "role": row.role,
@@ -1256,7 +1063,8 @@ class DeskConversationStore:
     async def message_appended(self, conversation: Conversation, message: Message) -> None:
         """Writes the message (before the conversation goes on)."""
         stored = await self.store.append_message(
-            self.desk, message, subagent_id=self.subagent_id, parent_call_id=self.parent_call_id)
+            self.desk, message, subagent_id=self.subagent_id, parent_call_id=self.parent_call_id,
+            turn=conversation.turn_id)
         if stored != message.id:
             self._renamed[message.id] = stored
 
