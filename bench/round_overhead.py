@@ -9,7 +9,7 @@ it talks.
 
 The cost is measured *at* each size (the turns after the pre-fill, once the pre-fill's
 garbage is collected), not as a mean over a growing run; the sizes and the two backends are
-measured in turn, repeat after repeat, and each ratio is the median of side-by-side pairs,
+measured turn by turn in turn, and each ratio is the median of side-by-side pairs of turns,
 so that the shared machine's noise weighs on both sides alike. A third line grows one
 conversation from nothing over 100 turns, as a desk's does, and gives the cost in the turns
 around 40 messages and in the last tenth (~800).
@@ -64,7 +64,9 @@ from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
 TOOL_ROUNDS = 3
 TURNS = 5
-REPEATS = 9
+REPEATS = 12
+PLAIN_REPEATS = 5
+"""The plain SDK loop is the reference: a few repeats give its median (it costs ~100x more)."""
 SIZES = (40, 800)
 TICKER_TEXT = "BTC/USDT last 21,034.50 bid 21,034.40 ask 21,034.60 24h +2.31% vol 14,201 BTC"
 
@@ -148,10 +150,13 @@ def _backend(base_url: str, provider: str) -> OpenAICompatibleBackend | Anthropi
 
 
 async def _agent_loop_samples(base_urls: dict[str, str]) -> dict[tuple[str, int], list[float]]:
-    """CPU seconds per model round of AgentLoop, one sample per repeat for each backend
-    (``base_urls``: provider -> its scripted server) and each size. The samples are taken
-    in turn (40 then 800, one backend then the other, repeat after repeat), so that what the
-    shared machine does meanwhile weighs on all of them alike."""
+    """CPU seconds per model round of AgentLoop, one sample per turn for each backend
+    (``base_urls``: provider -> its scripted server) and each size.
+
+    The samples are taken turn by turn in turn (40 then 800, one backend then the other,
+    the backends' order swapped every turn), so that what the shared machine does meanwhile
+    weighs on all of them alike; a conversation is filled again every :data:`TURNS` turns so
+    that it stays near its size."""
     registry = ToolRegistry()
 
     @registry.tool(description="Last price of a market.")
@@ -166,19 +171,24 @@ async def _agent_loop_samples(base_urls: dict[str, str]) -> dict[tuple[str, int]
             loops[provider] = AgentLoop("bench", backend, ToolCallExecutor(registry),
                                         EventBus(), maximum_rounds=10)
         for _ in range(REPEATS):
+            conversations = {}
             for provider, loop in loops.items():
                 for size in SIZES:
                     conversation = Conversation("You run a BTC desk.", _history(size))
                     await loop.run_turn(conversation, Trigger("tick", "warm-up"))
-                    gc.collect()  # the pre-fill's garbage is not the rounds' to pay for
-                    started = time.thread_time()
-                    rounds = 0
-                    for turn in range(TURNS):
-                        result = await loop.run_turn(conversation,
+                    conversations[provider, size] = conversation
+            gc.collect()  # the pre-fill's garbage is not the rounds' to pay for
+            for turn in range(TURNS):
+                order = list(loops.items())
+                if turn % 2:
+                    order.reverse()
+                for size in SIZES:
+                    for provider, loop in order:
+                        started = time.thread_time()
+                        result = await loop.run_turn(conversations[provider, size],
                                                      Trigger("tick", f"move {turn}"))
-                        rounds += result.rounds
-                    samples.setdefault((provider, size), []).append(
-                        (time.thread_time() - started) / rounds)
+                        samples.setdefault((provider, size), []).append(
+                            (time.thread_time() - started) / result.rounds)
     return samples
 
 
@@ -220,7 +230,7 @@ async def _plain_sdk_cpu(base_url: str, size: int) -> float:
         "parameters": TickerArguments.model_json_schema()}}]
     samples = []
     async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0) as client:
-        for _ in range(REPEATS):
+        for _ in range(PLAIN_REPEATS):
             messages = _wire(_history(size))
             rounds = 0
             started = 0.0

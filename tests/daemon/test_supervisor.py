@@ -29,6 +29,7 @@ from tests.scripted_server import (
     server_error,
 )
 from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.daemon.desk import Backoff
@@ -224,3 +225,46 @@ async def test_status_adds_usage_approvals_and_the_account(
                  control.compact("nope"), control.transcript("nope")):
         with pytest.raises(UnknownDeskError):
             await call
+
+
+class _SlowRestoreStore:
+    """A store whose restores wait until the test lets them go on."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+        self.restoring = anyio.Event()
+        self.go_on = anyio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def restore_conversation(self, *args: object, **kwargs: object) -> object:
+        self.restoring.set()
+        await self.go_on.wait()
+        return await self._store.restore_conversation(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+async def test_the_turns_desks_owe_start_once_every_desk_has_restored(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.add(Reply("Here, Ann."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store:
+        # Alpha owes a turn: an operator's message stored before the restart.
+        await store.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
+        alpha = build_desk("alpha", store, scripted_server.base_url, bus)
+        beta = build_desk("beta", store, scripted_server.base_url, bus)
+        slow = _SlowRestoreStore(store)
+        beta.store = slow  # type: ignore[assignment]
+        supervisor = Supervisor([DeskRuntime(alpha), DeskRuntime(beta)], bus, store)
+        async with anyio.create_task_group() as group:
+            group.start_soon(supervisor.run)
+            await slow.restoring.wait()
+            await alpha.ready.wait()
+            await anyio.sleep(0.2)
+            assert scripted_server.requests == []  # alpha waits for beta's restore
+            slow.go_on.set()
+            await wait_for(lambda: alpha.turns == 1)
+            supervisor.shutdown()
+        assert (await store.transcript("alpha"))[-1]["text"] == "Here, Ann."
+        await close_backend(alpha)
+        await close_backend(beta)

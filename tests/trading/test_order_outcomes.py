@@ -196,6 +196,28 @@ async def test_an_order_never_sent_is_told_so_and_safe_to_place_again(
     assert (await paper.fetch_open_orders()) == []
 
 
+async def test_a_cancel_that_took_effect_is_told_canceled_and_one_that_did_not_resting(
+        store: Store, paper: PaperExchange) -> None:
+    transcript = Transcript(store)
+    await transcript.turn()
+    await transcript.calls(("call_1", "place_order", RESTING_BUY))
+    await place(paper, "call_1", RESTING_BUY)
+    await store.append_message(DESK, Message(
+        role="user", kind="tool_results", created_at=transcript.tick(),
+        content=(ToolResultBlock("call_1", (TextBlock("Order P1 rests."),)),)), turn=TURN)
+    await transcript.calls(("call_2", "cancel_order", {"order_id": "P1", "symbol": "BTC/USDT"}))
+    await paper.cancel_order("P1", "BTC/USDT")  # then the daemon was killed
+
+    (result,) = await restored_results(store, paper)
+
+    assert result.text == (
+        "The daemon stopped before this cancel_order call answered. Looked up after the "
+        "restart on paper: order P1 was placed (buy limit 0.01 BTC on BTC/USDT @ 2) and is "
+        "now CANCELED; nothing filled. Nothing more will fill; place a new order if you "
+        "still want one.")
+    assert (await paper.fetch_open_orders()) == []
+
+
 async def test_a_call_held_for_approval_is_told_never_sent(
         store: Store, paper: PaperExchange) -> None:
     transcript = Transcript(store)

@@ -277,6 +277,9 @@ class Desk:
         self.conversation: Conversation | None = None
         self.ready = anyio.Event()
         """Set once the desk restored its conversation (or failed its first try)."""
+        self.start_gate: anyio.Event | None = None
+        """When set by the supervisor: the desk's first turn waits for it (every desk of a
+        restarting daemon restores first, then the turns they owe run)."""
         self.on_turn_start = list(on_turn_start)
         self.on_stop = list(on_stop)
         self.image_preparer = image_preparer or ImagePreparer()
@@ -544,6 +547,8 @@ class Desk:
                 try:
                     await self._restore()
                     self.ready.set()
+                    if self.start_gate is not None:
+                        await self.start_gate.wait()
                     await self._serve()
                 except BackendUnavailableError as exc:
                     await self._failed(exc, paused=True)

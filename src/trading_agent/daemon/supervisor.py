@@ -433,12 +433,18 @@ class Supervisor:
         Args:
             task_status: Told once every desk has restored its conversation.
         """
+        # The desks restore first, then start the turns they owe: restoring many desks on
+        # one core, a desk's turn would slow every other desk's restore (and the daemon is
+        # ready, for systemd, only once all have restored).
+        restored = anyio.Event()
         async with anyio.create_task_group() as group:
             self._group = group
             for runtime in self._runtimes.values():
+                runtime.desk.start_gate = restored
                 group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
             for runtime in self._runtimes.values():
                 await runtime.desk.ready.wait()
+            restored.set()
             for name, service in self.services:
                 group.start_soon(self._keep_running, "*", name, service, name=name)
             task_status.started()

@@ -37,10 +37,15 @@ from trading_agent.trading.exchange import Exchange, Order, client_order_id_for
 from trading_agent.trading.formatting import format_amount, format_price
 from trading_agent.trading.order_journal import OrderIntent, OrderJournal
 
-__all__ = ["PLACE_ORDER", "InterruptedCall", "OrderLookup", "OrderOutcome", "OrderOutcomes"]
+__all__ = ["CANCEL_ORDER", "PLACE_ORDER", "InterruptedCall", "OrderLookup", "OrderOutcome",
+           "OrderOutcomes"]
 
 PLACE_ORDER = "place_order"
-"""The tool whose interrupted calls are looked up."""
+"""The tool whose interrupted calls are looked up by client order id."""
+
+CANCEL_ORDER = "cancel_order"
+"""The tool whose interrupted calls are looked up by the order id they name: a cancel that
+took effect must not read as one that may not have."""
 
 _NOT_APPROVED = {
     "pending": "it was waiting for an operator's approval when the daemon stopped",
@@ -151,6 +156,8 @@ class OrderOutcomes:
         Returns:
             The outcome, looked up; never raises for a failed lookup (it says so instead).
         """
+        if call.tool == CANCEL_ORDER:
+            return await self._cancel_outcome(call)
         if call.tool != PLACE_ORDER or call.turn_id is None:
             return None
         client_id = client_order_id_for(call.desk, call.turn_id, call.call_id)
@@ -191,12 +198,35 @@ class OrderOutcomes:
             return self._never_sent(client_id, call.approval, "there is no order with that id")
         return self._found(client_id, order)
 
+    async def _cancel_outcome(self, call: InterruptedCall) -> OrderOutcome | None:
+        """Whether a cut-off cancel took effect: its order looked up by id. None (the
+        store's default answer) when the call names no order or the lookup fails."""
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            return None
+        order_id = arguments.get("order_id") if isinstance(arguments, dict) else None
+        if not isinstance(order_id, str) or not order_id.strip():
+            return None
+        order: Order | None = None
+        with anyio.move_on_after(self._timeout):
+            try:
+                order = await self._exchange.fetch_order(order_id.strip(),
+                                                         _symbol(call.arguments))
+            except (ExchangeError, StoreError):
+                return None
+        if order is None:
+            return None
+        lead = (f"The daemon stopped before this cancel_order call answered. Looked up after "
+                f"the restart on {self._exchange.name}: ")
+        return self._found(order.client_order_id, order, lead=lead)
+
     def _lead(self, client_id: str) -> str:
         return (f"The daemon stopped before this place_order call answered. Looked up after "
                 f"the restart on {self._exchange.name} by its client order id {client_id}: ")
 
-    def _found(self, client_id: str, order: Order) -> OrderOutcome:
-        lead = self._lead(client_id)
+    def _found(self, client_id: str, order: Order, *, lead: str | None = None) -> OrderOutcome:
+        lead = lead if lead is not None else self._lead(client_id)
         base = order.symbol.partition("/")[0]
         what = f"{order.side} {order.type} {_plain(order.amount)} {base} on {order.symbol}"
         at = f" @ {format_price(order.price)}" if order.price is not None else ""
