@@ -559,47 +559,68 @@ def folder() -> Iterator[Path]:
         yield path
 
 
-@pytest.mark.timeout(300)
-async def test_kill_9_at_20_moments_of_an_order_turn_keeps_transcript_and_books_equal(
-        scripted_server: ScriptedServer, folder: Path) -> None:
-    scripted_server.responder = CarefulTrader()
-    desk = _Desk(scripted_server, folder)
+async def _kill_at_moments(server: ScriptedServer, folder: Path,
+                           moments: Sequence[int]) -> tuple[list[_Kill], float]:
+    """One state directory: a turn timed, then a turn cut by ``kill -9`` at each of
+    ``moments`` (of :data:`MOMENTS` spread over the timed turn) and finished after a
+    restart; the kills with their findings, and the timed turn's length."""
+    server.responder = CarefulTrader()
+    desk = _Desk(server, folder)
     kills: list[_Kill] = []
     try:
         await desk.start()
-        first, opened = len(scripted_server.requests), time.monotonic()
+        first, opened = len(server.requests), time.monotonic()
         await desk.send("Turn 0: buy, rest, cancel, sell.", wait=True)
         duration = time.monotonic() - opened
-        arrivals = [0.0] + [r.received_at - opened for r in scripted_server.requests[first:]]
+        arrivals = [0.0] + [r.received_at - opened for r in server.requests[first:]]
         assert len(arrivals) == 6, f"the plan takes 5 model rounds, not {len(arrivals) - 1}"
         desk.known = _audit(_read(desk.database), desk.sent)
         assert not desk.known, f"the uninterrupted turn breaks the invariants: {desk.known}"
 
-        for index in range(MOMENTS):
-            turn, at = index + 1, index / MOMENTS * duration
+        for turn, index in enumerate(moments, start=1):
+            at = index / MOMENTS * duration
             anchor = max(k for k, arrival in enumerate(arrivals) if arrival <= at)
-            before, base, opened = _read(desk.database), len(scripted_server.requests), \
+            before, base, opened = _read(desk.database), len(server.requests), \
                 time.monotonic()
             await desk.send(f"Turn {turn}: buy, rest, cancel, sell.")
             with anyio.fail_after(20):
-                while len(scripted_server.requests) < base + anchor:  # noqa: ASYNC110
+                while len(server.requests) < base + anchor:  # noqa: ASYNC110
                     await anyio.sleep(0.001)
-            start = opened if anchor == 0 else \
-                scripted_server.requests[base + anchor - 1].received_at
+            start = opened if anchor == 0 else server.requests[base + anchor - 1].received_at
             await anyio.sleep(max(0.0, start + at - arrivals[anchor] - time.monotonic()))
             killed_at = time.monotonic()
             desk.kill()
             books = _read(desk.database)
             kill = _Kill(f"moment {index} ({index}/{MOMENTS} of the turn, {at * 1000:.0f} ms)",
-                         f"{_where(scripted_server.requests[base:], killed_at)}; stored last: "
+                         f"{_where(server.requests[base:], killed_at)}; stored last: "
                          f"{_stored_last(books)}; books: {_changes(before, books) or 'as before'}")
             kills.append(kill)
             kill.findings = await desk.restart_and_audit(turn, kill)
-        await desk.stop(MOMENTS)
+        await desk.stop(len(moments))
     finally:
         desk.close()
-    assert not any(kill.findings for kill in kills), _report(
-        kills, f"the timed turn took {duration * 1000:.0f} ms")
+    return kills, duration
+
+
+@pytest.mark.timeout(300)
+async def test_kill_9_at_20_moments_of_an_order_turn_keeps_transcript_and_books_equal(
+        scripted_server: ScriptedServer) -> None:
+    # Two state directories, each with its own server, take every other moment side by
+    # side: a restart is mostly the daemon's start, and two of them share the two cores.
+    kills: dict[int, tuple[list[_Kill], float]] = {}
+    with ScriptedServer() as other_server, short_dir() as first, short_dir() as second:
+
+        async def lane(number: int, server: ScriptedServer, folder: Path) -> None:
+            kills[number] = await _kill_at_moments(server, folder, range(number, MOMENTS, 2))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(lane, 0, scripted_server, first)
+            group.start_soon(lane, 1, other_server, second)
+    every = sorted([*kills[0][0], *kills[1][0]], key=lambda kill: int(kill.name.split()[1]))
+    assert len(every) == MOMENTS
+    timed = ", ".join(f"{duration * 1000:.0f} ms" for _, duration in kills.values())
+    assert not any(kill.findings for kill in every), _report(
+        every, f"the timed turns took {timed}")
 
 
 @pytest.mark.timeout(120)
