@@ -386,3 +386,34 @@ async def test_risk_refuses_before_any_approval_and_an_order_within_it_waits(
     requested = [e for e in events if e.type == "approval_requested"]
     assert len(requested) == 1 and requested[0].data["approval_id"] == pending["id"]
     scripted_server.assert_complete()
+
+
+async def test_a_held_order_cut_off_at_once_is_told_it_never_ran_and_the_hold_is_stored(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    order = {"symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "0.1"}
+    scripted_server.add(Reply(tool_calls=[ToolCall("place_order", order, id="call_held")]))
+    async with in_process_daemon(_threshold_daemon(state_dir, scripted_server.base_url)) \
+            as running, uds_client(running.endpoints.socket_path) as client:
+        await client.post("/api/desks/alpha/messages", json={"text": "Buy bitcoin."})
+        await _wait_pending(client)
+        response = await client.post("/api/desks/alpha/cancel",
+                                     json={"operator": "ann", "now": True})
+        assert response.status_code == 200
+        store = running.daemon.store
+        with anyio.fail_after(5):
+            while (await store.transcript("alpha"))[-1]["kind"] != "notice":  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        rows = await store.transcript("alpha")
+        turn = await store.turn_of("alpha", rows[-3]["id"])
+        assert turn is not None
+        held = await store.held_calls("alpha", turn)
+        books = await running.daemon.venues["alpha"].exchange.fetch_open_orders()
+    (result,) = rows[-2]["content"]
+    assert result["tool_use_id"] == "call_held"
+    assert result["content"][0]["text"].startswith(
+        "Error: the turn was ended before the call to place_order ran (it was waiting for an "
+        "operator's approval or another check), so it never ran and nothing was done.")
+    # The hold and its end were stored as they happened: a restart would say the same.
+    assert held == {"call_held": "cancelled"}
+    assert books == []
+    scripted_server.assert_complete()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,6 +79,14 @@ class ApprovalHook:
             return Refuse(f"Error: the approval gate failed: {type(exc).__name__}: {exc}; "
                           f"{call.name} was not run.")
         return None if refusal is None else Refuse(refusal)
+
+
+def _never_ran(call: ToolUseBlock) -> ToolResultBlock:
+    """The result of a call the turn was cut during its checks, before it ran."""
+    return ToolResultBlock(tool_use_id=call.id, is_error=True, content=(TextBlock(
+        f"Error: the turn was ended before the call to {call.name} ran (it was waiting for "
+        "an operator's approval or another check), so it never ran and nothing was done. "
+        "Make it again if it is still wanted."),))
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,18 @@ class ToolCallExecutor:
         events.publish(ToolCallStarted(desk=context.desk, turn=context.turn, call_id=call.id,
                                        name=call.name, arguments=call.arguments))
         started = time.monotonic()
-        output = await self._output_of(call, context, gated)
+        ran = False
+
+        def running() -> None:
+            nonlocal ran
+            ran = True
+
+        try:
+            output = await self._output_of(call, context, gated, running)
+        except BaseException:
+            if not ran:  # cancelled while a check held it (the approval gate): it never ran
+                finished[call.id] = ExecutedCall(_never_ran(call))
+            raise
         images, refusals = await self._sized(output.images)
         text = "\n".join([output.text, *refusals])
         content: tuple[TextBlock | ImageBlock, ...] = (TextBlock(text), *images)
@@ -171,7 +190,7 @@ class ToolCallExecutor:
         return sized, refusals
 
     async def _output_of(self, call: ToolUseBlock, context: ToolContext,
-                         hooks: HookRunner) -> ToolOutput:
+                         hooks: HookRunner, running: Callable[[], None]) -> ToolOutput:
         tool = self.tool_registry.get(call.name)
         if tool is None:
             known = ", ".join(self.tool_registry.names) or "none"
@@ -189,6 +208,7 @@ class ToolCallExecutor:
         if isinstance(decided, Refuse):
             return ToolOutput(text=decided.reason, is_error=True, refused_limit=decided.limit)
         arguments = decided
+        running()
         return await self._run_with_deadline(tool, arguments, context)
 
     async def _run_with_deadline(self, tool: Tool, arguments: BaseModel,
