@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +77,21 @@ server.stop()
 """
 
 
+@contextmanager
+def scripted_model(latency: float = MODEL_LATENCY) -> Iterator[str]:
+    """The scripted OpenAI-compatible server in a process of its own (so its work is not
+    the desks'), answering every request after ``latency`` seconds; yields its base URL."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER.format(root=str(ROOT), latency=latency)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdin is not None
+    try:
+        yield server.stdout.readline().strip()
+    finally:
+        server.stdin.close()
+        server.wait(10)
+
+
 @dataclass
 class Figures:
     """One N's results."""
@@ -94,12 +111,13 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend) -> Desk:
+def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend, *,
+               context_window: int = 32_000) -> Desk:
     """A desk built as the daemon's wiring builds one (no trading tools: no exchange); like
     the wiring, desks on the same model share its backend."""
     mailbox = Mailbox()
     loop = AgentLoop(name, backend, ToolCallExecutor(ToolRegistry()), bus, maximum_rounds=8,
-                     compressor=ContextCompressor(32_000), steering_inbox=mailbox)
+                     compressor=ContextCompressor(context_window), steering_inbox=mailbox)
     loop.retry_policy = RetryPolicy(max_retries=2, base_delay=0.05)
     return Desk(DeskProfile(name, model=backend.model), loop, f"You are the desk {name}.",
                 store, mailbox=mailbox, event_bus=bus)
@@ -181,19 +199,11 @@ def main() -> None:
     print(f"model latency {MODEL_LATENCY * 1000:.0f} ms (scripted server in its own process); "
           f"{args.rounds} rounds of all desks triggered at once; store in "
           f"{args.state_dir or tempfile.gettempdir()}")
-    server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER.format(root=str(ROOT), latency=MODEL_LATENCY)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None and server.stdin is not None
-    base_url = server.stdout.readline().strip()
-    try:
-        with tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:
-            reference = anyio.run(measure, 1, args.rounds * 3, base_url, Path(folder))
-            results = [anyio.run(measure, n, args.rounds, base_url, Path(folder))
-                       for n in args.desks]
-    finally:
-        server.stdin.close()
-        server.wait(10)
+    with scripted_model() as base_url, \
+            tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:
+        reference = anyio.run(measure, 1, args.rounds * 3, base_url, Path(folder))
+        results = [anyio.run(measure, n, args.rounds, base_url, Path(folder))
+                   for n in args.desks]
     print(f"{'desks':>7} {'memory/desk':>12} {'RSS/desk':>9} {'turns/s':>8} {'bound':>7} "
           f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9}")
     for figures in [reference, *results]:

@@ -58,8 +58,6 @@ import shutil
 import sqlite3
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -72,8 +70,7 @@ from pathlib import Path
 import anyio
 import structlog
 
-from trading_agent.agent.agent_loop import AgentLoop
-from trading_agent.agent.context_compressor import ContextCompressor
+from desks_scale import build_desk, scripted_model  # the same desks and model server
 from trading_agent.agent.conversation import (
     ContentBlock,
     Conversation,
@@ -94,16 +91,11 @@ from trading_agent.agent.events import (
     TurnStarted,
     UsageReported,
 )
-from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.steering_inbox import SteeringMessage
-from trading_agent.agent.tool_call_executor import ToolCallExecutor
-from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.blocking import blocking_inline
-from trading_agent.daemon.desk import Desk, DeskProfile
-from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
 from trading_agent.store.store import Store, database_path
 from trading_agent.tools.charts import render_chart_png
@@ -116,7 +108,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CANDLES_CSV = ROOT / "src" / "trading_agent" / "data" / "BTC_USDT-5m.csv"
 SYMBOL = "BTC/USDT"
 BAR_SECONDS = 2.0
-MODEL_LATENCY = 0.05
 CONTEXT_WINDOW = 1_000_000
 """Large enough that a resumed turn never compacts first: what is timed is the restore, not
 a summary the model would write."""
@@ -129,17 +120,6 @@ _FIRST_CANDLE = 300
 """The replay's first candle for a desk: a day of candles before it (the 24h change)."""
 _EVENT_BATCH = 500
 """Events written at a time, as the store's subscription writes them."""
-
-_SERVER = """
-import sys
-sys.path.insert(0, {root!r})
-from tests.scripted_server import Reply, ScriptedServer
-server = ScriptedServer(responder=lambda request: Reply("Noted; nothing to do.", delay={latency}))
-server.start()
-print(server.base_url, flush=True)
-sys.stdin.read()
-server.stop()
-"""
 
 # --------------------------------------------------------------------------- the data
 
@@ -573,16 +553,6 @@ class Restore:
     turns_owed: int
 
 
-def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend) -> Desk:
-    """A desk built as the daemon's wiring builds one (no trading tools: no exchange)."""
-    mailbox = Mailbox()
-    loop = AgentLoop(name, backend, ToolCallExecutor(ToolRegistry()), bus, maximum_rounds=8,
-                     compressor=ContextCompressor(CONTEXT_WINDOW), steering_inbox=mailbox)
-    loop.retry_policy = RetryPolicy(max_retries=2, base_delay=0.05)
-    return Desk(DeskProfile(name, model=backend.model), loop, f"You are the desk {name}.",
-                store, mailbox=mailbox, event_bus=bus)
-
-
 async def restore(path: Path, desks: int, base_url: str) -> Restore:
     """Starts the desks on the file as a restarting daemon does, until every one is ready."""
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -592,7 +562,8 @@ async def restore(path: Path, desks: int, base_url: str) -> Restore:
     recorded = bus.subscribe("store", max_buffer=50_000)
     backend = OpenAICompatibleBackend(OpenAIBackendConfig(
         base_url=base_url, model="scripted-model", context_window=CONTEXT_WINDOW))
-    started_desks = [build_desk(desk_name(i), store, bus, backend) for i in range(desks)]
+    started_desks = [build_desk(desk_name(i), store, bus, backend,
+                                 context_window=CONTEXT_WINDOW) for i in range(desks)]
     supervisor = Supervisor([DeskRuntime(desk) for desk in started_desks], bus, store)
     async with anyio.create_task_group() as group:
         group.start_soon(store.persist_events, recorded)
@@ -763,34 +734,26 @@ def main() -> None:
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
           f"load average {load}", flush=True)
-    server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER.format(root=str(ROOT), latency=MODEL_LATENCY)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None and server.stdin is not None
-    base_url = server.stdout.readline().strip()
     profiled = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="restart-", dir=args.state_dir) as copies, \
-                tempfile.TemporaryDirectory(prefix="restart-", dir=args.build_dir) as building:
-            folder, built_path = Path(copies), Path(building) / "built.sqlite3"
-            candles = load_candles_csv(CANDLES_CSV, SYMBOL)
-            shape = Shape(args.desks, args.messages, args.compacted)
-            built = anyio.run(build_store, built_path, shape, candles, render_charts(candles))
-            print(f"store: {built_path.stat().st_size / 2**20:.0f} MiB, built in "
-                  f"{built.seconds:.1f} s (not timed), restored from copies in {folder}: "
-                  f"{args.desks} desks, {built.messages:,} messages, {built.window:,} of them "
-                  f"after the latest compaction ({built.window / args.desks:.0f} a desk), "
-                  f"{built.compactions} compactions, {built.pictures} pictures, "
-                  f"{built.events:,} events; {built.cut_off} desks cut off mid-turn, "
-                  f"{built.pending} operator messages undelivered", flush=True)
-            runs = [measure_run(built_path, folder, number, args.desks, base_url,
-                                cold=number == 0) for number in range(args.repeats + 1)]
-            if args.profile:
-                path = fresh_copy(built_path, folder, args.repeats + 1)
-                profiled = profile_restore(path, args.desks, base_url, top=30)
-    finally:
-        server.stdin.close()
-        server.wait(10)
+    with scripted_model() as base_url, \
+            tempfile.TemporaryDirectory(prefix="restart-", dir=args.state_dir) as copies, \
+            tempfile.TemporaryDirectory(prefix="restart-", dir=args.build_dir) as building:
+        folder, built_path = Path(copies), Path(building) / "built.sqlite3"
+        candles = load_candles_csv(CANDLES_CSV, SYMBOL)
+        shape = Shape(args.desks, args.messages, args.compacted)
+        built = anyio.run(build_store, built_path, shape, candles, render_charts(candles))
+        print(f"store: {built_path.stat().st_size / 2**20:.0f} MiB, built in "
+              f"{built.seconds:.1f} s (not timed), restored from copies in {folder}: "
+              f"{args.desks} desks, {built.messages:,} messages, {built.window:,} of them "
+              f"after the latest compaction ({built.window / args.desks:.0f} a desk), "
+              f"{built.compactions} compactions, {built.pictures} pictures, "
+              f"{built.events:,} events; {built.cut_off} desks cut off mid-turn, "
+              f"{built.pending} operator messages undelivered", flush=True)
+        runs = [measure_run(built_path, folder, number, args.desks, base_url,
+                            cold=number == 0) for number in range(args.repeats + 1)]
+        if args.profile:
+            path = fresh_copy(built_path, folder, args.repeats + 1)
+            profiled = profile_restore(path, args.desks, base_url, top=30)
     report(runs, args.desks, args.messages, profiled)
 
 

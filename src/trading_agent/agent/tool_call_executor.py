@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,18 +151,7 @@ class ToolCallExecutor:
         events.publish(ToolCallStarted(desk=context.desk, turn=context.turn, call_id=call.id,
                                        name=call.name, arguments=call.arguments))
         started = time.monotonic()
-        ran = False
-
-        def running() -> None:
-            nonlocal ran
-            ran = True
-
-        try:
-            output = await self._output_of(call, context, gated, running)
-        except BaseException:
-            if not ran:  # cancelled while a check held it (the approval gate): it never ran
-                finished[call.id] = ExecutedCall(_never_ran(call))
-            raise
+        output = await self._output_of(call, context, gated, finished)
         images, refusals = await self._sized(output.images)
         text = "\n".join([output.text, *refusals])
         content: tuple[TextBlock | ImageBlock, ...] = (TextBlock(text), *images)
@@ -190,7 +179,7 @@ class ToolCallExecutor:
         return sized, refusals
 
     async def _output_of(self, call: ToolUseBlock, context: ToolContext,
-                         hooks: HookRunner, running: Callable[[], None]) -> ToolOutput:
+                         hooks: HookRunner, finished: dict[str, ExecutedCall]) -> ToolOutput:
         tool = self.tool_registry.get(call.name)
         if tool is None:
             known = ", ".join(self.tool_registry.names) or "none"
@@ -204,11 +193,14 @@ class ToolCallExecutor:
             arguments = tool.arguments.model_validate(raw)
         except ValidationError as exc:
             return _error(f"Error: invalid arguments for {call.name}: {_describe(exc)}")
-        decided = await hooks.before_tool_call(tool, call, arguments, context)
+        try:
+            decided = await hooks.before_tool_call(tool, call, arguments, context)
+        except BaseException:  # cancelled while a check held it (the approval gate)
+            finished[call.id] = ExecutedCall(_never_ran(call))
+            raise
         if isinstance(decided, Refuse):
             return ToolOutput(text=decided.reason, is_error=True, refused_limit=decided.limit)
         arguments = decided
-        running()
         return await self._run_with_deadline(tool, arguments, context)
 
     async def _run_with_deadline(self, tool: Tool, arguments: BaseModel,

@@ -269,6 +269,7 @@ class _File:
         self._committing = anyio.Lock()
         self._batch_ended = anyio.Event()
         self.users = 0
+        self._migrated: set[tuple[str, int]] = set()
         self.commits = 0
         self.writes = 0
 
@@ -294,7 +295,12 @@ class _File:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
 
     async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
+        # Every desk opens the same components: each schema is checked once per file.
+        newest = (component, max((version for version, _ in migrations), default=0))
+        if newest in self._migrated:
+            return
         await self._writer.run(lambda connection: _migrate(connection, migrations, component))
+        self._migrated.add(newest)
 
     async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
         """See :meth:`Database.write`."""

@@ -196,20 +196,8 @@ class SqlitePaperBooks:
 
     async def commit(self, changes: LedgerChanges, *,
                      new_client_order_id: str | None = None) -> bool:
-        """Writes ``changes`` in one transaction.
-
-        Args:
-            changes: What to write.
-            new_client_order_id: The client order id of the new order among ``changes``,
-                if any: when the account already has an order with that id, nothing is
-                written and the result is False.
-
-        Returns:
-            True once written.
-
-        Raises:
-            StoreError: SQLite failed; nothing was written.
-        """
+        """Writes ``changes`` in one transaction (a savepoint of the group commit): see
+        :meth:`PaperBooks.commit <trading_agent.trading.ledger.PaperBooks.commit>`."""
 
         def write(connection: sqlite3.Connection) -> bool:
             try:
