@@ -43,7 +43,7 @@ PAPER = PaperExchangeConfig(starting_balances={"USDT": D("10000000")})
 # Generous limits: every check runs, none refuses.
 LIMITS = RiskLimits(allowed_symbols=["BTC/USDT"], max_order_notional=D("1000000"),
                     max_position_notional=D("100000000"), max_open_orders=1000,
-                    max_orders_per_hour=10**9, max_daily_loss=D("100000000"))
+                    max_orders_per_hour=1_000_000, max_daily_loss=D("100000000"))
 
 
 def _orders(count: int) -> list[OrderRequest]:
