@@ -3,16 +3,12 @@ store written before they existed."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, date, datetime
-from pathlib import Path
-
-import anyio
 
 from tests.store.conftest import FakeClock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import UsageReported
-from trading_agent.store import Store
+from trading_agent.store import Store, StoreTarget
 from trading_agent.store.database import Database
 from trading_agent.store.schema import COMPONENT, MIGRATIONS
 
@@ -50,16 +46,15 @@ async def test_cached_tokens_add_up_per_desk_and_give_the_share(store: Store,
 
 
 async def test_a_store_from_before_cached_tokens_is_migrated_and_keeps_its_days(
-        db_path: Path) -> None:
-    path = db_path
+        target: StoreTarget) -> None:
     # The store as the previous release left it: schema version 1 and a day of usage.
-    old = await Database.open(path, MIGRATIONS[:1], COMPONENT)
+    old = await Database.open(target, MIGRATIONS[:1], COMPONENT)
     await old.write(lambda connection: connection.execute(
         "INSERT INTO daily_usage (desk, day, requests, input_tokens, output_tokens, cost) "
         "VALUES ('alpha', '2025-06-01', 7, 9000, 700, 0.5)"))
     await old.close()
 
-    store = await Store.open(path)
+    store = await Store.open(target)
     try:
         before = await store.usage_on("alpha", date(2025, 6, 1))
         assert (before.requests, before.input_tokens, before.output_tokens, before.cost,
@@ -71,20 +66,18 @@ async def test_a_store_from_before_cached_tokens_is_migrated_and_keeps_its_days(
     finally:
         await store.close()
 
-    def versions() -> list[tuple[str, int]]:
-        connection = sqlite3.connect(path)
-        try:
-            return connection.execute("SELECT component, version FROM schema_migrations "
-                                      "WHERE component = 'store' ORDER BY version").fetchall()
-        finally:
-            connection.close()
-
-    assert await anyio.to_thread.run_sync(versions) == [
-        ("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5), ("store", 6)]
+    assert await _versions(target) == [("store", version) for version in range(1, 7)]
     # Opened again, nothing is applied twice.
-    again = await Store.open(path)
+    again = await Store.open(target)
     await again.close()
-    assert await anyio.to_thread.run_sync(versions) == [
-        ("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5), ("store", 6)]
+    assert await _versions(target) == [("store", version) for version in range(1, 7)]
+
+
+async def _versions(target: StoreTarget) -> list[tuple[str, int]]:
+    database = await Database.open(target)
+    try:
+        return await database.read(lambda connection: [tuple(row) for row in connection.execute(
+            "SELECT component, version FROM schema_migrations WHERE component = 'store' "
+            "ORDER BY version")])
+    finally:
+        await database.close()

@@ -17,7 +17,8 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     repair,
 )
-from trading_agent.store import INTERRUPTED_NOTICE, Store
+from trading_agent.store import INTERRUPTED_NOTICE, Store, StoreTarget
+from trading_agent.store.database import Database
 from trading_agent.tools.delegate import SubagentLink
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"chart-bytes" * 10
@@ -41,7 +42,7 @@ def _answer(text: str = "Holding.") -> Message:
 
 async def _reopen(store: Store, clock: FakeClock) -> Store:
     await store.close()
-    return await Store.open(store.path, clock=clock)
+    return await Store.open(store.target, clock=clock)
 
 
 def _same(a: Message, b: Message) -> bool:
@@ -294,24 +295,32 @@ async def test_a_subagents_messages_are_linked_to_the_parent_call(store: Store) 
     assert restored.messages[0].text == "desk message"
 
 
-async def test_the_file_is_in_wal_mode_with_a_migrations_table(
-        store: Store, db_path: Path) -> None:
-    def inspect() -> tuple[str, list[tuple[str, int]]]:
-        connection = sqlite3.connect(db_path)
-        try:
-            mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
-            versions = connection.execute(
-                "SELECT component, version FROM schema_migrations").fetchall()
-            return mode, versions
-        finally:
-            connection.close()
+async def test_the_file_is_in_wal_mode(db_path: Path) -> None:
+    async with await Store.open(db_path):
+        def mode() -> str:
+            connection = sqlite3.connect(db_path)
+            try:
+                return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+            finally:
+                connection.close()
 
-    assert await anyio.to_thread.run_sync(inspect) == (
-        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5), ("store", 6)])
+        assert await anyio.to_thread.run_sync(mode) == "wal"
+
+
+async def test_the_migrations_are_recorded_and_applied_once(target: StoreTarget) -> None:
+    async def versions() -> list[tuple[str, int]]:
+        database = await Database.open(target)
+        try:
+            return await database.read(lambda connection: [tuple(row) for row in
+                                                           connection.execute(
+                "SELECT component, version FROM schema_migrations ORDER BY version")])
+        finally:
+            await database.close()
+
+    async with await Store.open(target):
+        pass
+    assert await versions() == [("store", version) for version in range(1, 7)]
     # Opening again applies nothing twice.
-    again = await Store.open(db_path)
-    await again.close()
-    assert await anyio.to_thread.run_sync(inspect) == (
-        "wal", [("store", 1), ("store", 2), ("store", 3), ("store", 4),
-        ("store", 5), ("store", 6)])
+    async with await Store.open(target):
+        pass
+    assert await versions() == [("store", version) for version in range(1, 7)]

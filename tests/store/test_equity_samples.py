@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import pytest
 
 from tests.store.conftest import FakeClock
-from trading_agent.store import Store
+from trading_agent.store import Store, StoreTarget
 from trading_agent.store.database import Database
 from trading_agent.store.schema import COMPONENT, MIGRATIONS
 
 
 async def test_samples_are_kept_per_desk_in_time_order_across_a_reopen(
-        store: Store, db_path: Path, clock: FakeClock) -> None:
+        store: Store, target: StoreTarget, clock: FakeClock) -> None:
     await store.record_equity_sample("alpha", 10_000.0)  # now, from the store's clock
     await store.record_equity_sample("beta", 5_000.0, at=clock.now + 1)
     await store.record_equity_sample("alpha", 9_999.17, at=clock.now + 60)
@@ -28,7 +27,7 @@ async def test_samples_are_kept_per_desk_in_time_order_across_a_reopen(
     assert await store.equity_samples("gamma") == []
 
     await store.close()
-    async with await Store.open(db_path) as again:
+    async with await Store.open(target) as again:
         assert await again.equity_samples("alpha") == expected
 
 
@@ -63,15 +62,15 @@ async def test_a_sample_that_is_no_number_is_refused_with_the_desk_named(
     assert await store.equity_samples("alpha") == []
 
 
-async def test_a_store_from_before_equity_samples_is_migrated(db_path: Path) -> None:
+async def test_a_store_from_before_equity_samples_is_migrated(target: StoreTarget) -> None:
     # The store as the previous release left it: schema version 3, a desk on hold.
-    old = await Database.open(db_path, MIGRATIONS[:3], COMPONENT)
+    old = await Database.open(target, MIGRATIONS[:3], COMPONENT)
     await old.write(lambda connection: connection.execute(
         "INSERT INTO desk_holds (desk, held_by, reason, held_at, until) "
         "VALUES ('alpha', 'erin', 'FOMC', 1.0, NULL)"))
     await old.close()
 
-    async with await Store.open(db_path) as store:
+    async with await Store.open(target) as store:
         hold = await store.desk_hold("alpha")
         assert hold is not None and hold.reason == "FOMC"
         await store.record_equity_sample("alpha", 10_000.0, at=5.0)

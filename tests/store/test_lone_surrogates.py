@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterable
-from pathlib import Path
 
 import anyio
 
@@ -13,7 +12,7 @@ from tests.store.test_records import wait_until
 from trading_agent.agent.conversation import Message, TextBlock, ToolResultBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent, Event, TurnStarted
-from trading_agent.store import Store
+from trading_agent.store import Store, StoreTarget
 from trading_agent.store.store import DEFAULT_SKIPPED_EVENTS
 
 HALF_EMOJI = "\ud83d"
@@ -66,8 +65,8 @@ class _BrokenStore(Store):
 
 
 async def test_an_unexpected_error_in_a_batch_is_counted_and_the_persister_goes_on(
-        db_path: Path) -> None:
-    store = await _BrokenStore.open(db_path)
+        target: StoreTarget) -> None:
+    store = await _BrokenStore.open(target)
 
     async def sleep(seconds: float) -> None:
         pass

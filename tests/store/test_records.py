@@ -6,7 +6,6 @@ import dataclasses
 import functools
 from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, date, datetime
-from pathlib import Path
 
 import anyio
 import pytest
@@ -25,7 +24,7 @@ from trading_agent.agent.events import (
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.errors import StoreError
-from trading_agent.store import Store
+from trading_agent.store import Store, StoreTarget
 from trading_agent.store.store import DEFAULT_SKIPPED_EVENTS
 
 DAY_ONE = datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp()
@@ -120,7 +119,7 @@ async def test_an_operator_message_is_kept_until_its_message_is_appended(
 
     # The daemon stops before delivering them; on restart both come back, in order, whole.
     await store.close()
-    store = await Store.open(store.path, clock=clock)
+    store = await Store.open(store.target, clock=clock)
     try:
         waiting = await store.undelivered_operator_messages("alpha")
         assert [(m.id, m.text, m.source, m.queued_at) for m in waiting] == [
@@ -176,8 +175,8 @@ class _FailingStore(Store):
 @pytest.mark.parametrize(("failures", "stored", "dropped"), [(1, ["0", "1"], 0),
                                                              (2, ["1"], 1)])
 async def test_a_batch_the_store_refuses_is_retried_once_then_dropped_and_counted(
-        db_path: Path, failures: int, stored: list[str], dropped: int) -> None:
-    store = await _FailingStore.open(db_path)
+        target: StoreTarget, failures: int, stored: list[str], dropped: int) -> None:
+    store = await _FailingStore.open(target)
     store.failures = failures
     waits: list[float] = []
 

@@ -1,9 +1,14 @@
-"""The daemon's SQLite store: conversations, events, operator messages, schedules, usage.
+"""The daemon's store: conversations, events, operator messages, schedules, usage, and the
+trading layer's books and journals; in a SQLite file, or on PostgreSQL for a fleet.
 
-See :mod:`trading_agent.store.store` for how the daemon uses it, and
-:mod:`trading_agent.store.database` for why it commits with ``synchronous=FULL``.
+See :mod:`trading_agent.store.store` for how the daemon uses it,
+:mod:`trading_agent.store.database` for the one writer and its group commit,
+:mod:`trading_agent.store.connection` for the SQL both engines speak, and
+:mod:`trading_agent.store.fencing` for how a daemon that lost a desk is kept from writing.
 """
 
+from trading_agent.store.connection import Connection
+from trading_agent.store.fencing import Fence, FencedError
 from trading_agent.store.store import (
     DATABASE_NAME,
     DEFAULT_SKIPPED_EVENTS,
@@ -14,14 +19,20 @@ from trading_agent.store.store import (
     SubagentOrigin,
     database_path,
 )
+from trading_agent.store.targets import PostgresTarget, StoreTarget
 
 __all__ = [
     "DATABASE_NAME",
     "DEFAULT_SKIPPED_EVENTS",
     "INTERRUPTED_NOTICE",
+    "Connection",
     "DailyUsage",
     "DeskConversationStore",
+    "Fence",
+    "FencedError",
+    "PostgresTarget",
     "Store",
+    "StoreTarget",
     "SubagentOrigin",
     "database_path",
 ]

@@ -1,205 +1,101 @@
-"""The store's SQLite file: one writer connection, one reader, migrations, off the event loop.
+"""The store's database: one writer connection, one reader, group commit, migrations, off
+the event loop; on a SQLite file (the embedded default) or on PostgreSQL (a fleet).
 
-Why ``synchronous=FULL``: in WAL mode ``NORMAL`` never corrupts the file, but a power cut
-may lose the last commits. The store promises an operator that a message is kept *before*
-it says so, and it keeps the record of orders and fills; a promise that a power cut can
-take back is not one. ``FULL`` costs one fsync per commit.
+:meth:`Database.open` chooses the engine by its target: a path is a SQLite file
+(:mod:`~trading_agent.store.sqlite_engine`, where ``synchronous=FULL`` is explained), a
+:class:`~trading_agent.store.targets.PostgresTarget` a PostgreSQL database
+(:mod:`~trading_agent.store.postgres_engine`). What differs between them stays behind
+:class:`~trading_agent.store.engine.Engine`; the calls are handed a
+:class:`~trading_agent.store.connection.Connection` and run the same SQL on both.
 
-Group commit: so that the fsync is paid per *batch* rather than per write, the writes
-queued while a commit is under way are run together, in one transaction, each in a
-savepoint of its own, and committed with one fsync. A caller is released only once the
-commit that holds its write has returned, so "the await returned" still means "it is on
-disk"; a write that fails rolls back to its savepoint and raises to its own caller only.
-Hundreds of desks starting their turns at once thus cost a few commits, not hundreds.
+Group commit: so that the commit's fsync is paid per *batch* rather than per write, the
+writes queued while a commit is under way are run together, in one transaction, each in a
+savepoint of its own, and committed at once. A caller is released only once the commit that
+holds its write has returned, so "the await returned" still means "it is on disk"; a write
+that fails rolls back to its savepoint and raises to its own caller only. Hundreds of desks
+starting their turns at once thus cost a few commits, not hundreds.
 
 Each connection runs one call at a time in a worker thread (``anyio.to_thread``; inline in a
-backtest, see :mod:`trading_agent.blocking`). A write
-that is cancelled once its batch has started still runs to its end (the thread is never
-abandoned), so a transaction is never cut in half; one cancelled while still queued is
-dropped. Writes take the write lock up front (``BEGIN IMMEDIATE``), so a second process or
-component writing the same file waits (``busy_timeout``) instead of failing half-way.
+backtest, see :mod:`trading_agent.blocking`). A write that is cancelled once its batch has
+started still runs to its end (the thread is never abandoned), so a transaction is never cut
+in half; one cancelled while still queued is dropped.
 
-One writer per file: every part of the daemon's state (transcripts, events, the paper
-books, the order and risk journals, the kill switch, the desks' notes) lives in one file, and
-:meth:`Database.open` hands every caller in a process (per event loop) the same open
-``Database`` for it, counted, so they share one writer, one group commit and one durability.
-Each part brings its own schema as a *component* with its own numbered migrations
-(:meth:`Database.migrate`), recorded in ``schema_migrations``.
+One writer per database: every part of the daemon's state (transcripts, events, the paper
+books, the order and risk journals, the kill switch, the desks' notes) lives in one
+database, and :meth:`Database.open` hands every caller in a process (per event loop) the
+same connections for it, counted, so they share one writer, one group commit and one
+durability. Each part brings its own schema as a *component* with its own numbered
+migrations (:meth:`Database.migrate`), recorded in ``schema_migrations``.
 
-Who may read it: the file is created 0600 (SQLite gives its ``-wal`` and ``-shm`` files the
-mode of the file itself), and :func:`prepare_state_directory` makes the daemon's state
-directory 0700: the conversations, orders and balances are the operator's alone.
+Fencing: a hold opened with a :class:`~trading_agent.store.fencing.Fence` checks it first,
+inside the write's savepoint, for every write that names its desk (``write(call,
+desk=...)``): a daemon that lost the desk's lease changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sqlite3
-import stat
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
-import structlog
 
 from trading_agent.blocking import run_blocking
-from trading_agent.errors import ConfigError, StoreError
+from trading_agent.errors import StoreError
+from trading_agent.store.connection import Connection
+from trading_agent.store.engine import Engine, Migration, Session, migrate, run_batch
+from trading_agent.store.fencing import Fence
+from trading_agent.store.postgres_engine import PostgresEngine
+from trading_agent.store.sqlite_engine import MEMORY, SqliteEngine, prepare_state_directory
+from trading_agent.store.targets import PostgresTarget, StoreTarget
 
-__all__ = ["Database", "Migration", "prepare_state_directory", "transaction"]
+__all__ = ["Database", "Migration", "prepare_state_directory"]
 
 T = TypeVar("T")
 
-Migration = tuple[int, Sequence[str]]
-"""A schema version and the statements that bring the schema to it."""
-
-_BUSY_TIMEOUT_MS = 10_000
-
 _MAX_BATCH = 1000
-"""The most writes committed together: a batch holds the file's write lock, which another
-process on the file (a ``check-config``, a script) waits for."""
-
-_MEMORY = ":memory:"
-"""A database of its own that lives as long as its connection (tests, what-if runs): its
-reads go through the writer, as a second connection would see another database."""
-
-_PRIVATE_DIRECTORY = 0o700
-_PRIVATE_FILE = 0o600
-
-_log = structlog.get_logger(__name__)
+"""The most writes committed together: a batch holds the write lock (SQLite's file lock, or
+PostgreSQL's row locks), which another process waits for."""
 
 
-def prepare_state_directory(folder: Path) -> None:
-    """Creates the daemon's state directory for its owner alone (0700); when it exists with
-    more open permissions (made before this rule, or by hand), closes it and the files in
-    it (0600), and logs what it changed.
-
-    Args:
-        folder: The state directory.
-
-    Raises:
-        ConfigError: The directory cannot be created (a file is in the way, no permission,
-            a read-only file system), naming it and the system's reason.
-    """
-    try:
-        folder.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
-    except OSError as exc:
-        reason = ("it exists and is not a directory" if isinstance(exc, FileExistsError)
-                  else exc.strerror or str(exc))
-        raise ConfigError(f"cannot create the state directory {folder}: {reason}") from exc
-    try:
-        entries = _entries(folder)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the state directory {folder}: "
-                          f"{exc.strerror or exc}") from exc
-    tightened = [path for path, mode in entries if _tighten(path, mode)]
-    if tightened:
-        _log.warning("state_permissions_tightened", state_dir=str(folder),
-                     paths=[str(path) for path in tightened],
-                     reason="group and others could read the daemon's state")
+def _called(call: Callable[[Session], T], session: Session) -> T:
+    session.ready()
+    return call(session)
 
 
-def _entries(folder: Path) -> list[tuple[Path, int]]:
-    """The folder and the files (sockets included) directly in it, with their modes; not
-    what a symbolic link points to."""
-    found = [(folder, folder.stat().st_mode)]
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            mode = entry.stat(follow_symlinks=False).st_mode
-            if stat.S_ISREG(mode) or stat.S_ISSOCK(mode):
-                found.append((Path(entry.path), mode))
-    return found
+class _Link:
+    """A session used by one call at a time, in a worker thread."""
 
-
-def _tighten(path: Path, mode: int) -> bool:
-    """Takes group's and others' permissions off ``path``; whether it changed anything."""
-    if not stat.S_IMODE(mode) & 0o077:
-        return False
-    wanted = _PRIVATE_DIRECTORY if stat.S_ISDIR(mode) else _PRIVATE_FILE
-    try:
-        os.chmod(path, wanted)
-    except OSError as exc:  # another user's file: say so, and run anyway
-        _log.warning("state_permissions_not_tightened", path=str(path),
-                     mode=oct(stat.S_IMODE(mode)), error=exc.strerror or str(exc))
-        return False
-    return True
-
-
-def _create_private(path: Path) -> None:
-    """Creates the SQLite file empty and 0600 when missing (SQLite would make it 0644 less
-    the umask, and its ``-wal`` and ``-shm`` files take the file's mode)."""
-    if not os.path.lexists(path):
-        os.close(os.open(path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, _PRIVATE_FILE))
-
-
-@contextmanager
-def transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, holding the write lock from its start.
-
-    Args:
-        connection: A connection in autocommit mode (``isolation_level=None``).
-
-    Yields:
-        The connection.
-    """
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        yield connection
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
-
-
-def _connect(path: Path | str, *, read_only: bool) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                 timeout=_BUSY_TIMEOUT_MS / 1000)
-    connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-    if read_only:
-        connection.execute("PRAGMA query_only=ON")
-    else:
-        mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal" and str(path) != _MEMORY:
-            raise StoreError(f"{path}: SQLite refused WAL mode (journal mode {mode})")
-        connection.execute("PRAGMA synchronous=FULL")
-        connection.execute("PRAGMA foreign_keys=ON")
-    return connection
-
-
-class _Connection:
-    """A connection used by one call at a time, in a worker thread."""
-
-    def __init__(self, path: Path | str, connection: sqlite3.Connection) -> None:
-        self._path = path
-        self._connection = connection
+    def __init__(self, engine: Engine, session: Session) -> None:
+        self._engine = engine
+        self._session = session
         self._lock = anyio.Lock()
         self._closed = False
 
-    async def run(self, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def run(self, call: Callable[[Session], T]) -> T:
         async with self._lock:
             if self._closed:
-                raise StoreError(f"the store {self._path} is closed")
+                raise StoreError(f"the store {self._engine.name} is closed")
             try:
-                return await run_blocking(call, self._connection)
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self._path}: {exc}") from exc
+                return await run_blocking(partial(_called, call), self._session)
+            except self._engine.errors as exc:
+                raise StoreError(self._engine.describe(exc)) from exc
 
     async def close(self) -> None:
         async with self._lock:
             if not self._closed:
                 self._closed = True
-                await anyio.to_thread.run_sync(self._connection.close)
+                await anyio.to_thread.run_sync(self._session.close)
 
 
 @dataclass(eq=False)
 class _Write:
     """A queued write and, once its batch has committed, its outcome."""
 
-    call: Callable[[sqlite3.Connection], Any]
+    call: Callable[[Connection], Any]
     taken: bool = False
     """In a batch that has started: it runs to its end even if its caller is cancelled."""
     done: bool = False
@@ -208,63 +104,14 @@ class _Write:
     error: BaseException | None = None
 
 
-def _run_batch(connection: sqlite3.Connection, calls: Sequence[Callable[[sqlite3.Connection], Any]]
-               ) -> tuple[list[tuple[Any, BaseException | None]], int]:
-    """Runs ``calls`` in one transaction, each in its own savepoint, and commits once.
-
-    A call that raises is rolled back to its savepoint and the others go on. An error that
-    rolls back the whole transaction (SQLite does for a full disk or an I/O error) fails
-    only that call: the calls that had succeeded are run again in a new transaction.
-
-    Returns:
-        Each call's (result, error), in order, and how many transactions were committed.
-
-    Raises:
-        sqlite3.Error: ``BEGIN`` or ``COMMIT`` failed: no call took effect.
-    """
-    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
-    pending = list(range(len(calls)))
-    while pending:
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            survivors: list[int] = []
-            for position, index in enumerate(pending):
-                connection.execute("SAVEPOINT write")
-                try:
-                    outcomes[index] = (calls[index](connection), None)
-                    connection.execute("RELEASE write")
-                except Exception as exc:
-                    outcomes[index] = (None, exc)
-                    if not connection.in_transaction:  # SQLite rolled it all back
-                        pending = survivors + pending[position + 1:]
-                        break
-                    connection.execute("ROLLBACK TO write")
-                    connection.execute("RELEASE write")
-                else:
-                    survivors.append(index)
-            else:
-                connection.execute("COMMIT")
-                return outcomes, 1
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-    return outcomes, 0
-
-
-_OpenKey = tuple[str, int]
-"""A file's real path and the event loop using it."""
-
-
-class _File:
-    """One open file: its two connections and its queue of writes, shared by every
+class _Shared:
+    """One open database: its two connections and its queue of writes, shared by every
     :class:`Database` opened on it in one event loop."""
 
-    def __init__(self, path: Path, writer: sqlite3.Connection,
-                 reader: sqlite3.Connection | None) -> None:
-        self.path = path
-        self._writer = _Connection(path, writer)
-        self._reader = self._writer if reader is None else _Connection(path, reader)
+    def __init__(self, engine: Engine, writer: Session, reader: Session | None) -> None:
+        self.engine = engine
+        self._writer = _Link(engine, writer)
+        self._reader = self._writer if reader is None else _Link(engine, reader)
         self._queued: list[_Write] = []
         self._committing = anyio.Lock()
         self._batch_ended = anyio.Event()
@@ -274,35 +121,23 @@ class _File:
         self.writes = 0
 
     @classmethod
-    async def connect(cls, path: Path | str) -> _File:
-        def connect() -> _File:
-            if str(path) == _MEMORY:
-                return cls(Path(_MEMORY), _connect(_MEMORY, read_only=False), None)
-            file = Path(path)
-            file.parent.mkdir(mode=_PRIVATE_DIRECTORY, parents=True, exist_ok=True)
-            _create_private(file)
-            writer = _connect(file, read_only=False)
-            try:
-                reader = _connect(file, read_only=True)
-            except BaseException:
-                writer.close()
-                raise
-            return cls(file, writer, reader)
-
+    async def connect(cls, engine: Engine) -> _Shared:
+        failures: tuple[type[Exception], ...] = (*engine.errors, OSError)
         try:
-            return await anyio.to_thread.run_sync(connect)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+            writer, reader = await anyio.to_thread.run_sync(engine.connect)
+        except failures as exc:
+            raise StoreError(f"cannot open the store {engine.describe(exc)}") from exc
+        return cls(engine, writer, reader)
 
     async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
-        # Every desk opens the same components: each schema is checked once per file.
+        # Every desk opens the same components: each schema is checked once per database.
         newest = (component, max((version for version, _ in migrations), default=0))
         if newest in self._migrated:
             return
-        await self._writer.run(lambda connection: _migrate(connection, migrations, component))
+        await self._writer.run(lambda session: migrate(session, migrations, component))
         self._migrated.add(newest)
 
-    async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, call: Callable[[Connection], T]) -> T:
         """See :meth:`Database.write`."""
         write = _Write(call)
         self._queued.append(write)
@@ -316,8 +151,8 @@ class _File:
             if not write.taken:
                 self._queued.remove(write)
             raise
-        if isinstance(write.error, sqlite3.Error):
-            raise StoreError(f"{self.path}: {write.error}") from write.error
+        if isinstance(write.error, self.engine.errors):
+            raise StoreError(self.engine.describe(write.error)) from write.error
         if write.error is not None:
             raise write.error
         return cast(T, write.result)
@@ -345,7 +180,7 @@ class _File:
             # the task that happens to run it is cancelled.
             with anyio.CancelScope(shield=True):
                 outcomes, commits = await self._writer.run(
-                    lambda connection: _run_batch(connection, calls))
+                    lambda session: run_batch(session, calls))
         except Exception as exc:  # BEGIN or COMMIT failed, or the store is closed
             for write in batch:
                 # One exception object each: they are raised in as many tasks.
@@ -358,9 +193,9 @@ class _File:
             write.result, write.error, write.done = result, error, True
             self.writes += int(error is None)
 
-    async def read(self, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, call: Callable[[Connection], T]) -> T:
         """See :meth:`Database.read`."""
-        return await self._reader.run(call)
+        return await self._reader.run(lambda session: call(session.connection))
 
     async def close(self) -> None:
         await self._writer.close()
@@ -368,68 +203,103 @@ class _File:
 
 
 class _Opening:
-    """A file being opened: those who ask meanwhile wait for the same one."""
+    """A database being opened: those who ask meanwhile wait for the same one."""
 
     def __init__(self) -> None:
         self.done = anyio.Event()
-        self.file: _File | None = None
+        self.shared: _Shared | None = None
+
+
+_OpenKey = tuple[str, int]
+"""A database (a file's real path, or a PostgreSQL URL) and the event loop using it."""
+
+
+async def _engine_for(target: StoreTarget) -> tuple[Engine, str | None]:
+    """The engine of ``target``, and what names the database among those open (None for
+    a ``:memory:`` database, never shared)."""
+    if isinstance(target, PostgresTarget):
+        return PostgresEngine(target), f"postgresql {target.url}"
+    if str(target) == MEMORY:
+        return SqliteEngine(MEMORY), None
+    return SqliteEngine(target), str(await anyio.Path(target).resolve())
 
 
 class Database:
-    """The SQLite file: a writer and a reader connection (WAL lets them work at once).
+    """The store's database: a writer and a reader connection.
 
-    Use :meth:`open`. Each ``Database`` is one user's hold on the file; every user in the
+    Use :meth:`open`. Each ``Database`` is one user's hold on the database; every user in the
     process (per event loop) shares the same connections and queue of writes, and the last
     to :meth:`close` closes them.
 
     Args:
-        file: The open file.
+        shared: The open database.
+        key: What names it among those open (None: not shared).
+        target: Where it is.
+        fence: What checks, before a write for a desk, that this daemon still holds it.
     """
 
-    _open: ClassVar[dict[_OpenKey, _File | _Opening]] = {}
-    """The files open in this process, by real path and event loop."""
+    _open: ClassVar[dict[_OpenKey, _Shared | _Opening]] = {}
+    """The databases open in this process, by database and event loop."""
 
-    def __init__(self, file: _File, key: _OpenKey | None) -> None:
-        self._file = file
+    def __init__(self, shared: _Shared, key: _OpenKey | None, target: Path | PostgresTarget,
+                 fence: Fence | None = None) -> None:
+        self._shared = shared
         self._key = key
+        self._target = target
+        self._fence = fence
         self._closed = False
-        file.users += 1
+        shared.users += 1
+
+    @property
+    def target(self) -> Path | PostgresTarget:
+        """The SQLite file, or the PostgreSQL database."""
+        return self._target
 
     @property
     def path(self) -> Path:
-        """The file."""
-        return self._file.path
+        """The SQLite file (``:memory:`` for a database of the caller's own).
+
+        Raises:
+            StoreError: The store is on PostgreSQL (see :attr:`target`).
+        """
+        if isinstance(self._target, PostgresTarget):
+            raise StoreError(f"the store {self._target} is on PostgreSQL, not in a file")
+        return self._target
 
     @property
     def commits(self) -> int:
-        """How many write transactions were committed on the file (each cost one fsync)."""
-        return self._file.commits
+        """How many write transactions were committed (on SQLite each cost one fsync)."""
+        return self._shared.commits
 
     @property
     def writes(self) -> int:
-        """How many writes were committed on the file."""
-        return self._file.writes
+        """How many writes were committed."""
+        return self._shared.writes
 
     @classmethod
-    async def open(cls, path: Path | str, migrations: Sequence[Migration] = (),
-                   component: str = "") -> Database:
-        """A hold on the file, opened (or created) on first use in this process; and
-        ``component``'s schema brought up to date.
+    async def open(cls, target: StoreTarget, migrations: Sequence[Migration] = (),
+                   component: str = "", *, fence: Fence | None = None) -> Database:
+        """A hold on the database, opened (or, for a file, created) on first use in this
+        process; and ``component``'s schema brought up to date.
 
         Args:
-            path: The file (its folder is created if missing), or ``:memory:`` for a
-                database of the caller's own.
+            target: A SQLite file (its folder is created if missing), ``:memory:`` for a
+                database of the caller's own, or a PostgreSQL database (which must exist).
             migrations: The component's migrations, in version order.
             component: Whose schema it is, in the ``schema_migrations`` table.
+            fence: Checks, before each write that names its desk, that this daemon still
+                holds that desk (see :meth:`write`); None: no write is fenced.
 
         Raises:
-            StoreError: The file cannot be opened, or a migration failed.
+            StoreError: The database cannot be opened, or a migration failed.
         """
-        if str(path) == _MEMORY:
-            database = cls(await _File.connect(path), None)
+        engine, name = await _engine_for(target)
+        place = target if isinstance(target, PostgresTarget) else Path(target)
+        if name is None:
+            database = cls(await _Shared.connect(engine), None, place, fence)
         else:
-            key = (str(await anyio.Path(path).resolve()), id(asyncio.get_running_loop()))
-            database = cls(await cls._shared(key, path), key)
+            key = (name, id(asyncio.get_running_loop()))
+            database = cls(await cls._shared_for(key, engine), key, place, fence)
         if migrations:
             try:
                 await database.migrate(component, migrations)
@@ -439,36 +309,37 @@ class Database:
         return database
 
     @classmethod
-    async def _shared(cls, key: _OpenKey, path: Path | str) -> _File:
+    async def _shared_for(cls, key: _OpenKey, engine: Engine) -> _Shared:
         while True:
             found = cls._open.get(key)
-            if isinstance(found, _File):
+            if isinstance(found, _Shared):
                 return found
             if found is None:
                 break
             await found.done.wait()  # another task is opening it: take what it got
         opening = cls._open[key] = _Opening()
         try:
-            file = await _File.connect(path)
+            shared = await _Shared.connect(engine)
         except BaseException:
             del cls._open[key]
             raise
         finally:
             opening.done.set()
-        cls._open[key] = opening.file = file
-        return file
+        cls._open[key] = opening.shared = shared
+        return shared
 
     async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Applies ``component``'s migrations not applied yet, each in a transaction of its
-        own, on the writer (between two batches of writes).
+        own, on the writer (between two batches of writes); another process migrating the
+        same database at once waits for it (see :func:`~trading_agent.store.engine.migrate`).
 
         Raises:
-            StoreError: A migration failed (it was rolled back), or the file holds a newer
-                schema of the component than this program knows.
+            StoreError: A migration failed (it was rolled back), or the database holds a
+                newer schema of the component than this program knows.
         """
-        await self._file.migrate(component, migrations)
+        await self._shared.migrate(component, migrations)
 
-    async def write(self, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, call: Callable[[Connection], T], *, desk: str | None = None) -> T:
         """Runs ``call`` in a write transaction on the writer connection; returns once the
         transaction is committed.
 
@@ -477,66 +348,61 @@ class Database:
         back its own changes only, and raises here only. It must not commit or roll back
         (no ``with connection:``).
 
+        Args:
+            call: The write.
+            desk: The desk it writes for: when this hold has a fence, it checks first (in
+                the same savepoint) that this daemon still holds the desk.
+
         Raises:
-            StoreError: SQLite failed (the call's changes were rolled back), or the store is
-                closed.
+            FencedError: This daemon no longer holds ``desk``; nothing was written.
+            StoreError: The database failed (the call's changes were rolled back), or the
+                store is closed.
             Exception: Whatever else ``call`` raised (its changes were rolled back).
         """
         if self._closed:
-            raise StoreError(f"the store {self.path} is closed")
-        return await self._file.write(call)
+            raise StoreError(f"the store {self._target} is closed")
+        if desk is not None and self._fence is not None:
+            call = partial(_fenced, self._fence, desk, call)
+        return await self._shared.write(call)
 
-    async def read(self, call: Callable[[sqlite3.Connection], T]) -> T:
+    def check_fence(self, connection: Connection, desk: str) -> None:
+        """Inside a write, checks that this daemon still holds ``desk`` (for a write that
+        concerns several desks); nothing when this hold has no fence.
+
+        Raises:
+            FencedError: It does not.
+        """
+        if self._fence is not None:
+            self._fence.check(connection, desk)
+
+    async def read(self, call: Callable[[Connection], T]) -> T:
         """Runs ``call`` on the reader connection (it sees every committed write).
 
         Raises:
-            StoreError: SQLite failed, or the store is closed.
+            StoreError: The database failed, or the store is closed.
         """
         if self._closed:
-            raise StoreError(f"the store {self.path} is closed")
-        return await self._file.read(call)
+            raise StoreError(f"the store {self._target} is closed")
+        return await self._shared.read(call)
 
     async def close(self) -> None:
-        """Lets go of the file (idempotent); the last hold on it closes both connections
-        once their calls have finished."""
+        """Lets go of the database (idempotent); the last hold on it closes both
+        connections once their calls have finished."""
         if self._closed:
             return
         self._closed = True
-        self._file.users -= 1
-        if self._file.users > 0:
+        self._shared.users -= 1
+        if self._shared.users > 0:
             return
-        if self._key is not None and self._open.get(self._key) is self._file:
+        if self._key is not None and self._open.get(self._key) is self._shared:
             del self._open[self._key]
-        await self._file.close()
+        await self._shared.close()
 
     def __repr__(self) -> str:
-        return f"Database({str(self.path)!r}{', closed' if self._closed else ''})"
+        return f"Database({str(self._target)!r}{', closed' if self._closed else ''})"
 
 
-def _migrate(connection: sqlite3.Connection, migrations: Sequence[Migration],
-             component: str) -> None:
-    """Applies the migrations not applied yet, each in its own transaction."""
-    connection.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " component TEXT NOT NULL, version INTEGER NOT NULL, applied_at REAL NOT NULL,"
-        " PRIMARY KEY (component, version))")
-    with transaction(connection):
-        applied = {row[0] for row in connection.execute(
-            "SELECT version FROM schema_migrations WHERE component = ?", (component,))}
-    newest_known = max((version for version, _ in migrations), default=0)
-    if applied and max(applied) > newest_known:
-        raise StoreError(f"the store's {component} schema is version {max(applied)}, newer than "
-                         f"this program knows ({newest_known}); run a newer trading-agent")
-    for version, statements in migrations:
-        with transaction(connection):
-            # Checked again under the write lock: another process may have just applied it.
-            done = connection.execute(
-                "SELECT 1 FROM schema_migrations WHERE component = ? AND version = ?",
-                (component, version)).fetchone()
-            if done is not None:
-                continue
-            for statement in statements:
-                connection.execute(statement)
-            connection.execute(
-                "INSERT INTO schema_migrations (component, version, applied_at) VALUES (?, ?, ?)",
-                (component, version, time.time()))
+def _fenced(fence: Fence, desk: str, call: Callable[[Connection], T],
+            connection: Connection) -> T:
+    fence.check(connection, desk)
+    return call(connection)

@@ -1,13 +1,13 @@
-"""The kill switches that are on, in the state file
+"""The kill switches that are on, in the store
 (:class:`~trading_agent.trading.kill_switch.HaltRecords`): a halt survives a restart."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
-from pathlib import Path
 
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
+from trading_agent.store.targets import StoreTarget
 from trading_agent.trading.kill_switch import Halt
 
 __all__ = ["COMPONENT", "MIGRATIONS", "SqliteHalts"]
@@ -28,28 +28,28 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
 
 
 class SqliteHalts:
-    """The switches in the state file. Use :meth:`open`.
+    """The switches in the store. Use :meth:`open`.
 
     Args:
-        database: The open file, its schema applied.
+        database: The open store, its schema applied.
     """
 
     def __init__(self, database: Database) -> None:
         self._database = database
 
     @classmethod
-    async def open(cls, path: Path | str) -> SqliteHalts:
-        """Opens (or creates) the file.
+    async def open(cls, target: StoreTarget) -> SqliteHalts:
+        """Opens (or creates) the state file, or the PostgreSQL store.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The store cannot be opened.
         """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT))
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT))
 
     async def load(self) -> dict[str, Halt]:
         """The switches that are on, by scope."""
 
-        def read(connection: sqlite3.Connection) -> dict[str, Halt]:
+        def read(connection: Connection) -> dict[str, Halt]:
             return {scope: Halt(scope, by, datetime.fromisoformat(at), reason)
                     for scope, by, at, reason in connection.execute(
                         "SELECT scope, by, at, reason FROM kill_switch")}
@@ -60,8 +60,9 @@ class SqliteHalts:
         """Keeps a switch that went on."""
         row = (halt.scope, halt.by, halt.at.isoformat(), halt.reason)
         await self._database.write(lambda connection: connection.execute(
-            "INSERT OR REPLACE INTO kill_switch (scope, by, at, reason) VALUES (?, ?, ?, ?)",
-            row))
+            "INSERT INTO kill_switch (scope, by, at, reason) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (scope) DO UPDATE SET by = excluded.by, at = excluded.at, "
+            "reason = excluded.reason", row))
 
     async def delete(self, scope: str) -> None:
         """Forgets a switch that went off."""
@@ -69,5 +70,5 @@ class SqliteHalts:
             "DELETE FROM kill_switch WHERE scope = ?", (scope,)))
 
     async def close(self) -> None:
-        """Lets go of the file."""
+        """Lets go of the store."""
         await self._database.close()

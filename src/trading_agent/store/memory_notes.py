@@ -1,17 +1,18 @@
-"""A desk's notes in the state file: what the ``remember`` and ``recall`` tools read and write
+"""A desk's notes in the store: what the ``remember`` and ``recall`` tools read and write
 (:class:`~trading_agent.tools.memory_store.DeskMemory`).
 
 Notes are appended, never rewritten: saving a key again adds a newer version, and reading a
-key gives its newest. Several desks share the file.
+key gives its newest. Several desks share the store.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
-from pathlib import Path
 
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
+from trading_agent.store.fencing import Fence
+from trading_agent.store.targets import StoreTarget
 from trading_agent.tools.memory_store import Note
 from trading_agent.trading.timing import Clock, utc_now
 
@@ -50,7 +51,7 @@ def _like(word: str) -> str:
 
 
 class SqliteMemory:
-    """A desk's notes in a SQLite file. Use :meth:`open`.
+    """A desk's notes in the store. Use :meth:`open`.
 
     Args:
         database: The open database, its schema applied.
@@ -65,19 +66,26 @@ class SqliteMemory:
         self._clock = clock
 
     @classmethod
-    async def open(cls, path: Path | str, desk: str, clock: Clock = utc_now) -> SqliteMemory:
-        """Opens (or creates) the notes file.
+    async def open(cls, target: StoreTarget, desk: str, clock: Clock = utc_now, *,
+                   fence: Fence | None = None) -> SqliteMemory:
+        """Opens (or creates) the notes in the state file, or the PostgreSQL store.
+
+        Args:
+            target: The store.
+            desk: The desk's name.
+            clock: What time a note is saved at.
+            fence: Checks before each note is saved that this daemon still holds the desk.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The store cannot be opened.
         """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT), desk, clock)
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence), desk, clock)
 
     async def remember(self, key: str, text: str) -> Note | None:
         """Appends a new version of ``key``; returns the previous one."""
         desk, saved_at = self.desk, self._clock().isoformat()
 
-        def write(connection: sqlite3.Connection) -> Note | None:
+        def write(connection: Connection) -> Note | None:
             previous = connection.execute(
                 "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
                 "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
@@ -85,13 +93,13 @@ class SqliteMemory:
                                "VALUES (?, ?, ?, ?)", (desk, key, text, saved_at))
             return None if previous is None else _note(previous)
 
-        return await self._database.write(write)
+        return await self._database.write(write, desk=desk)
 
     async def recall(self, key: str) -> Note | None:
         """The newest version of ``key``."""
         desk = self.desk
 
-        def read(connection: sqlite3.Connection) -> Note | None:
+        def read(connection: Connection) -> Note | None:
             row = connection.execute(
                 "SELECT key, text, saved_at FROM memory_notes WHERE desk = ? AND key = ? "
                 "ORDER BY seq DESC LIMIT 1", (desk, key)).fetchone()
@@ -103,10 +111,12 @@ class SqliteMemory:
         """Newest notes mentioning ``word`` in their key or text."""
         desk, pattern = self.desk, _like(word)
 
-        def read(connection: sqlite3.Connection) -> list[Note]:
+        def read(connection: Connection) -> list[Note]:
             return [_note(row) for row in connection.execute(
-                f"SELECT * FROM ({_LATEST}) WHERE key LIKE ? ESCAPE '\\' "
-                "OR text LIKE ? ESCAPE '\\' ORDER BY saved_at DESC LIMIT ?",
+                # LOWER on both sides: LIKE ignores case on SQLite, not on PostgreSQL.
+                f"SELECT * FROM ({_LATEST}) AS latest WHERE LOWER(key) LIKE LOWER(?) "
+                "ESCAPE '\\' OR LOWER(text) LIKE LOWER(?) ESCAPE '\\' "
+                "ORDER BY saved_at DESC LIMIT ?",
                 (desk, pattern, pattern, limit))]
 
         return await self._database.read(read)
@@ -115,9 +125,10 @@ class SqliteMemory:
         """The newest notes, one per key."""
         desk = self.desk
 
-        def read(connection: sqlite3.Connection) -> list[Note]:
+        def read(connection: Connection) -> list[Note]:
             return [_note(row) for row in connection.execute(
-                f"SELECT * FROM ({_LATEST}) ORDER BY saved_at DESC LIMIT ?", (desk, limit))]
+                f"SELECT * FROM ({_LATEST}) AS latest ORDER BY saved_at DESC LIMIT ?",
+                (desk, limit))]
 
         return await self._database.read(read)
 
@@ -125,12 +136,12 @@ class SqliteMemory:
         """Every key the desk has used, sorted."""
         desk = self.desk
 
-        def read(connection: sqlite3.Connection) -> list[str]:
+        def read(connection: Connection) -> list[str]:
             return [key for (key,) in connection.execute(
                 "SELECT DISTINCT key FROM memory_notes WHERE desk = ? ORDER BY key", (desk,))]
 
         return await self._database.read(read)
 
     async def close(self) -> None:
-        """Closes the file."""
+        """Lets go of the store."""
         await self._database.close()

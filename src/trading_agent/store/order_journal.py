@@ -1,4 +1,4 @@
-"""The order journal in the state file
+"""The order journal in the store
 (:class:`~trading_agent.trading.order_journal.OrderJournal`): each live order's intent,
 committed with full durability before the order is sent, its status as last seen, and the
 account's balances as last seen."""
@@ -6,15 +6,16 @@ account's balances as last seen."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import cast
 
 from trading_agent.errors import StoreError
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
+from trading_agent.store.fencing import Fence, FencedError
+from trading_agent.store.targets import StoreTarget
 from trading_agent.trading.exchange import (
     Balance,
     Order,
@@ -76,42 +77,55 @@ def _intent(row: tuple[str, ...]) -> OrderIntent:
 
 
 class SqliteOrderJournal:
-    """Client order ids in the state file. Use :meth:`open`.
+    """Client order ids in the store. Use :meth:`open`.
 
     Args:
         database: The open database, its schema applied.
+        desk: The desk whose orders these are, when its writes are fenced.
     """
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, desk: str | None = None) -> None:
         self._database = database
+        self._desk = desk
 
     @classmethod
-    async def open(cls, path: Path | str) -> SqliteOrderJournal:
-        """Opens (or creates) the journal file; every commit waits for the disk.
+    async def open(cls, target: StoreTarget, *, fence: Fence | None = None,
+                   desk: str | None = None) -> SqliteOrderJournal:
+        """Opens (or creates) the journal in the state file, or the PostgreSQL store; every
+        commit waits for the disk.
+
+        Args:
+            target: The store.
+            fence: With ``desk``: checks before each write that this daemon still holds
+                the desk.
+            desk: The desk whose orders these are.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The store cannot be opened.
         """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT))
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence), desk)
 
     async def record(self, request: OrderRequest, exchange: str, at: datetime) -> None:
         """Commits the intent to send ``request``; call it before sending.
 
         Raises:
-            StoreError: The id is already in the journal, or SQLite failed.
+            FencedError: This daemon no longer holds the desk: nothing was recorded.
+            StoreError: The id is already in the journal, or the database failed.
         """
         price = None if request.price is None else str(request.price)
         row = (request.client_order_id, exchange, request.symbol, request.side, request.type,
                str(request.amount), price, "sending", at.isoformat(), at.isoformat())
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
                 "amount, price, state, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
         try:
-            await self._database.write(write)
+            await self._database.write(write, desk=self._desk)
+        except FencedError:
+            raise
         except StoreError as exc:
             raise StoreError(f"the order journal refused client order id "
                              f"{request.client_order_id}: {exc}") from exc
@@ -120,19 +134,19 @@ class SqliteOrderJournal:
                    exchange_order_id: str | None = None, error: str | None = None) -> None:
         """Records where an order stands now."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "UPDATE order_intents SET state = ?, "
                 "exchange_order_id = COALESCE(?, exchange_order_id), error = ?, "
                 "updated_at = ? WHERE client_order_id = ?",
                 (state, exchange_order_id, error, at.isoformat(), client_order_id))
 
-        await self._database.write(write)
+        await self._database.write(write, desk=self._desk)
 
     async def get(self, client_order_id: str) -> OrderIntent | None:
         """The intent with that id, or None."""
 
-        def read(connection: sqlite3.Connection) -> OrderIntent | None:
+        def read(connection: Connection) -> OrderIntent | None:
             row = connection.execute(f"SELECT {_COLUMNS} FROM order_intents "
                                      "WHERE client_order_id = ?", (client_order_id,)).fetchone()
             return None if row is None else _intent(row)
@@ -142,7 +156,7 @@ class SqliteOrderJournal:
     async def unresolved(self, exchange: str) -> list[OrderIntent]:
         """Intents of ``exchange`` whose fate is not known (``sending`` or ``unknown``)."""
 
-        def read(connection: sqlite3.Connection) -> list[OrderIntent]:
+        def read(connection: Connection) -> list[OrderIntent]:
             return [_intent(row) for row in connection.execute(
                 f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
                 "AND state IN ('sending', 'unknown') ORDER BY created_at", (exchange,))]
@@ -153,7 +167,7 @@ class SqliteOrderJournal:
                                        exchange_order_id: str) -> OrderIntent | None:
         """The intent of ``exchange`` the exchange knows by ``exchange_order_id``, or None."""
 
-        def read(connection: sqlite3.Connection) -> OrderIntent | None:
+        def read(connection: Connection) -> OrderIntent | None:
             row = connection.execute(
                 f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
                 "AND exchange_order_id = ?", (exchange, exchange_order_id)).fetchone()
@@ -167,7 +181,7 @@ class SqliteOrderJournal:
         row = (order.client_order_id, order.status, str(order.filled), at.isoformat(),
                order.client_order_id)
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO order_status (client_order_id, status, filled, updated_at) "
                 "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM order_intents "
@@ -175,12 +189,12 @@ class SqliteOrderJournal:
                 "status = excluded.status, filled = excluded.filled, "
                 "updated_at = excluded.updated_at", row)
 
-        await self._database.write(write)
+        await self._database.write(write, desk=self._desk)
 
     async def last_status(self, client_order_id: str) -> OrderStatus | None:
         """The order's status when last seen, or None when never noted."""
 
-        def read(connection: sqlite3.Connection) -> OrderStatus | None:
+        def read(connection: Connection) -> OrderStatus | None:
             row = connection.execute("SELECT status FROM order_status WHERE client_order_id = ?",
                                      (client_order_id,)).fetchone()
             return None if row is None else cast(OrderStatus, row[0])
@@ -192,7 +206,7 @@ class SqliteOrderJournal:
         (``sending``, ``unknown``) and placed ones last seen open or never seen since,
         oldest first."""
 
-        def read(connection: sqlite3.Connection) -> list[OrderIntent]:
+        def read(connection: Connection) -> list[OrderIntent]:
             columns = ", ".join(f"i.{name.strip()}" for name in _COLUMNS.split(","))
             return [_intent(row) for row in connection.execute(
                 f"SELECT {columns} FROM order_intents AS i LEFT JOIN order_status AS s "
@@ -214,18 +228,21 @@ class SqliteOrderJournal:
                   str(order.amount), price, "placed", order.id, at.isoformat(), at.isoformat())
         status = (order.client_order_id, order.status, str(order.filled), at.isoformat())
 
-        def write(connection: sqlite3.Connection) -> bool:
+        def write(connection: Connection) -> bool:
             added = connection.execute(
-                "INSERT OR IGNORE INTO order_intents (client_order_id, exchange, symbol, "
-                "side, type, amount, price, state, exchange_order_id, created_at, "
-                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", intent).rowcount
+                "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
+                "amount, price, state, exchange_order_id, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                intent).rowcount
             if added:
                 connection.execute(
-                    "INSERT OR REPLACE INTO order_status (client_order_id, status, filled, "
-                    "updated_at) VALUES (?, ?, ?, ?)", status)
+                    "INSERT INTO order_status (client_order_id, status, filled, updated_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (client_order_id) DO UPDATE SET "
+                    "status = excluded.status, filled = excluded.filled, "
+                    "updated_at = excluded.updated_at", status)
             return bool(added)
 
-        return await self._database.write(write)
+        return await self._database.write(write, desk=self._desk)
 
     async def record_balances(self, exchange: str, balances: Mapping[str, Balance],
                               at: datetime) -> None:
@@ -233,18 +250,18 @@ class SqliteOrderJournal:
         data = json.dumps({currency: [str(b.free), str(b.used)]
                            for currency, b in sorted(balances.items())})
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO balances_seen (exchange, balances, seen_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (exchange) DO UPDATE SET balances = excluded.balances, "
                 "seen_at = excluded.seen_at", (exchange, data, at.isoformat()))
 
-        await self._database.write(write)
+        await self._database.write(write, desk=self._desk)
 
     async def last_balances(self, exchange: str) -> SeenBalances | None:
         """The balances last recorded for ``exchange``, or None when never."""
 
-        def read(connection: sqlite3.Connection) -> SeenBalances | None:
+        def read(connection: Connection) -> SeenBalances | None:
             row = connection.execute("SELECT balances, seen_at FROM balances_seen "
                                      "WHERE exchange = ?", (exchange,)).fetchone()
             if row is None:
@@ -256,5 +273,5 @@ class SqliteOrderJournal:
         return await self._database.read(read)
 
     async def close(self) -> None:
-        """Closes the file."""
+        """Lets go of the store."""
         await self._database.close()

@@ -1,24 +1,25 @@
-"""The paper exchange's books in the state file
+"""The paper exchange's books in the store
 (:class:`~trading_agent.trading.ledger.PaperBooks`): orders, fills, balances, positions.
 
 Every change the paper exchange makes is one
 :class:`~trading_agent.trading.ledger.LedgerChanges`, written in one transaction (a savepoint
 of the store's group commit, durable before it returns): order rows inserted or updated,
 fills and balance changes appended, current balances and positions updated row by row.
-Reopening the file gives back exactly the open orders, balances and positions that were last
+Reopening the store gives back exactly the open orders, balances and positions that were last
 committed. Amounts are stored as decimal text, so nothing is rounded on the way through.
-Several accounts (desks) share the file.
+Several accounts (desks) share the store.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, cast
 
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
+from trading_agent.store.fencing import Fence
+from trading_agent.store.targets import StoreTarget
 from trading_agent.trading.exchange import Fill, Order, OrderSide, OrderStatus, OrderType
 from trading_agent.trading.ledger import LedgerChanges, LedgerSnapshot, PaperOrder
 
@@ -97,10 +98,6 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
 ``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
 
-class _SeenClientOrderId(Exception):
-    """The account already has an order with the new order's client order id."""
-
-
 def _text(value: Decimal | None) -> str | None:
     return None if value is None else str(value)
 
@@ -109,7 +106,7 @@ def _decimal(value: str | None) -> Decimal | None:
     return None if value is None else Decimal(value)
 
 
-def _order_from_row(row: sqlite3.Row | tuple[Any, ...]) -> PaperOrder:
+def _order_from_row(row: tuple[Any, ...]) -> PaperOrder:
     (order_id, client_order_id, symbol, side, type_, amount, price, status, filled,
      average, fee, fee_currency, reserved, reserved_currency, created_at) = row
     order = Order(
@@ -135,33 +132,44 @@ _ORDER_COLUMNS = ("id, client_order_id, symbol, side, type, amount, price, statu
 
 
 class SqlitePaperBooks:
-    """One paper account's books in a SQLite file.
+    """One paper account's books in the store.
 
     Use :meth:`open`.
 
     Args:
         database: The open database (its schema applied).
-        account: The account's name (the desk's), so desks can share a file.
+        account: The account's name (the desk's), so desks can share a store.
+        desk: The desk whose books these are, when its writes are fenced.
     """
 
-    def __init__(self, database: Database, account: str) -> None:
+    def __init__(self, database: Database, account: str, desk: str | None = None) -> None:
         self._database = database
         self.account = account
+        self._desk = desk
 
     @classmethod
-    async def open(cls, path: Path | str, account: str = "default") -> SqlitePaperBooks:
-        """Opens (or creates) the ledger file.
+    async def open(cls, target: StoreTarget, account: str = "default", *,
+                   fence: Fence | None = None, desk: str | None = None) -> SqlitePaperBooks:
+        """Opens (or creates) the books in the state file, or the PostgreSQL store.
+
+        Args:
+            target: The store.
+            account: The account's name.
+            fence: With ``desk``: checks before each write that this daemon still holds
+                the desk.
+            desk: The desk whose books these are.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The store cannot be opened.
         """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT), account)
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence), account,
+                   desk)
 
     async def load(self) -> LedgerSnapshot:
         """The account as last committed."""
         return await self._database.read(self._load)
 
-    def _load(self, connection: sqlite3.Connection) -> LedgerSnapshot:
+    def _load(self, connection: Connection) -> LedgerSnapshot:
         account = self.account
         exists = connection.execute("SELECT 1 FROM paper_accounts WHERE account = ?",
                                     (account,)).fetchone() is not None
@@ -187,33 +195,29 @@ class SqlitePaperBooks:
     async def create_account(self, changes: LedgerChanges) -> None:
         """Marks the account opened and commits its starting balances and positions."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute("INSERT INTO paper_accounts (account, created_at) "
                                "VALUES (?, ?)", (self.account, changes.at.isoformat()))
             self._write(connection, changes)
 
-        await self._database.write(write)
+        await self._database.write(write, desk=self._desk)
 
     async def commit(self, changes: LedgerChanges, *,
                      new_client_order_id: str | None = None) -> bool:
         """Writes ``changes`` in one transaction (a savepoint of the group commit): see
         :meth:`PaperBooks.commit <trading_agent.trading.ledger.PaperBooks.commit>`."""
 
-        def write(connection: sqlite3.Connection) -> bool:
-            try:
-                self._write(connection, changes)
-            except sqlite3.IntegrityError as exc:
-                if new_client_order_id is not None and "client_order_id" in str(exc):
-                    raise _SeenClientOrderId from exc  # rolls back what was written
-                raise
+        def write(connection: Connection) -> bool:
+            if new_client_order_id is not None and connection.execute(
+                    "SELECT 1 FROM paper_orders WHERE account = ? AND client_order_id = ?",
+                    (self.account, new_client_order_id)).fetchone() is not None:
+                return False
+            self._write(connection, changes)
             return True
 
-        try:
-            return await self._database.write(write)
-        except _SeenClientOrderId:
-            return False
+        return await self._database.write(write, desk=self._desk)
 
-    def _write(self, connection: sqlite3.Connection, changes: LedgerChanges) -> None:
+    def _write(self, connection: Connection, changes: LedgerChanges) -> None:
         account, at = self.account, changes.at.isoformat()
         for paper in changes.orders:
             order = paper.order
@@ -265,7 +269,7 @@ class SqlitePaperBooks:
         column, value = ("id", order_id) if order_id is not None else (
             "client_order_id", client_order_id)
 
-        def read(connection: sqlite3.Connection) -> PaperOrder | None:
+        def read(connection: Connection) -> PaperOrder | None:
             row = connection.execute(
                 f"SELECT {_ORDER_COLUMNS} FROM paper_orders WHERE account = ? AND {column} = ?",
                 (self.account, value)).fetchone()
@@ -276,7 +280,7 @@ class SqlitePaperBooks:
     async def fills(self, order_id: str | None = None) -> list[Fill]:
         """The account's fills (of one order if given), oldest first."""
 
-        def read(connection: sqlite3.Connection) -> list[Fill]:
+        def read(connection: Connection) -> list[Fill]:
             query = ("SELECT order_id, symbol, side, amount, price, fee, fee_currency, "
                      "liquidity, at FROM paper_fills WHERE account = ?")
             arguments: tuple[str, ...] = (self.account,)
@@ -293,5 +297,5 @@ class SqlitePaperBooks:
         return await self._database.read(read)
 
     async def close(self) -> None:
-        """Closes the file."""
+        """Lets go of the store."""
         await self._database.close()

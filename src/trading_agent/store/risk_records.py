@@ -1,15 +1,16 @@
-"""The risk policy's memory in the state file
+"""The risk policy's memory in the store
 (:class:`~trading_agent.trading.risk_journal.RiskRecords`): recent orders and each day's
 start and halt, so a restart neither resets the hourly count nor lifts a daily-loss halt."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import date, datetime
 from decimal import Decimal
-from pathlib import Path
 
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
+from trading_agent.store.fencing import Fence
+from trading_agent.store.targets import StoreTarget
 from trading_agent.trading.risk_journal import DayState
 
 __all__ = ["COMPONENT", "MIGRATIONS", "SqliteRiskRecords"]
@@ -38,29 +39,35 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
 
 
 class SqliteRiskRecords:
-    """Every desk's risk memory in the state file. Use :meth:`open`.
+    """Every desk's risk memory in the store. Use :meth:`open`.
 
     Args:
-        database: The open file, its schema applied.
+        database: The open store, its schema applied (and its fence: each record is fenced
+            on the desk it names).
     """
 
     def __init__(self, database: Database) -> None:
         self._database = database
 
     @classmethod
-    async def open(cls, path: Path | str) -> SqliteRiskRecords:
-        """Opens (or creates) the file.
+    async def open(cls, target: StoreTarget, *, fence: Fence | None = None) -> SqliteRiskRecords:
+        """Opens (or creates) the records in the state file, or the PostgreSQL store.
+
+        Args:
+            target: The store.
+            fence: Checks before each record is written that this daemon still holds the
+                desk the record names.
 
         Raises:
-            StoreError: The file cannot be opened.
+            StoreError: The store cannot be opened.
         """
-        return cls(await Database.open(path, MIGRATIONS, COMPONENT))
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence))
 
     async def load(self, desk: str, since: datetime,
                    from_day: date) -> tuple[list[datetime], dict[date, DayState]]:
         """The desk's orders placed after ``since`` and its days from ``from_day`` on."""
 
-        def read(connection: sqlite3.Connection) -> tuple[list[datetime], dict[date, DayState]]:
+        def read(connection: Connection) -> tuple[list[datetime], dict[date, DayState]]:
             orders = [datetime.fromisoformat(at) for (at,) in connection.execute(
                 "SELECT at FROM risk_orders WHERE desk = ? AND at > ? ORDER BY at",
                 (desk, since.isoformat()))]
@@ -78,23 +85,23 @@ class SqliteRiskRecords:
     async def add_order(self, desk: str, client_order_id: str, at: datetime) -> None:
         """Keeps an order placed (or that may have been)."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute("INSERT INTO risk_orders (desk, client_order_id, at) "
                                "VALUES (?, ?, ?)", (desk, client_order_id, at.isoformat()))
 
-        await self._database.write(write)
+        await self._database.write(write, desk=desk)
 
     async def put_day(self, desk: str, state: DayState) -> None:
         """Keeps a day's start equity and halt."""
         row = (desk, state.day.isoformat(), str(state.start_equity), state.halted)
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
 
-        await self._database.write(write)
+        await self._database.write(write, desk=desk)
 
     async def close(self) -> None:
-        """Lets go of the file."""
+        """Lets go of the store."""
         await self._database.close()

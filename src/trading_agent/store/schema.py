@@ -1,7 +1,9 @@
 """The store's tables, as numbered migrations (a released migration is never edited).
 
-The trading layer keeps its own tables (paper accounts, orders, fills, notes) in the same
-file, through its own connections; the names here never clash with theirs.
+The trading layer's parts (paper books, journals, notes) are components of their own in the
+same database, with their own migrations; the names here never clash with theirs. Written
+for SQLite; PostgreSQL runs them through
+:func:`~trading_agent.store.postgres_engine.postgres_schema`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import sqlite3
 import threading
 import time
 import uuid
@@ -62,7 +61,9 @@ from trading_agent.store.codec import (
     encode_content,
     image_refs,
 )
+from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database
+from trading_agent.store.fencing import Fence, FencedError
 from trading_agent.store.recovery import (
     INTERRUPTED_NOTICE,
     LOOKED_UP_NOTE,
@@ -73,6 +74,7 @@ from trading_agent.store.recovery import (
     restore,
 )
 from trading_agent.store.schema import COMPONENT, MIGRATIONS
+from trading_agent.store.targets import PostgresTarget, StoreTarget
 
 __all__ = [
     "DATABASE_NAME",
@@ -100,7 +102,7 @@ DEFAULT_SKIPPED_EVENTS: frozenset[str] = frozenset({"text_delta", "thinking_delt
 _IN_CHUNK = 500
 """The most values bound in one ``IN (...)`` (SQLite allows 999 by default)."""
 
-_IMAGE_KEY = b'"sha256"'
+_IMAGE_KEY = '"sha256"'
 """In the JSON text of every message that refers to a picture (and of the odd other one)."""
 
 _log = structlog.get_logger(__name__)
@@ -218,13 +220,14 @@ def _utc_day(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).date().isoformat()
 
 
-def _put_images(connection: sqlite3.Connection, images: dict[str, ImageData]) -> None:
+def _put_images(connection: Connection, images: dict[str, ImageData]) -> None:
     connection.executemany(
-        "INSERT OR IGNORE INTO images (sha256, media_type, data) VALUES (?, ?, ?)",
+        "INSERT INTO images (sha256, media_type, data) VALUES (?, ?, ?) "
+        "ON CONFLICT DO NOTHING",
         [(digest, media_type, data) for digest, (media_type, data) in images.items()])
 
 
-def _get_images(connection: sqlite3.Connection, digests: Collection[str]) -> dict[str, ImageData]:
+def _get_images(connection: Connection, digests: Collection[str]) -> dict[str, ImageData]:
     found: dict[str, ImageData] = {}
     wanted = sorted(digests)
     for start in range(0, len(wanted), _IN_CHUNK):
@@ -285,7 +288,10 @@ _MESSAGE_COLUMNS = ("seq, desk, message_id, role, kind, content, created_at, sub
 
 
 class Store:
-    """The SQLite store of one daemon. Use :meth:`open` (or ``async with await open()``).
+    """The store of one daemon. Use :meth:`open` (or ``async with await open()``).
+
+    Every write for a desk names it, so that a store opened with a fence refuses it once
+    this daemon no longer holds the desk (see :mod:`~trading_agent.store.fencing`).
 
     Args:
         database: The open file.
@@ -297,24 +303,38 @@ class Store:
         self._clock = clock
         self._call_outcomes: dict[str, CallOutcomes] = {}
         self.events_not_stored = 0
-        """Events :meth:`persist_events` dropped because SQLite refused them twice."""
+        """Events :meth:`persist_events` dropped because the database refused them twice."""
 
     @classmethod
-    async def open(cls, path: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
-        """Opens (or creates) the store's file and brings its schema up to date.
+    async def open(cls, target: StoreTarget, *, clock: Callable[[], float] = time.time,
+                   fence: Fence | None = None) -> Store:
+        """Opens (or creates) the store and brings its schema up to date.
 
         Args:
-            path: The SQLite file (see :func:`database_path`); its folder is created.
+            target: The SQLite file (see :func:`database_path`; its folder is created), or
+                the PostgreSQL database.
             clock: Seconds since the epoch.
+            fence: Checks before each write for a desk that this daemon still holds it;
+                None: nothing is fenced (one daemon).
 
         Raises:
-            StoreError: The file cannot be opened or migrated.
+            StoreError: The store cannot be opened or migrated.
         """
-        return cls(await Database.open(Path(path), MIGRATIONS, COMPONENT), clock=clock)
+        return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence),
+                   clock=clock)
+
+    @property
+    def target(self) -> Path | PostgresTarget:
+        """The SQLite file, or the PostgreSQL database."""
+        return self._db.target
 
     @property
     def path(self) -> Path:
-        """The SQLite file."""
+        """The SQLite file.
+
+        Raises:
+            StoreError: The store is on PostgreSQL (see :attr:`target`).
+        """
         return self._db.path
 
     async def close(self) -> None:
@@ -356,14 +376,14 @@ class Store:
         """
         started = self._clock()
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
-                "INSERT OR IGNORE INTO subagents (subagent_id, desk, parent_turn, "
-                "parent_call_id, task, tools, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO subagents (subagent_id, desk, parent_turn, parent_call_id, task, "
+                "tools, started_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (link.subagent_id, link.desk, link.parent_turn, link.parent_call_id, link.task,
                  json.dumps(list(link.tools)), started))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=link.desk)
         return self.observer(link.desk, subagent_id=link.subagent_id,
                              parent_call_id=link.parent_call_id)
 
@@ -390,18 +410,18 @@ class Store:
             such repairs), in which case a suffixed one.
 
         Raises:
-            StoreError: SQLite failed.
+            StoreError: The database failed.
         """
         content, images = encode_content(message.content)
         now = self._clock()
 
-        def write(connection: sqlite3.Connection) -> str:
+        def write(connection: Connection) -> str:
             _put_images(connection, images)
             stored_id = message.id
             inserted = connection.execute(
-                "INSERT OR IGNORE INTO messages (desk, message_id, role, kind, content, "
-                "created_at, subagent_id, parent_call_id, turn) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (desk, message_id, role, kind, content, created_at, "
+                "subagent_id, parent_call_id, turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (desk, stored_id, message.role, message.kind, content, message.created_at,
                  subagent_id, parent_call_id, turn)).rowcount
             if not inserted:
@@ -423,7 +443,7 @@ class Store:
                     (now, message.id, desk))
             return stored_id
 
-        stored = await self._db.write(write)
+        stored = await self._db.write(write, desk=desk)
         if stored != message.id:
             _log.warning("message_id_reused", desk=desk, message_id=message.id,
                          stored_id=stored)
@@ -440,10 +460,10 @@ class Store:
             True when it is stored.
 
         Raises:
-            StoreError: SQLite failed.
+            StoreError: The database failed.
         """
 
-        def read(connection: sqlite3.Connection) -> bool:
+        def read(connection: Connection) -> bool:
             return connection.execute(
                 "SELECT 1 FROM messages WHERE desk = ? AND message_id = ? LIMIT 1",
                 (desk, message_id)).fetchone() is not None
@@ -462,12 +482,12 @@ class Store:
             subagent_id: For a subagent's conversation, its id.
 
         Raises:
-            StoreError: SQLite failed.
+            StoreError: The database failed.
         """
         content, images = encode_content(summary.content)
         now = self._clock()
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             _put_images(connection, images)
             first_kept_seq: int | None = None
             if first_kept_id is not None:
@@ -480,8 +500,9 @@ class Store:
                     # Unknown message: keep the whole previous window rather than lose any.
                     previous = connection.execute(
                         "SELECT first_kept_seq FROM compactions WHERE desk = ? AND "
-                        "subagent_id IS ? ORDER BY id DESC LIMIT 1",
-                        (desk, subagent_id)).fetchone()
+                        + ("subagent_id IS NULL" if subagent_id is None else "subagent_id = ?")
+                        + " ORDER BY id DESC LIMIT 1",
+                        (desk,) if subagent_id is None else (desk, subagent_id)).fetchone()
                     first_kept_seq = int(previous[0]) if previous is not None else 0
             if first_kept_seq is None:
                 first_kept_seq = int(connection.execute(
@@ -493,7 +514,7 @@ class Store:
                 (desk, subagent_id, summary.id, content, summary.created_at, first_kept_id,
                  first_kept_seq, now))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     def set_call_outcomes(self, desk: str, outcomes: CallOutcomes | None) -> None:
         """Registers what looks up a desk's interrupted calls on restore (None removes it).
@@ -526,7 +547,7 @@ class Store:
             The conversation, with the store as its observer.
 
         Raises:
-            StoreError: SQLite failed, or a stored message cannot be decoded.
+            StoreError: The database failed, or a stored message cannot be decoded.
         """
         return await restore(self, desk, system_prompt, reason,
                              outcomes=outcomes or self._call_outcomes.get(desk))
@@ -536,10 +557,10 @@ class Store:
         left out, oldest first.
 
         Raises:
-            StoreError: SQLite failed, or a stored message cannot be decoded.
+            StoreError: The database failed, or a stored message cannot be decoded.
         """
 
-        def read(connection: sqlite3.Connection) -> tuple[Message | None, list[Message]]:
+        def read(connection: Connection) -> tuple[Message | None, list[Message]]:
             compaction = connection.execute(
                 "SELECT summary_id, summary, summary_created_at, first_kept_seq FROM "
                 "compactions WHERE desk = ? AND subagent_id IS NULL ORDER BY id DESC LIMIT 1",
@@ -547,8 +568,7 @@ class Store:
             first_seq = int(compaction[3]) if compaction is not None else 0
             with _collector_paused():
                 rows = connection.execute(
-                    # The content as bytes: parsed as they are, never made a str first.
-                    "SELECT message_id, role, kind, CAST(content AS BLOB), created_at "
+                    "SELECT message_id, role, kind, content, created_at "
                     "FROM messages WHERE desk = ? AND subagent_id IS NULL AND seq >= ? "
                     "AND message_id NOT IN "
                     "(SELECT message_id FROM retracted_messages WHERE desk = ?) ORDER BY seq",
@@ -594,8 +614,8 @@ class Store:
         """Records how the desk's turn ended (the first word stays: a turn ends once)."""
         at = self._clock()
         await self._db.write(lambda connection: connection.execute(
-            "INSERT OR IGNORE INTO turn_ends (desk, turn, how, at) VALUES (?, ?, ?, ?)",
-            (desk, turn, how, at)))
+            "INSERT INTO turn_ends (desk, turn, how, at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (desk, turn, how, at)), desk=desk)
 
     async def record_approval(self, desk: str, turn: str, call_id: str, approval_id: str,
                               outcome: str | None) -> None:
@@ -606,7 +626,7 @@ class Store:
             "INSERT INTO held_calls (desk, turn, call_id, approval_id, outcome, at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (desk, approval_id) DO UPDATE SET "
             "outcome = excluded.outcome, at = excluded.at",
-            (desk, turn, call_id, approval_id, outcome, at)))
+            (desk, turn, call_id, approval_id, outcome, at)), desk=desk)
 
     async def held_calls(self, desk: str, turn: str) -> dict[str, str]:
         """The turn's calls held for an operator's approval: ``pending`` while they waited,
@@ -640,7 +660,7 @@ class Store:
             of what the desk is sent.
         """
 
-        def read(connection: sqlite3.Connection) -> tuple[list[_StoredRow], set[str]]:
+        def read(connection: Connection) -> tuple[list[_StoredRow], set[str]]:
             query = f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE desk = ?"
             args: list[Any] = [desk]
             if not include_subagents:
@@ -672,12 +692,13 @@ class Store:
         """
         at = self._clock()
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.executemany(
-                "INSERT OR IGNORE INTO retracted_messages (desk, message_id, by, at) "
-                "VALUES (?, ?, ?, ?)", [(desk, message_id, by, at) for message_id in message_ids])
+                "INSERT INTO retracted_messages (desk, message_id, by, at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [(desk, message_id, by, at) for message_id in message_ids])
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     async def image(self, sha256: str) -> tuple[str, bytes] | None:
         """A stored picture's media type and bytes, or None when unknown."""
@@ -697,7 +718,7 @@ class Store:
             message: The message; its id is the one the conversation message must carry.
 
         Raises:
-            StoreError: SQLite failed (do not acknowledge the message then).
+            StoreError: The database failed (do not acknowledge the message then).
         """
         images: dict[str, ImageData] = {}
         refs = []
@@ -706,15 +727,23 @@ class Store:
             images.update(found)
             refs.extend(json.loads(content))
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             _put_images(connection, images)
             connection.execute(
-                "INSERT OR IGNORE INTO operator_messages (id, desk, text, source, images, "
-                "queued_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO operator_messages (id, desk, text, source, images, queued_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (message.id, desk, message.text, message.source, json.dumps(refs),
                  message.queued_at))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
+
+    async def has_operator_message(self, desk: str, message_id: str) -> bool:
+        """Whether an operator's message of this id was kept for ``desk`` (a fleet's inbox
+        may deliver a message again when the daemon that took it died before saying so).
+        """
+        return await self._db.read(lambda connection: connection.execute(
+            "SELECT 1 FROM operator_messages WHERE desk = ? AND id = ?",
+            (desk, message_id)).fetchone() is not None)
 
     async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
         """The operator messages kept for ``desk`` that never reached its conversation.
@@ -729,7 +758,7 @@ class Store:
             The messages, oldest first.
         """
 
-        def read(connection: sqlite3.Connection) -> list[SteeringMessage]:
+        def read(connection: Connection) -> list[SteeringMessage]:
             rows = connection.execute(
                 "SELECT id, text, source, images, queued_at FROM operator_messages "
                 "WHERE desk = ? AND delivered_at IS NULL ORDER BY queued_at, rowid",
@@ -760,7 +789,7 @@ class Store:
         Close the subscription to end it: what is buffered is written first. Cancelling it
         loses what is still buffered. Usage events also add to the desks' daily usage.
 
-        A batch SQLite refuses (a full disk, a lock held too long) is tried once more after
+        A batch the database refuses (a full disk, a lock held too long) is tried once more after
         ``retry_after`` seconds, then dropped and counted in :attr:`events_not_stored`: the
         event log is a record, and losing some of it must not stop the desks (an exception
         here would end the task group the daemon runs in). Any other error in writing a
@@ -793,7 +822,7 @@ class Store:
                 _log.error("events_store_failed", error=str(exc), events=len(batch),
                            attempt=attempt)
             except Exception as exc:
-                # A bug, not SQLite refusing: treated the same, since the event log must
+                # A bug, not the database refusing: treated the same, since the event log must
                 # never end the task group the daemon runs in.
                 _log.exception("events_store_failed", error=repr(exc), events=len(batch),
                                attempt=attempt)
@@ -806,6 +835,9 @@ class Store:
     async def append_events(self, events: Iterable[Event], *,
                             skip: Collection[str] = DEFAULT_SKIPPED_EVENTS) -> int:
         """Stores events (idempotent on their ids) and adds usage events to daily usage.
+
+        The events (and usage) of a desk this daemon no longer holds are not stored, when
+        the store has a fence; the others are.
 
         Args:
             events: Events as the bus published them (with their ids).
@@ -842,23 +874,44 @@ class Store:
         if not rows and not usage and not highest:
             return 0
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> tuple[int, dict[str, str]]:
+            refused = self._refused_desks(connection, {row[1] for row in rows} | {
+                desk for desk, _ in usage})
             stored = connection.executemany(
-                "INSERT OR IGNORE INTO events (id, desk, turn, type, at, data) "
-                "VALUES (?, ?, ?, ?, ?, ?)", rows).rowcount
+                "INSERT INTO events (id, desk, turn, type, at, data) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [row for row in rows if row[1] not in refused]).rowcount
             for (desk, day), (requests, input_tokens, output_tokens, cost,
                               cached_input_tokens) in usage.items():
-                _add_usage(connection, desk, day, int(requests or 0), int(input_tokens or 0),
-                           int(output_tokens or 0), cost, int(cached_input_tokens or 0))
+                if desk not in refused:
+                    _add_usage(connection, desk, day, int(requests or 0),
+                               int(input_tokens or 0), int(output_tokens or 0), cost,
+                               int(cached_input_tokens or 0))
             if highest:
                 connection.execute(
                     "INSERT INTO store_meta (key, value) VALUES ('event_high_water', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = "
-                    "MAX(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
-                    (highest,))
-            return max(stored, 0)
+                    "ON CONFLICT (key) DO UPDATE SET value = CASE "
+                    "WHEN CAST(excluded.value AS BIGINT) > CAST(store_meta.value AS BIGINT) "
+                    "THEN excluded.value ELSE store_meta.value END",
+                    (str(highest),))
+            return max(stored, 0), refused
 
-        return await self._db.write(write)
+        stored, refused = await self._db.write(write)
+        for desk, reason in refused.items():
+            _log.warning("events_not_stored", desk=desk, reason=reason,
+                         count=sum(row[1] == desk for row in rows))
+        return stored
+
+    def _refused_desks(self, connection: Connection, desks: Collection[str]) -> dict[str, str]:
+        """The desks among ``desks`` this daemon no longer holds, and why (the fence's
+        word), checked inside a write that concerns them all."""
+        refused: dict[str, str] = {}
+        for desk in sorted(desks):
+            try:
+                self._db.check_fence(connection, desk)
+            except FencedError as exc:
+                refused[desk] = str(exc)
+        return refused
 
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]:
@@ -874,7 +927,7 @@ class Store:
             Each event as its ``to_dict()`` data.
         """
 
-        def read(connection: sqlite3.Connection) -> list[dict[str, Any]]:
+        def read(connection: Connection) -> list[dict[str, Any]]:
             if desk is None:
                 cursor = connection.execute(
                     "SELECT data FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit))
@@ -893,7 +946,7 @@ class Store:
         restarts, even past the ids of skipped text deltas an operator's stream already saw.
         """
 
-        def read(connection: sqlite3.Connection) -> int:
+        def read(connection: Connection) -> int:
             stored = connection.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
             meta = connection.execute(
                 "SELECT value FROM store_meta WHERE key = 'event_high_water'").fetchone()
@@ -906,7 +959,7 @@ class Store:
     async def schedule_last_fired(self, desk: str) -> dict[str, datetime]:
         """The slot each of a desk's schedules last fired for, by schedule name (UTC)."""
 
-        def read(connection: sqlite3.Connection) -> dict[str, datetime]:
+        def read(connection: Connection) -> dict[str, datetime]:
             return {name: datetime.fromtimestamp(at, UTC) for name, at in connection.execute(
                 "SELECT schedule, last_fired_at FROM schedule_state WHERE desk = ?", (desk,))}
 
@@ -921,20 +974,20 @@ class Store:
             slot: The slot it fired for (an aware datetime).
         """
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO schedule_state (desk, schedule, last_fired_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (desk, schedule) DO UPDATE SET last_fired_at = excluded.last_fired_at",
                 (desk, schedule, slot.timestamp()))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     # --- holds -----------------------------------------------------------------------------
 
     async def desk_hold(self, desk: str) -> StoredHold | None:
         """Why a desk is paused, as last recorded, or None when it is not."""
 
-        def read(connection: sqlite3.Connection) -> StoredHold | None:
+        def read(connection: Connection) -> StoredHold | None:
             row = connection.execute("SELECT held_by, reason, held_at, until FROM desk_holds "
                                      "WHERE desk = ?", (desk,)).fetchone()
             return None if row is None else StoredHold(row[0], row[1], row[2], row[3])
@@ -945,29 +998,32 @@ class Store:
         """Records that a desk is paused (``hold``) or no longer is (None); written before
         the pause is acknowledged."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             if hold is None:
                 connection.execute("DELETE FROM desk_holds WHERE desk = ?", (desk,))
             else:
                 connection.execute(
-                    "INSERT OR REPLACE INTO desk_holds (desk, held_by, reason, held_at, until) "
-                    "VALUES (?, ?, ?, ?, ?)", (desk, hold.by, hold.reason, hold.at, hold.until))
+                    "INSERT INTO desk_holds (desk, held_by, reason, held_at, until) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (desk) DO UPDATE SET "
+                    "held_by = excluded.held_by, reason = excluded.reason, "
+                    "held_at = excluded.held_at, until = excluded.until",
+                    (desk, hold.by, hold.reason, hold.at, hold.until))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     async def record_spend_resume(self, desk: str, day: date) -> None:
         """Records that an operator resumed a desk a spend cap had paused on ``day``."""
 
-        def write(connection: sqlite3.Connection) -> None:
-            connection.execute("INSERT OR IGNORE INTO spend_resumes (desk, day) VALUES (?, ?)",
-                               (desk, day.isoformat()))
+        def write(connection: Connection) -> None:
+            connection.execute("INSERT INTO spend_resumes (desk, day) VALUES (?, ?) "
+                               "ON CONFLICT DO NOTHING", (desk, day.isoformat()))
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     async def spend_resumes(self, day: date) -> set[str]:
         """The desks an operator resumed from a spend cap's pause on ``day``."""
 
-        def read(connection: sqlite3.Connection) -> set[str]:
+        def read(connection: Connection) -> set[str]:
             return {desk for (desk,) in connection.execute(
                 "SELECT desk FROM spend_resumes WHERE day = ?", (day.isoformat(),))}
 
@@ -1001,7 +1057,7 @@ class Store:
             raise ValueError(f"keep must be at least 4, not {keep}")
         when = self._clock() if at is None else at
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute("INSERT INTO equity_samples (desk, at, equity) VALUES (?, ?, ?)",
                                (desk, when, float(equity)))
             (count,) = connection.execute(
@@ -1022,12 +1078,12 @@ class Store:
             connection.executemany("DELETE FROM equity_samples WHERE rowid = ?",
                                    [(rowid,) for rowid, _ in older if rowid not in kept])
 
-        await self._db.write(write)
+        await self._db.write(write, desk=desk)
 
     async def equity_samples(self, desk: str) -> list[tuple[float, float]]:
         """A desk's equity samples as ``(at, equity)``, oldest first."""
 
-        def read(connection: sqlite3.Connection) -> list[tuple[float, float]]:
+        def read(connection: Connection) -> list[tuple[float, float]]:
             return [(float(at), float(equity)) for at, equity in connection.execute(
                 "SELECT at, equity FROM equity_samples WHERE desk = ? ORDER BY at, rowid",
                 (desk,))]
@@ -1052,13 +1108,14 @@ class Store:
         """
         day = _utc_day(self._clock() if at is None else at)
         await self._db.write(lambda connection: _add_usage(
-            connection, desk, day, 1, input_tokens, output_tokens, cost, cached_input_tokens))
+            connection, desk, day, 1, input_tokens, output_tokens, cost, cached_input_tokens),
+            desk=desk)
 
     async def usage_on(self, desk: str, day: date | None = None) -> DailyUsage:
         """A desk's usage on a UTC day (today by default)."""
         day = day if day is not None else datetime.fromtimestamp(self._clock(), UTC).date()
 
-        def read(connection: sqlite3.Connection) -> DailyUsage:
+        def read(connection: Connection) -> DailyUsage:
             row = connection.execute(
                 "SELECT requests, input_tokens, output_tokens, cost, cached_input_tokens "
                 "FROM daily_usage WHERE desk = ? AND day = ?", (desk, day.isoformat())).fetchone()
@@ -1070,19 +1127,19 @@ class Store:
         return await self._db.read(read)
 
 
-def _add_usage(connection: sqlite3.Connection, desk: str, day: str, requests: int,
+def _add_usage(connection: Connection, desk: str, day: str, requests: int,
                input_tokens: int, output_tokens: int, cost: float | None,
                cached_input_tokens: int = 0) -> None:
     connection.execute(
         "INSERT INTO daily_usage (desk, day, requests, input_tokens, output_tokens, cost, "
         "cached_input_tokens) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (desk, day) DO UPDATE SET "
-        "requests = requests + excluded.requests, "
-        "input_tokens = input_tokens + excluded.input_tokens, "
-        "output_tokens = output_tokens + excluded.output_tokens, "
-        "cost = CASE WHEN excluded.cost IS NULL THEN cost "
-        "ELSE COALESCE(cost, 0) + excluded.cost END, "
-        "cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens",
+        "requests = daily_usage.requests + excluded.requests, "
+        "input_tokens = daily_usage.input_tokens + excluded.input_tokens, "
+        "output_tokens = daily_usage.output_tokens + excluded.output_tokens, "
+        "cost = CASE WHEN excluded.cost IS NULL THEN daily_usage.cost "
+        "ELSE COALESCE(daily_usage.cost, 0) + excluded.cost END, "
+        "cached_input_tokens = daily_usage.cached_input_tokens + excluded.cached_input_tokens",
         (desk, day, requests, input_tokens, output_tokens, cost, cached_input_tokens))
 
 
