@@ -1,0 +1,973 @@
+"""The fleet's message bus on NATS JetStream: every desk's events, desk inboxes, requests.
+
+The daemons of a fleet share its desks (each desk held by one daemon, through a lease) and
+reach each other here. For a prefix ``P`` (``trading_agent`` by default; another lets
+several fleets share one NATS server):
+
+- **Events**: every desk's events on ``P.events.<desk>``, kept in the stream ``P_events``
+  (bounded by age and bytes, the oldest dropped first). Every daemon reads that one stream,
+  so an event has the same id on every daemon: its stream sequence.
+  :meth:`FleetBus.publish_event` never waits: a bounded queue, then core NATS into the
+  stream's subject with ``Nats-Msg-Id: <daemon>:<event id>``, so that what a reconnect sends
+  again is kept once. When NATS is down, events past the bound are dropped and counted.
+- **Desk inboxes**: operator messages and triggers for a desk on ``P.inbox.<desk>``, kept in
+  the work-queue stream ``P_inbox`` until the desk's holder acknowledges them. The sender's
+  message id is the ``Nats-Msg-Id``, so a resend within the duplicate window is dropped by
+  the server. One durable pull consumer per desk (``desk_<desk>``): a new holder resumes
+  where the old one left, and what was delivered but never acknowledged comes again.
+- **Requests** that need the holder's answer (status, pause, cancel...): core NATS
+  request/reply on ``P.control.<desk>``, served by the holder in a queue group, so one daemon
+  answers even while two overlap during a handover.
+- **Releases**: ``P.released`` says which desks a daemon just gave up, so the others take
+  them now instead of at their next look.
+
+Errors::
+
+    TradingAgentError
+    ├── ConfigError                connect(): NATS unreachable at the URL, JetStream off, or
+    │                              the streams refuse these settings
+    └── FleetError                 the fleet's bus failed
+        ├── FleetUnavailableError  a message was not kept, or an ack not confirmed
+        └── DeskUnreachable        no daemon answered a request for a desk
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.abc
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from trading_agent.errors import ConfigError, TradingAgentError
+from trading_agent.jsontext import json_bytes, json_loads
+
+__all__ = [
+    "BusOptions",
+    "ControlHandler",
+    "DeskInbox",
+    "DeskUnreachable",
+    "FleetBus",
+    "FleetError",
+    "FleetEvent",
+    "FleetUnavailableError",
+    "InboxMessage",
+    "Served",
+]
+
+_log = structlog.get_logger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""Desk names and the prefix: one subject token, a valid stream and consumer name."""
+
+_MSG_ID = "Nats-Msg-Id"
+_DAEMON = "Trading-Agent-Daemon"
+_CONTROL_GROUP = "holders"
+_STREAM_NAME_IN_USE = 10058
+"""JetStream's error code for a stream that exists with other settings."""
+
+_NATS_FAILURES = (nats.errors.Error, TimeoutError, OSError)
+"""What a NATS call raises when NATS is down or slow (JetStream's errors are among them)."""
+
+ControlHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""Answers a request for a desk this daemon holds."""
+
+
+class FleetError(TradingAgentError):
+    """The fleet's bus failed."""
+
+
+class FleetUnavailableError(FleetError):
+    """A message could not be kept or an acknowledgement not confirmed: NATS is down, slow,
+    or refused it. Sending again with the same message id is safe."""
+
+
+class DeskUnreachable(FleetError):
+    """No daemon answered a request for a desk: none holds it now, or its holder is slow.
+
+    Args:
+        desk: The desk asked about.
+        reason: Why, readable by an operator.
+    """
+
+    def __init__(self, desk: str, reason: str) -> None:
+        super().__init__(f"desk {desk}: {reason}")
+        self.desk = desk
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BusOptions:
+    """How the bus keeps and moves messages; every daemon of a fleet should use the same.
+
+    Attributes:
+        events_max_age: Seconds an event is kept in the stream.
+        events_max_bytes: The most bytes of events kept; the oldest go first.
+        inbox_max_age: Seconds a message waits for a desk's holder before it is dropped.
+        inbox_max_bytes: The most bytes of waiting messages; past it a send is refused
+            (never an older message dropped).
+        duplicate_window: Seconds within which a resend of a message id is dropped.
+        ack_wait: Seconds a delivered inbox message may go unacknowledged before it is
+            delivered again (to the same holder, or the next).
+        inbox_poll: Seconds one wait for an inbox message lasts before the next.
+        replicas: Copies of each stream in a NATS cluster.
+        max_waiting_events: Events held while NATS is slow or down; past it they are dropped.
+        reconnect_buffer_bytes: Bytes the NATS client holds while reconnecting.
+        connect_timeout: Seconds to reach NATS at the start.
+        request_timeout: Seconds a JetStream call (a send, an ack, a page) may take.
+        reconnect_wait: Seconds between attempts to reach NATS again after losing it.
+        close_timeout: Seconds spent sending what is left when the bus closes.
+    """
+
+    events_max_age: float = 86_400.0
+    events_max_bytes: int = 1 << 30
+    inbox_max_age: float = 7 * 86_400.0
+    inbox_max_bytes: int = 256 << 20
+    duplicate_window: float = 120.0
+    ack_wait: float = 30.0
+    inbox_poll: float = 5.0
+    replicas: int = 1
+    max_waiting_events: int = 10_000
+    reconnect_buffer_bytes: int = 2 << 20
+    connect_timeout: float = 5.0
+    request_timeout: float = 5.0
+    reconnect_wait: float = 2.0
+    close_timeout: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """One event from the fleet's stream.
+
+    Attributes:
+        seq: Its stream sequence: its id on every daemon, increasing.
+        desk: The desk it is about.
+        daemon: The daemon that published it.
+        data: The event as published.
+    """
+
+    seq: int
+    desk: str
+    daemon: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+class FleetBus:
+    """This daemon's connection to the fleet's NATS. Open it with :meth:`connect`.
+
+    Attributes:
+        daemon_id: This daemon, as its events and messages name it.
+        prefix: The fleet's subjects and streams start with it.
+        events_dropped: Events :meth:`publish_event` could not send, over the bus's life.
+    """
+
+    def __init__(self, nc: Client, js: JetStreamContext, daemon_id: str, prefix: str,
+                 options: BusOptions, group: anyio.abc.TaskGroup) -> None:
+        self._nc = nc
+        self._js = js
+        self.daemon_id = daemon_id
+        self.prefix = prefix
+        self._options = options
+        self._group = group
+        self._events_stream = f"{prefix}_events"
+        self._inbox_stream = f"{prefix}_inbox"
+        self._outgoing, self._outgoing_receive = \
+            anyio.create_memory_object_stream[_Outgoing](options.max_waiting_events)
+        self._pump_done = anyio.Event()
+        self.events_dropped = 0
+        self._dropping = 0  # dropped since the last event sent
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, daemon_id: str, *, prefix: str = "trading_agent",
+                      options: BusOptions | None = None) -> AsyncIterator[FleetBus]:
+        """Connects to NATS and sets the fleet's streams up; closes it all on exit.
+
+        Several daemons may connect at once: the streams are created when missing and their
+        limits updated to these options otherwise. While the bus is open, losing NATS is
+        survived: the client reconnects for ever.
+
+        Args:
+            url: ``nats://HOST:PORT`` (several, comma-separated, for a cluster).
+            daemon_id: This daemon.
+            prefix: The fleet's subjects and streams start with it.
+            options: Limits and timeouts.
+
+        Yields:
+            The bus.
+
+        Raises:
+            ConfigError: NATS cannot be reached at ``url``, has no JetStream, or refuses these
+                stream settings (the message names the URL, never its password).
+            ValueError: ``prefix`` or ``daemon_id`` is not usable.
+        """
+        options = options or BusOptions()
+        _check_name("prefix", prefix)
+        if not daemon_id or not daemon_id.isprintable() or daemon_id != daemon_id.strip():
+            raise ValueError(f"daemon id {daemon_id!r}: printable, no surrounding spaces")
+        servers = [part.strip() for part in url.split(",") if part.strip()]
+        shown = ",".join(_without_password(server) for server in servers)
+        nc = await _open_connection(servers, shown, daemon_id, options)
+        try:
+            js = nc.jetstream(timeout=options.request_timeout)
+            await _set_up_streams(js, prefix, options, shown)
+            async with anyio.create_task_group() as group:
+                bus = cls(nc, js, daemon_id, prefix, options, group)
+                group.start_soon(bus._pump_events)
+                try:
+                    yield bus
+                finally:
+                    await bus._finish(group)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(options.close_timeout):
+                await _close_quietly(nc)
+
+    # ------------------------------------------------------------------ events
+
+    def publish_event(self, desk: str, event: dict[str, Any]) -> None:
+        """Sends a desk's event to the fleet's stream, without waiting; never raises.
+
+        The event's ``id`` (this daemon's event id) makes its ``Nats-Msg-Id``, so a copy
+        sent again is kept once. An event that cannot go (NATS down past the bound, not
+        JSON, too large, a bad desk name) is dropped, counted in :attr:`events_dropped` and
+        logged.
+
+        Args:
+            desk: The desk it is about.
+            event: The event, JSON-ready, with its ``id``.
+        """
+        if not _NAME.match(desk):
+            self._count_dropped(f"bad desk name {desk!r}")
+            return
+        try:
+            payload = json_bytes(event)
+        except (TypeError, ValueError) as exc:
+            self._count_dropped(f"not JSON: {exc}")
+            return
+        if len(payload) > self._nc.max_payload:
+            self._count_dropped(f"{len(payload)} bytes, past NATS's {self._nc.max_payload}")
+            return
+        headers = {_DAEMON: self.daemon_id}
+        if event.get("id") is not None:
+            headers[_MSG_ID] = f"{self.daemon_id}:{event['id']}"
+        try:
+            self._outgoing.send_nowait(_Outgoing(self._subject("events", desk), payload,
+                                                 headers))
+        except anyio.WouldBlock:
+            self._count_dropped(f"{self._options.max_waiting_events} events already wait "
+                                f"for NATS")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._count_dropped("the bus is closed")
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether NATS is reachable now (False while the client reconnects)."""
+        return self._nc.is_connected
+
+    @property
+    def events_waiting(self) -> int:
+        """Events queued by :meth:`publish_event`, not yet handed to the NATS client."""
+        return self._outgoing.statistics().current_buffer_used
+
+    async def events(self, after: int | None = None, *,
+                     desk: str | None = None) -> AsyncGenerator[FleetEvent, None]:
+        """Every desk's events from every daemon, in the stream's order, until closed.
+
+        Subscribes when first iterated. Close it (``contextlib.aclosing``) to let go of the
+        subscription at once.
+
+        Args:
+            after: None: the events published from now on. A sequence: every event still
+                kept after it, then the live ones (a viewer that reconnects).
+            desk: Only this desk's events.
+
+        Yields:
+            The events.
+
+        Raises:
+            FleetUnavailableError: The subscription could not be made.
+        """
+        config = None
+        policy = DeliverPolicy.NEW
+        if after is not None:
+            config = ConsumerConfig(opt_start_seq=max(after, 0) + 1)
+            policy = DeliverPolicy.BY_START_SEQUENCE
+        subject = self._subject("events", "*" if desk is None else _checked_desk(desk))
+        try:
+            sub = await self._js.subscribe(subject, stream=self._events_stream, config=config,
+                                           deliver_policy=policy, ordered_consumer=True)
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(f"cannot follow the fleet's events: "
+                                        f"{_describe(exc)}") from exc
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=None)
+                except nats.errors.ConnectionClosedError:
+                    return
+                event = _event_from(msg, msg.metadata.sequence.stream)
+                if event is not None:
+                    yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _unsubscribe_quietly(sub)
+
+    async def events_between(self, after: int, limit: int,
+                             desk: str | None = None) -> list[FleetEvent]:
+        """A page of kept events after a sequence, oldest first (a viewer catching up).
+
+        Args:
+            after: The last sequence the reader has.
+            limit: The most events returned.
+            desk: Only this desk's events.
+
+        Returns:
+            Up to ``limit`` events with sequences past ``after``; fewer when no more are kept.
+
+        Raises:
+            FleetUnavailableError: NATS could not be asked.
+            ValueError: ``limit`` is below 1.
+        """
+        if limit < 1:
+            raise ValueError(f"limit {limit}: at least 1")
+        subject = self._subject("events", "*" if desk is None else _checked_desk(desk))
+        name = f"page_{uuid.uuid4().hex}"
+        config = ConsumerConfig(
+            durable_name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(after, 0) + 1, filter_subject=subject,
+            ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True,
+            num_replicas=1)
+        events: list[FleetEvent] = []
+        sub: JetStreamContext.PullSubscription | None = None
+        try:
+            info = await self._js.add_consumer(self._events_stream, config)
+            wanted = min(limit, info.num_pending or 0)
+            if wanted:
+                sub = await self._js.pull_subscribe_bind(name, stream=self._events_stream)
+            while sub is not None and len(events) < wanted:
+                try:
+                    msgs = await sub.fetch(wanted - len(events),
+                                           timeout=self._options.request_timeout)
+                except TimeoutError:
+                    break  # the rest aged out meanwhile
+                for msg in msgs:
+                    event = _event_from(msg, msg.metadata.sequence.stream)
+                    if event is not None:
+                        events.append(event)
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(f"cannot read the fleet's kept events: "
+                                        f"{_describe(exc)}") from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                if sub is not None:
+                    await _unsubscribe_quietly(sub)
+                await self._delete_consumer_quietly(self._events_stream, name)
+        return events
+
+    async def last_event_sequence(self) -> int:
+        """The sequence of the newest event in the stream (0 when it never had one).
+
+        Raises:
+            FleetUnavailableError: NATS could not be asked.
+        """
+        try:
+            info = await self._js.stream_info(self._events_stream)
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(f"cannot read the fleet's event stream: "
+                                        f"{_describe(exc)}") from exc
+        return info.state.last_seq
+
+    # ------------------------------------------------------------------ desk inboxes
+
+    async def send_to_desk(self, desk: str, message_id: str, payload: dict[str, Any]) -> bool:
+        """Keeps a message for a desk until its holder (now or later) acknowledges it.
+
+        Returns once JetStream has stored it. A resend of ``message_id`` within the
+        duplicate window is dropped by the server, even after the first was handled.
+
+        Args:
+            desk: The desk.
+            message_id: The message's id, unique to it.
+            payload: The message, JSON-ready.
+
+        Returns:
+            True when kept now; False when that id was kept before (this one dropped).
+
+        Raises:
+            FleetUnavailableError: It may not be kept (NATS down or slow, the inbox full);
+                sending it again with the same id is safe.
+            ValueError: A bad desk name or message id.
+        """
+        _checked_desk(desk)
+        if not message_id or not message_id.isprintable() or len(message_id) > 256:
+            raise ValueError(f"message id {message_id!r}: 1 to 256 printable characters")
+        data = json_bytes(payload)
+        try:
+            ack = await self._js.publish(
+                self._subject("inbox", desk), data, timeout=self._options.request_timeout,
+                stream=self._inbox_stream,
+                headers={_MSG_ID: message_id, _DAEMON: self.daemon_id})
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(
+                f"desk {desk}: message {message_id} may not be kept ({_describe(exc)}); "
+                f"sending it again with the same id is safe") from exc
+        return not ack.duplicate
+
+    async def inbox(self, desk: str) -> DeskInbox:
+        """The messages for a desk this daemon holds, each until acknowledged.
+
+        The desk's consumer is durable: a new holder resumes where the last one left off,
+        and what it was given but never acknowledged comes again (at once when it closed
+        its inbox, else after ``ack_wait``).
+
+        Args:
+            desk: The desk.
+
+        Returns:
+            The inbox; iterate it, ``await message.ack()`` each message once handled, and
+            close it when the desk is lost or handed over.
+
+        Raises:
+            FleetUnavailableError: NATS could not be reached.
+        """
+        _checked_desk(desk)
+        inbox = DeskInbox(desk, self._js, self._inbox_stream, self._consumer_config(desk),
+                          self._options)
+        await inbox._open()
+        return inbox
+
+    def _consumer_config(self, desk: str) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=f"desk_{desk}", filter_subject=self._subject("inbox", desk),
+            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self._options.ack_wait, max_deliver=-1)
+
+    # ------------------------------------------------------------------ requests
+
+    async def serve_control(self, desk: str, handler: ControlHandler) -> Served:
+        """Answers the requests for a desk this daemon holds, until stopped.
+
+        Each request runs in a task of its own, so a slow one holds no other back. A
+        handler that raises answers ``{"error": "..."}``; serving goes on.
+
+        Args:
+            desk: The desk.
+            handler: Takes a request, returns the answer (both JSON objects).
+
+        Returns:
+            What to stop when the desk is lost or handed over.
+
+        Raises:
+            FleetUnavailableError: NATS could not be reached.
+        """
+        _checked_desk(desk)
+        try:
+            sub = await self._nc.subscribe(self._subject("control", desk), queue=_CONTROL_GROUP)
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(f"desk {desk}: cannot serve its requests: "
+                                        f"{_describe(exc)}") from exc
+        await self._flush_quietly()  # the server knows of us before serve_control returns
+        scope: anyio.CancelScope = await self._group.start(self._serve_requests, desk, sub,
+                                                           handler)
+        return Served(desk, sub, scope)
+
+    async def _serve_requests(self, desk: str, sub: Subscription, handler: ControlHandler, *,
+                              task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            async with anyio.create_task_group() as answering:
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=None)
+                    except nats.errors.ConnectionClosedError:
+                        return
+                    answering.start_soon(self._answer, desk, msg, handler)
+
+    async def _answer(self, desk: str, msg: Msg, handler: ControlHandler) -> None:
+        if not msg.reply:
+            return
+        answer: dict[str, Any]
+        try:
+            request = json_loads(msg.data)
+            if not isinstance(request, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            answer = {"error": "the request is not a JSON object"}
+        else:
+            try:
+                answer = await handler(request)
+            except Exception as exc:  # the requester reads it; serving goes on
+                _log.warning("fleet_request_failed", desk=desk, op=request.get("op"),
+                             exc_info=exc)
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            data = json_bytes(answer)
+        except (TypeError, ValueError) as exc:
+            data = json_bytes({"error": f"the answer is not JSON: {exc}"})
+        try:
+            await self._nc.publish(msg.reply, data)
+        except _NATS_FAILURES as exc:
+            _log.warning("fleet_answer_lost", desk=desk, error=_describe(exc))
+
+    async def request_control(self, desk: str, request: dict[str, Any],
+                              timeout: float = 5.0,  # noqa: ASYNC109 - the NATS request's own
+                              ) -> dict[str, Any]:
+        """Asks the daemon holding a desk, and waits for its answer.
+
+        Args:
+            desk: The desk.
+            request: The request, a JSON object.
+            timeout: Seconds to wait for the answer.
+
+        Returns:
+            The holder's answer; ``{"error": "..."}`` when its handler failed.
+
+        Raises:
+            DeskUnreachable: No daemon serves the desk now, none answered in time, or NATS
+                cannot be reached.
+            FleetError: The answer is not a JSON object.
+        """
+        _checked_desk(desk)
+        try:
+            msg = await self._nc.request(self._subject("control", desk), json_bytes(request),
+                                         timeout=timeout)
+        except nats.errors.NoRespondersError as exc:
+            raise DeskUnreachable(desk, "no daemon serves it now") from exc
+        except TimeoutError as exc:
+            raise DeskUnreachable(desk, f"no answer within {timeout:g} s") from exc
+        except _NATS_FAILURES as exc:
+            raise DeskUnreachable(desk, f"NATS cannot be reached ({_describe(exc)})") from exc
+        try:
+            answer = json_loads(msg.data)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise FleetError(f"desk {desk}: its holder answered with something other than a "
+                             f"JSON object")
+        return answer
+
+    # ------------------------------------------------------------------ releases
+
+    async def announce_released(self, desks: Iterable[str]) -> None:
+        """Tells the other daemons that this one just let desks go, so they take them now.
+
+        A hint: when it is lost, they take the desks at their next look.
+
+        Args:
+            desks: The desks given up.
+        """
+        names = [_checked_desk(desk) for desk in desks]
+        if not names:
+            return
+        try:
+            await self._nc.publish(self._subject("released"),
+                                   json_bytes({"daemon": self.daemon_id, "desks": names}))
+            await self._nc.flush(timeout=math.ceil(self._options.request_timeout))
+        except _NATS_FAILURES as exc:
+            _log.warning("fleet_release_not_announced", desks=names, error=_describe(exc))
+
+    async def released(self) -> AsyncGenerator[str, None]:
+        """The desks any daemon (this one too) announces it let go, as it says so.
+
+        Yields:
+            Desk names.
+        """
+        sub = await self._nc.subscribe(self._subject("released"))
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=None)
+                except nats.errors.ConnectionClosedError:
+                    return
+                try:
+                    desks = json_loads(msg.data)["desks"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                for desk in desks if isinstance(desks, list) else []:
+                    if isinstance(desk, str):
+                        yield desk
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _unsubscribe_quietly(sub)
+
+    # ------------------------------------------------------------------ inside
+
+    def _subject(self, kind: str, desk: str | None = None) -> str:
+        return f"{self.prefix}.{kind}" if desk is None else f"{self.prefix}.{kind}.{desk}"
+
+    async def _pump_events(self) -> None:
+        """Hands queued events to the NATS client, one at a time, in order."""
+        try:
+            async with self._outgoing_receive:
+                async for item in self._outgoing_receive:
+                    try:
+                        await self._nc.publish(item.subject, item.payload,
+                                               headers=item.headers)
+                    except _NATS_FAILURES as exc:
+                        self._count_dropped(_describe(exc))
+                    else:
+                        if self._dropping:
+                            _log.info("fleet_events_flowing", dropped=self._dropping)
+                            self._dropping = 0
+        finally:
+            self._pump_done.set()
+
+    def _count_dropped(self, reason: str) -> None:
+        self.events_dropped += 1
+        self._dropping += 1
+        if self._dropping == 1 or math.log10(self._dropping).is_integer():
+            _log.warning("fleet_events_dropped", dropped=self._dropping,
+                         dropped_total=self.events_dropped, reason=reason)
+
+    async def _finish(self, group: anyio.abc.TaskGroup) -> None:
+        """Sends what is queued (for a while), then stops the bus's tasks."""
+        self._outgoing.close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._options.close_timeout):
+            await self._pump_done.wait()
+            await self._nc.flush(timeout=math.ceil(self._options.close_timeout))
+        group.cancel_scope.cancel()
+
+    async def _flush_quietly(self) -> None:
+        with suppress(*_NATS_FAILURES):  # else the subscription is sent again on reconnect
+            await self._nc.flush(timeout=math.ceil(self._options.request_timeout))
+
+    async def _delete_consumer_quietly(self, stream: str, name: str) -> None:
+        with suppress(*_NATS_FAILURES):  # else its inactive threshold removes it
+            await self._js.delete_consumer(stream, name)
+
+
+class Served:
+    """The requests of a desk served by this daemon; :meth:`stop` when it lets the desk go."""
+
+    def __init__(self, desk: str, sub: Subscription, scope: anyio.CancelScope) -> None:
+        self.desk = desk
+        self._sub = sub
+        self._scope = scope
+
+    async def stop(self) -> None:
+        """Stops taking requests and cancels those being answered; idempotent."""
+        with anyio.CancelScope(shield=True):
+            await _unsubscribe_quietly(self._sub)
+        self._scope.cancel()
+
+
+class InboxMessage:
+    """A message from a desk's inbox.
+
+    Attributes:
+        message_id: The id its sender gave it.
+        payload: The message.
+        delivered: How many times it has been delivered (2 or more: a holder got it before
+            and never acknowledged it, so it may have been handled).
+    """
+
+    __slots__ = ("_inbox", "_msg", "_seq", "delivered", "message_id", "payload")
+
+    def __init__(self, message_id: str, payload: dict[str, Any], delivered: int, seq: int,
+                 msg: Msg, inbox: DeskInbox) -> None:
+        self.message_id = message_id
+        self.payload = payload
+        self.delivered = delivered
+        self._seq = seq
+        self._msg = msg
+        self._inbox = inbox
+
+    async def ack(self) -> None:
+        """Says it is handled: once this returns, the message never comes again. (After
+        its inbox closed, the message went back to the desk's next holder and this does
+        nothing.)
+
+        Raises:
+            FleetUnavailableError: The server did not confirm; the message may come again.
+        """
+        try:
+            await self._msg.ack_sync(timeout=self._inbox._timeout)
+        except nats.errors.MsgAlreadyAckdError:
+            pass
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(
+                f"desk {self._inbox.desk}: the ack of message {self.message_id} was not "
+                f"confirmed ({_describe(exc)}); it may come again") from exc
+        self._inbox._unacked.pop(self._seq, None)
+
+    def __repr__(self) -> str:
+        return (f"InboxMessage(message_id={self.message_id!r}, delivered={self.delivered}, "
+                f"desk={self._inbox.desk!r})")
+
+
+class DeskInbox:
+    """A desk's inbox as its holder reads it. Get one from :meth:`FleetBus.inbox`.
+
+    Iterate it for the messages, oldest first; the iteration ends when the inbox is closed
+    (from this task or another) or the bus closes. Usable as ``async with``.
+
+    Args:
+        desk: The desk.
+        js: JetStream.
+        stream: The inbox stream.
+        config: The desk's durable consumer.
+        options: Poll and ack timeouts.
+    """
+
+    def __init__(self, desk: str, js: JetStreamContext, stream: str, config: ConsumerConfig,
+                 options: BusOptions) -> None:
+        self.desk = desk
+        self._js = js
+        self._stream = stream
+        self._config = config
+        self._poll = options.inbox_poll
+        self._timeout = options.request_timeout
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._unacked: dict[int, Msg] = {}
+        self._closed = False
+        self._waiting = anyio.CancelScope()
+        self._failing = False
+
+    async def _open(self) -> None:
+        durable = self._config.durable_name
+        assert durable is not None
+        try:
+            await self._js.add_consumer(self._stream, self._config)
+            self._sub = await self._js.pull_subscribe_bind(durable, stream=self._stream)
+        except _NATS_FAILURES as exc:
+            raise FleetUnavailableError(f"desk {self.desk}: cannot open its inbox: "
+                                        f"{_describe(exc)}") from exc
+
+    def __aiter__(self) -> DeskInbox:
+        return self
+
+    async def __anext__(self) -> InboxMessage:
+        while not self._closed:
+            msg = await self._next_msg()
+            if msg is None:
+                continue
+            if self._closed:  # closed while it came: the next holder has it at once
+                await _quietly(msg.nak())
+                break
+            seq = msg.metadata.sequence.stream
+            try:
+                payload = json_loads(msg.data)
+                if not isinstance(payload, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                _log.warning("fleet_inbox_message_unreadable", desk=self.desk, seq=seq)
+                await _quietly(msg.term())
+                continue
+            self._unacked[seq] = msg
+            message_id = (msg.headers or {}).get(_MSG_ID) or f"seq-{seq}"
+            return InboxMessage(message_id, payload, msg.metadata.num_delivered, seq, msg,
+                                self)
+        raise StopAsyncIteration
+
+    async def _next_msg(self) -> Msg | None:
+        """One wait for a message; None when none came (or after a failure, a pause)."""
+        assert self._sub is not None
+        with anyio.CancelScope() as self._waiting:
+            if self._closed:
+                return None
+            try:
+                msgs = await self._sub.fetch(1, timeout=self._poll)
+            except TimeoutError:
+                return None
+            except nats.errors.ConnectionClosedError:
+                self._closed = True
+                return None
+            except _NATS_FAILURES as exc:
+                if not self._failing:
+                    _log.warning("fleet_inbox_failing", desk=self.desk, error=_describe(exc))
+                self._failing = True
+                await anyio.sleep(self._poll)
+                await _quietly(self._js.add_consumer(self._stream, self._config))
+                return None
+            if self._failing:
+                _log.info("fleet_inbox_flowing", desk=self.desk)
+                self._failing = False
+            return msgs[0]
+        return None  # closed meanwhile
+
+    async def close(self) -> None:
+        """Stops reading: what was delivered and not acknowledged goes back at once to the
+        next holder. The desk's consumer stays; idempotent."""
+        if self._closed and self._sub is None:
+            return
+        self._closed = True
+        self._waiting.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout):
+            for msg in list(self._unacked.values()):
+                await _quietly(msg.nak())
+            self._unacked.clear()
+            if self._sub is not None:
+                await _unsubscribe_quietly(self._sub)
+        self._sub = None
+
+    async def __aenter__(self) -> DeskInbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_name(what: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"{what} {name!r}: 1 to 64 letters, digits, '_' or '-'")
+    return name
+
+
+def _checked_desk(desk: str) -> str:
+    return _check_name("desk", desk)
+
+
+def _event_from(msg: Msg, seq: int) -> FleetEvent | None:
+    try:
+        data = json_loads(msg.data)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        _log.warning("fleet_event_unreadable", subject=msg.subject, seq=seq)
+        return None
+    daemon = (msg.headers or {}).get(_DAEMON, "")
+    return FleetEvent(seq=seq, desk=msg.subject.rsplit(".", 1)[-1], daemon=daemon, data=data)
+
+
+def _without_password(url: str) -> str:
+    """The URL as logs and errors may show it: a password or token replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(an unreadable URL)"
+    if "@" not in parts.netloc:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user = userinfo.split(":", 1)[0] + ":***" if ":" in userinfo else "***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, nats.js.errors.APIError) and exc.description:
+        return str(exc.description)
+    return str(exc) or type(exc).__name__
+
+
+async def _quietly(call: Awaitable[object]) -> None:
+    with suppress(*_NATS_FAILURES):
+        await call
+
+
+async def _unsubscribe_quietly(
+        sub: Subscription | JetStreamContext.PullSubscription) -> None:
+    try:
+        await sub.unsubscribe()
+    except (*_NATS_FAILURES, ValueError):
+        pass  # closed already, or the connection is gone
+
+
+async def _close_quietly(nc: Client) -> None:
+    with suppress(*_NATS_FAILURES):
+        await nc.close()
+
+
+async def _open_connection(servers: list[str], shown: str, daemon_id: str,
+                           options: BusOptions) -> Client:
+    """Connects, failing fast when NATS is absent, then reconnects for ever once in."""
+    nc = Client()
+    failures: list[BaseException] = []  # before the first connection: told in the error
+
+    async def on_error(exc: Exception) -> None:
+        if not nc.is_connected and not nc.is_reconnecting and not nc.is_closed:
+            failures.append(exc)
+        elif not nc.is_reconnecting:  # each failed attempt while reconnecting: not logged
+            _log.warning("fleet_nats_error", url=shown, error=_describe(exc))
+
+    async def on_disconnected() -> None:
+        if not nc.is_closed:
+            _log.warning("fleet_nats_disconnected", url=shown)
+
+    async def on_reconnected() -> None:
+        _log.info("fleet_nats_reconnected", url=shown)
+
+    try:
+        await nc.connect(
+            servers=servers, name=f"trading-agent {daemon_id}", error_cb=on_error,
+            disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+            connect_timeout=max(1, math.ceil(options.connect_timeout)),
+            max_reconnect_attempts=1, reconnect_time_wait=0,
+            pending_size=options.reconnect_buffer_bytes)
+    except (*_NATS_FAILURES, ValueError) as exc:
+        with suppress(Exception):  # nats-py 2.9 trips over a client that never connected
+            await nc.close()
+        cause = _describe(failures[-1] if failures else exc)
+        raise ConfigError(f"fleet: cannot reach NATS at {shown}: {cause}") from exc
+    # Once in, losing NATS is survived: reconnect for ever (read at each attempt).
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = options.reconnect_wait
+    return nc
+
+
+async def _set_up_streams(js: JetStreamContext, prefix: str, options: BusOptions,
+                          shown: str) -> None:
+    try:
+        await js.account_info()
+    except nats.js.errors.ServiceUnavailableError as exc:
+        raise ConfigError(f"fleet: the NATS server at {shown} has no JetStream (start it "
+                          f"with -js)") from exc
+    except _NATS_FAILURES as exc:
+        raise ConfigError(f"fleet: JetStream at {shown} cannot be used: "
+                          f"{_describe(exc)}") from exc
+    common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": options.replicas,
+                              "duplicate_window": options.duplicate_window}
+    streams = [
+        StreamConfig(name=f"{prefix}_events", subjects=[f"{prefix}.events.*"],
+                     description="every desk's events, for every daemon's viewers",
+                     retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,
+                     max_age=options.events_max_age, max_bytes=options.events_max_bytes,
+                     **common),
+        StreamConfig(name=f"{prefix}_inbox", subjects=[f"{prefix}.inbox.*"],
+                     description="operator messages and triggers, until a desk's holder "
+                                 "takes them",
+                     retention=RetentionPolicy.WORK_QUEUE, discard=DiscardPolicy.NEW,
+                     max_age=options.inbox_max_age, max_bytes=options.inbox_max_bytes,
+                     **common),
+    ]
+    for config in streams:
+        try:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != _STREAM_NAME_IN_USE:
+                    raise
+                await js.update_stream(config)  # another daemon's settings, or older ones
+        except _NATS_FAILURES as exc:
+            raise ConfigError(f"fleet: the stream {config.name} on {shown} cannot be set up: "
+                              f"{_describe(exc)}") from exc
