@@ -94,6 +94,7 @@ from trading_agent.agent.image_preparer import ImageLimits
 from trading_agent.backends.config import MAX_CONTEXT_WINDOW
 from trading_agent.backends.providers import ModelTable, model_settings, provider
 from trading_agent.errors import ConfigError
+from trading_agent.fleet.config import FleetSettings, StoreSettings
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
@@ -579,6 +580,9 @@ class Settings(BaseSettings):
         operator: The operator API.
         telemetry: OpenTelemetry traces of the desks' turns, model and tool calls.
         webhooks: Signed POSTs of the events chosen (fills, approvals waiting, ...).
+        store: Where the state lives: SQLite in the state directory, or PostgreSQL shared by
+            a fleet of daemons.
+        fleet: How the daemons of a fleet meet (NATS) and hold their desks (leases).
         desks: The desks, by name, in file order.
     """
 
@@ -592,6 +596,8 @@ class Settings(BaseSettings):
     operator: OperatorConfig = Field(default_factory=OperatorConfig)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     webhooks: list[WebhookSettings] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     desks: dict[DeskName, DeskSettings] = Field(min_length=1)
 
     @classmethod
@@ -624,6 +630,24 @@ class Settings(BaseSettings):
                 "model.price_output_per_million), or cap tokens with "
                 "daemon.spend.max_tokens_per_day")
         return self
+
+    @model_validator(mode="after")
+    def _fleet_complete(self) -> Settings:
+        if self.store.url is not None and self.fleet.nats_url is None:
+            raise ValueError(
+                "store.url puts the state on PostgreSQL, which makes this daemon one of a "
+                "fleet: set fleet.nats_url (nats://HOST:PORT) too, or leave store.url out for "
+                "the embedded SQLite file")
+        if self.store.url is None and self.fleet.nats_url is not None:
+            raise ValueError(
+                "fleet.nats_url needs the desks' state shared: set store.url "
+                "(postgresql://USER@HOST:PORT/DB), or leave [fleet] out for one daemon")
+        return self
+
+    @property
+    def in_fleet(self) -> bool:
+        """Whether this daemon is one of a fleet (state on PostgreSQL, daemons on NATS)."""
+        return self.store.url is not None
 
     def state_directory(self, environ: Mapping[str, str] | None = None) -> Path:
         """Where state lives: ``$STATE_DIRECTORY`` (systemd), else ``daemon.state_dir``, else
@@ -664,6 +688,8 @@ class Settings(BaseSettings):
                    self.telemetry.otlp_endpoint is not None)
         for index, hook in enumerate(self.webhooks):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
+        if self.store.password_env:
+            yield "store.password_env", self.store.password_env, self.store.url is not None
         for desk_name, desk in self.desks.items():
             prefix = f"desks.{desk_name}"
             key_variable = provider(desk.model.provider).key_variable(desk.model)

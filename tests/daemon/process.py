@@ -83,7 +83,8 @@ class DaemonProcess:
 
     def __init__(self, config: Path, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
-        self.state_dir = config.parent / "state"
+        # Daemons of a fleet share one config: each gets its own $STATE_DIRECTORY.
+        self.state_dir = Path((environ or {}).get("STATE_DIRECTORY") or config.parent / "state")
         self.log_path = config.parent / f"daemon-{time.monotonic_ns()}.log"
         env = {key: value for key, value in os.environ.items()
                if key not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}

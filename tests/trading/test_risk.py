@@ -261,3 +261,31 @@ async def test_the_day_does_not_start_while_a_holding_has_no_price(database: Pat
                              "loss cannot be checked; try again in a few minutes.")
     assert started is not None and started.start_equity == D("21000")
     assert str(halted).startswith("Refused: daily loss 5,000.00 USDT since 00:00 UTC")
+
+
+async def test_a_kill_switch_set_by_another_daemon_holds_once_refreshed(
+        feed: ReplayFeed, database: Path) -> None:
+    """In a fleet each daemon has its own switch on the shared store: the daemon that takes a
+    desk over reads the switches again and refuses the orders another daemon halted."""
+    paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database))
+    here = await KillSwitch.restore(await SqliteHalts.open(database))
+    there = await KillSwitch.restore(await SqliteHalts.open(database))
+    journal = await RiskJournal.restore(await SqliteRiskRecords.open(database), "alpha", feed.now())
+    policy = RiskPolicy(LIMITS, paper, journal=journal, kill_switch=here)
+    try:
+        await there.switch_on("alpha", "ann", "moving it")
+        before = await policy.place_order(order("buy", "0.01"))
+        await here.refresh()
+        refusal = await refused(policy, order("buy", "0.01"))
+        await there.switch_off("alpha", "ann")
+        await here.refresh()
+        after = await policy.place_order(order("buy", "0.01"))
+    finally:
+        await journal.close()
+        await here.close()
+        await there.close()
+        await paper.close()
+
+    assert before.status == after.status == "closed"
+    assert refusal.limit == "kill_switch"
+    assert "halted by ann" in str(refusal) and "moving it" in str(refusal)

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus
+from trading_agent.errors import TradingAgentError
 
 __all__ = ["DeskControl", "DeskReply", "DeskState", "DeskStatus", "UnknownDeskError"]
 
@@ -21,6 +22,11 @@ DeskState = Literal["idle", "working", "paused", "stopped"]
 
 class UnknownDeskError(KeyError):
     """No desk of that name runs in this daemon."""
+
+
+class DeskUnreachableError(TradingAgentError):
+    """In a fleet: the daemon holding a desk could not be asked, or could not do what was
+    asked (its own error, as it said it)."""
 
 
 class DeskStatus(BaseModel):
@@ -51,6 +57,8 @@ class DeskStatus(BaseModel):
         kill_switch: Why new orders are refused ("halted by NAME at TIME: REASON"), or empty.
         spend: Today's use of each spend cap that applies to the desk (its own and the
             daemon's), each with ``scope``, ``measure``, ``used``, ``cap`` and ``share``.
+        daemon: In a fleet, the daemon that holds the desk (empty when none does at the
+            moment, or outside a fleet).
     """
 
     name: str
@@ -73,6 +81,7 @@ class DeskStatus(BaseModel):
     dropped_triggers: int = 0
     kill_switch: str = ""
     spend: list[dict[str, Any]] = []
+    daemon: str = ""
 
 
 class DeskReply(BaseModel):

@@ -32,6 +32,7 @@ from the store all the way into the conversation, and is taken once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import typing
 from collections.abc import Awaitable, Callable, Sequence
@@ -66,6 +67,7 @@ from trading_agent.errors import (
     RetryRefusedError,
 )
 from trading_agent.logging_setup import redact_secrets
+from trading_agent.store.fencing import FencedError
 from trading_agent.store.store import HoldFields
 
 __all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore", "Hold"]
@@ -316,7 +318,8 @@ class Desk:
         self.queue.put(trigger)
 
     async def send_message(self, text: str, source: str = "operator",
-                           images: Sequence[ImageBlock] = ()) -> str:
+                           images: Sequence[ImageBlock] = (), *,
+                           message_id: str | None = None) -> str:
         """Gives an operator's message to the desk; it is stored before this returns.
 
         A secret of the daemon's pasted in it (the value of a variable the config names as
@@ -328,6 +331,9 @@ class Desk:
             source: Who wrote it.
             images: Pictures attached, as sent: each is sized to the desk's limits (a PNG,
                 JPEG, GIF or WebP) before anything is stored.
+            message_id: The id it was sent with, when another daemon of a fleet took it
+                (the same message sent twice is then stored and taken once); None for a new
+                one.
 
         Returns:
             The message's id.
@@ -341,6 +347,8 @@ class Desk:
                     for image in images]
         message = SteeringMessage(text=self._redact(text), source=source,
                                   images=tuple(prepared))
+        if message_id is not None:
+            message = dataclasses.replace(message, id=message_id)
         await self.store.add_operator_message(self.name, message)
         # A restore during the await may have taken it already: the mailbox takes it once.
         if (self.mailbox.put_message(message) and not self.mailbox.in_turn and self._paused
@@ -552,6 +560,11 @@ class Desk:
                     await self._serve()
                 except BackendUnavailableError as exc:
                     await self._failed(exc, paused=True)
+                except FencedError as exc:
+                    # A fleet's lease moved on: another daemon runs the desk now, and every
+                    # write of this one would be refused. Stop; the lease's loss stops the rest.
+                    self._log.error("desk_fenced", error=str(exc))
+                    return
                 except Exception as exc:
                     await self._failed(exc, paused=False)
                 finally:

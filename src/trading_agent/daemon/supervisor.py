@@ -567,6 +567,8 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
                     group.start_soon(_reload_on_sighup, supervisor, notifier)
                     await supervisor.stopped.wait()
                     group.cancel_scope.cancel()
+                if daemon.fleet is not None:  # the others take its desks now
+                    await daemon.fleet.leave()
             finally:
                 daemon.store_subscription.close()
                 daemon.log_subscription.close()

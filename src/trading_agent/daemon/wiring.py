@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -44,6 +45,7 @@ from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.providers import ProviderContext, provider
+from trading_agent.daemon.control import DeskControl
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import KillSwitchChanged, OrderFilled
 from trading_agent.daemon.mailbox import Mailbox
@@ -54,15 +56,18 @@ from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.errors import BackendError, ConfigError, TradingAgentError
+from trading_agent.fleet.node import FleetNode, open_node
 from trading_agent.logging_setup import secret_values
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import prepare_state_directory
+from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
 from trading_agent.store.memory_notes import SqliteMemory
 from trading_agent.store.store import Store, database_path
+from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
@@ -112,6 +117,7 @@ class Daemon:
         log_subscription: What is logged (run ``log_events`` on it).
         serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``).
         venues: Each desk's exchange, feed and risk policy, by desk name.
+        fleet: This daemon's part of its fleet; None when it runs alone.
     """
 
     store: Store
@@ -121,6 +127,7 @@ class Daemon:
     log_subscription: Subscription
     serve_api: Callable[..., Coroutine[Any, Any, None]] | None
     venues: Mapping[str, TradingVenue] = field(default_factory=dict)
+    fleet: FleetNode | None = None
 
 
 @asynccontextmanager
@@ -145,11 +152,16 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
     prepare_state_directory(state_dir)  # 0700, its files 0600; one line when it cannot be made
     async with AsyncExitStack() as stack:
         stack.enter_context(hold_state_lock(state_dir))  # one daemon per state directory
-        database = database_path(state_dir)
-        store = await Store.open(database)
+        database = _store_target(settings, state_dir, environ)
+        node = (await stack.enter_async_context(open_node(settings, database))
+                if settings.in_fleet else None)
+        fence = node.member if node is not None else None
+        store = await Store.open(database, fence=fence)
         stack.push_async_callback(store.close)
-        # Past any id a stream may have sent before a kill (see _EVENT_ID_MARGIN).
-        bus = EventBus(first_id=await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
+        # Past any id a stream may have sent before a kill (see _EVENT_ID_MARGIN); in a
+        # fleet, ids of this daemon's own that no other daemon uses.
+        bus = EventBus(first_id=await node.first_event_id() if node is not None
+                       else await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
@@ -164,12 +176,13 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         backends = ModelBackends(stack, environ)
         feeds = await stack.enter_async_context(SharedFeeds())
 
-        async def build(name: str, desk_settings: DeskSettings,
-                        in_force: Settings) -> DeskRuntime:
+        async def build(name: str, desk_settings: DeskSettings, in_force: Settings,
+                        desk_stack: AsyncExitStack = stack) -> DeskRuntime:
             feed = await feeds.get(desk_settings.exchange, symbols=desk_settings.symbols,
                                    risk_limits=desk_settings.risk)
-            venue = await stack.enter_async_context(open_exchange(
-                desk_settings.exchange, state=TradingStateFile(database), account=name,
+            venue = await desk_stack.enter_async_context(open_exchange(
+                desk_settings.exchange,
+                state=TradingStateFile(database, fence=fence, desk=name), account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
                 feed=feed, kill_switch=kill_switch))
             venues[name] = venue
@@ -177,11 +190,13 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             store.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
             return await _build_desk(
-                name, desk_settings, venue, backend, stack=stack, database=database,
-                store=store, bus=bus, approvals=approvals, settings=in_force, environ=environ)
+                name, desk_settings, venue, backend, stack=desk_stack, database=database,
+                fence=fence, store=store, bus=bus, approvals=approvals, settings=in_force,
+                environ=environ)
 
         runtimes = []
-        for name, desk_settings in settings.desks.items():
+        # In a fleet the desks are built as this daemon takes their leases.
+        for name, desk_settings in (settings.desks.items() if node is None else ()):
             runtime = await build(name, desk_settings, settings)
             runtimes.append(runtime)
             await _reconcile(name, venues[name], runtime, bus)
@@ -195,7 +210,21 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
         await _telemetry(settings, supervisor, bus, stack, environ)
-        if config_path is not None:
+        control: DeskControl = supervisor
+        if node is not None:
+
+            async def build_taken(name: str, desk_stack: AsyncExitStack) -> DeskRuntime:
+                await kill_switch.refresh()  # a switch its last daemon set holds here too
+                runtime = await build(name, settings.desks[name], settings, desk_stack)
+                await _reconcile(name, venues[name], runtime, bus)
+                return runtime
+
+            control = node.attach(supervisor, store, build_taken)
+            shared = bus.subscribe("fleet", max_buffer=_STORE_BUFFER)
+            supervisor.services += [("fleet", node.run),
+                                    ("fleet events", functools.partial(node.share_events, shared))]
+            supervisor.reloader = _no_reload_in_fleet
+        elif config_path is not None:
 
             async def rebuild(name: str, desk_settings: DeskSettings,
                               in_force: Settings) -> DeskRuntime:
@@ -214,12 +243,30 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
-            await serve_operator_api(supervisor, approvals, settings.operator,
+            await serve_operator_api(control, approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
                                      equity_samples=store, task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
-                     venues)
+                     venues, node)
+
+
+def _store_target(settings: Settings, state_dir: Path,
+                  environ: Mapping[str, str] | None) -> StoreTarget:
+    """The SQLite file in the state directory, or the fleet's PostgreSQL database with the
+    password from the variable ``store.password_env`` names."""
+    if settings.store.url is None:
+        return database_path(state_dir)
+    password = None
+    if settings.store.password_env:
+        password = (os.environ if environ is None else environ).get(settings.store.password_env)
+    return PostgresTarget(settings.store.url, password)
+
+
+async def _no_reload_in_fleet(by: str) -> list[str]:
+    raise ConfigError("a daemon of a fleet does not reload its config: every daemon reads the "
+                      "same file, so change it and restart the daemons one at a time (each "
+                      "hands its desks to the others on the way)")
 
 
 async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
@@ -317,8 +364,9 @@ class DeskParts:
 
 
 async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
-                     backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
+                     backend: ModelBackend, *, stack: AsyncExitStack, database: StoreTarget,
                      store: Store, bus: EventBus, approvals: ApprovalBook | None,
+                     fence: Fence | None = None,
                      settings: Settings, clock: Clock | None = None,
                      sleep: Sleep = anyio.sleep,
                      environ: Mapping[str, str] | None = None) -> DeskParts:
@@ -330,7 +378,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         venue: Its exchange, feed and risk policy.
         backend: Its model.
         stack: Closes what the desk opens (its memory).
-        database: The SQLite file of its memory.
+        database: The store of its memory.
+        fence: Refuses its memory's writes once this daemon no longer holds it (a fleet).
         store: Its transcripts, operator messages and schedules.
         bus: Where its loop publishes.
         approvals: The approval gate of dangerous tools; None lets every call run (a
@@ -346,8 +395,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
             an MCP server whose tools could not be listed.
     """
     registry, delegator, sources = await _tools(
-        name, config, venue, backend, stack=stack, database=database, store=store,
-        approvals=approvals, environ=environ)
+        name, config, venue, backend, stack=stack, database=database, fence=fence,
+        store=store, approvals=approvals, environ=environ)
     await check_fixed_part(name, config, registry.definitions(), backend)
     preparer = ImagePreparer(config.image_limits())
     executor = ToolCallExecutor(registry, approval_gate=approvals, image_preparer=preparer)
@@ -394,13 +443,14 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
 
 
 async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
-                      backend: ModelBackend, *, stack: AsyncExitStack, database: Path,
-                      store: Store, bus: EventBus, approvals: ApprovalBook,
-                      settings: Settings, environ: Mapping[str, str] | None) -> DeskRuntime:
+                      backend: ModelBackend, *, stack: AsyncExitStack, database: StoreTarget,
+                      fence: Fence | None, store: Store, bus: EventBus,
+                      approvals: ApprovalBook, settings: Settings,
+                      environ: Mapping[str, str] | None) -> DeskRuntime:
     """One desk and the services beside it."""
     parts = await build_desk(name, config, venue, backend, stack=stack, database=database,
-                             store=store, bus=bus, approvals=approvals, settings=settings,
-                             environ=environ)
+                             fence=fence, store=store, bus=bus, approvals=approvals,
+                             settings=settings, environ=environ)
     services: list[tuple[str, Service]] = [("market", parts.watcher.run)]
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))
@@ -501,8 +551,8 @@ async def offline_tool_definitions(name: str, config: DeskSettings,
                 risk_limits=config.risk, feed=feed))
             backend = _DefinitionsOnly(config.model.context_window)
             registry, _, _ = await _tools(name, config, venue, backend, stack=stack,
-                                          database=database, store=store, approvals=None,
-                                          environ=environ)
+                                          database=database, fence=None, store=store,
+                                          approvals=None, environ=environ)
             return registry.definitions()
 
 
@@ -554,14 +604,15 @@ async def _keep_books(desk: str, venue: TradingVenue, bus: EventBus) -> None:
 
 
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
-                 stack: AsyncExitStack, database: Path, store: Store,
-                 approvals: ApprovalBook | None, environ: Mapping[str, str] | None = None
+                 stack: AsyncExitStack, database: StoreTarget, fence: Fence | None,
+                 store: Store, approvals: ApprovalBook | None,
+                 environ: Mapping[str, str] | None = None
                  ) -> tuple[ToolRegistry, Delegator | None, list[McpToolSource]]:
     """The desk's tools: trading and memory tools, then ``delegate``, narrowed to the
     desk's ``tools`` list; then those of its MCP servers (listed now; each source holds its
     connection as a desk service)."""
     assert venue.risk is not None  # open_exchange builds one when given the limits
-    memory = await SqliteMemory.open(database, name, clock=venue.exchange.now)
+    memory = await SqliteMemory.open(database, name, clock=venue.exchange.now, fence=fence)
     stack.push_async_callback(memory.close)
     everything = register_trading_tools(ToolRegistry(), exchange=venue.exchange,
                                         risk_policy=venue.risk, symbols=config.symbols,

@@ -107,7 +107,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageRejectedError
-from trading_agent.daemon.control import DeskControl, UnknownDeskError
+from trading_agent.daemon.control import DeskControl, DeskUnreachableError, UnknownDeskError
 from trading_agent.errors import BackendError, ConfigError, RetryRefusedError, TradingAgentError
 from trading_agent.jsontext import json_bytes
 from trading_agent.logging_setup import redact_secrets
@@ -209,9 +209,12 @@ class OperatorService:
         self.control = control
         self.approvals = approvals
         self.config = config
-        self.hub = EventHub(control.event_bus, config.event_buffer_size)
+        # A daemon of a fleet shows every daemon's events, from the fleet's stream.
+        self.hub = EventHub(control.event_bus, config.event_buffer_size,
+                            feed=getattr(control, "event_feed", None))
         self.equity = EquityHistory(control, config.equity_sample_seconds,
-                                    samples=equity_samples)
+                                    samples=equity_samples,
+                                    sampled=getattr(control, "desks_here", None))
         self.keepalive_seconds = 15.0
         self.linger_seconds = _LINGER_SECONDS
 
@@ -375,6 +378,8 @@ def _endpoint(handler: _Handler) -> _Handler:
             return _error(409, "already_resolved", str(exc))
         except RetryRefusedError as exc:
             return _error(409, "cannot_retry", f"nothing was retried: {exc}")
+        except DeskUnreachableError as exc:
+            return _error(503, "desk_unreachable", str(exc))
         except BackendError as exc:
             return _error(503, "model_unavailable", str(exc))
         except ImageRejectedError as exc:
@@ -413,7 +418,16 @@ async def _status_of(service: OperatorService, desk: str) -> dict[str, Any]:
 @_endpoint
 async def _list_desks(request: Request) -> Response:
     service = _service(request)
-    desks = [await _status_of(service, desk) for desk in service.control.desk_names()]
+    names = list(service.control.desk_names())
+    desks: list[dict[str, Any]] = [{} for _ in names]
+
+    async def status(index: int, desk: str) -> None:
+        desks[index] = await _status_of(service, desk)
+
+    # At once: in a fleet each may be a question to another daemon.
+    async with anyio.create_task_group() as group:
+        for index, desk in enumerate(names):
+            group.start_soon(status, index, desk)
     return json_response({"desks": desks})
 
 

@@ -217,20 +217,22 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
         print("The daemon runs no desks.")
         return 0
     style = Style(False)  # colour codes would break the alignment
+    in_fleet = any(d.get("daemon") for d in desks)  # which daemon of a fleet runs each
     rows = []
     for d in desks:
         cost = d.get("cost_today")
         rows.append([
-            str(d.get("name")), str(d.get("state")), str(d.get("mode")), str(d.get("model")),
+            str(d.get("name")), *([str(d.get("daemon") or "-")] if in_fleet else []),
+            str(d.get("state")), str(d.get("mode")), str(d.get("model")),
             format_money(d.get("equity")), str(d.get("open_orders", 0)),
             f"{int(d.get('tokens_today') or 0):,}",
             format_cache_share(d.get("cached_tokens_today"), d.get("prompt_tokens_today")),
             f"${cost:.2f}" if isinstance(cost, int | float) else "-",
             str(d.get("pending_approvals", 0)), _ago(d.get("last_turn_at")),
         ])
-    print(format_table(rows, ["DESK", "STATE", "MODE", "MODEL", "EQUITY", "ORDERS",
-                              "TOKENS TODAY", "CACHED", "COST", "APPROVALS", "LAST TURN"],
-                       style))
+    print(format_table(rows, ["DESK", *(["DAEMON"] if in_fleet else []), "STATE", "MODE",
+                              "MODEL", "EQUITY", "ORDERS", "TOKENS TODAY", "CACHED", "COST",
+                              "APPROVALS", "LAST TURN"], style))
     for d in desks:
         if d.get("kill_switch"):
             print(f"{d['name']}: KILL SWITCH ON, new orders refused: "

@@ -17,7 +17,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import anyio
@@ -102,12 +102,16 @@ class EquityHistory:
         interval_seconds: Time between the timer's samples.
         samples: Where samples are kept (the daemon's store); in memory when None.
         clock: Seconds since the epoch.
+        sampled: The desks whose equity this daemon samples (in a fleet, the desks it
+            runs: each daemon samples its own); every desk by default.
     """
 
     def __init__(self, control: DeskControl, interval_seconds: float = 60.0, *,
                  samples: EquitySamples | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sampled: Callable[[], Sequence[str]] | None = None) -> None:
         self._control = control
+        self._sampled = sampled or control.desk_names
         self.interval_seconds = interval_seconds
         self._samples: EquitySamples = samples or MemoryEquitySamples(clock=clock)
         self._clock = clock
@@ -152,7 +156,7 @@ class EquityHistory:
 
     async def sample_once(self) -> None:
         """Records every desk's equity now."""
-        for desk in self._control.desk_names():
+        for desk in self._sampled():
             await self.sample(desk)
 
     async def run(self) -> None:

@@ -30,6 +30,7 @@ from trading_agent.jsontext import json_text
 
 __all__ = [
     "STREAM_CURSOR_HEADER",
+    "EventFeed",
     "EventHub",
     "StoredEvents",
     "StreamItem",
@@ -42,6 +43,11 @@ STREAM_CURSOR_HEADER = "X-Stream-Cursor"
 asked for events "from now" and lost the connection before the first one resumes there."""
 
 _log = structlog.get_logger(__name__)
+
+EventFeed = Callable[["int | None"], AsyncIterator[tuple[int, dict[str, Any]]]]
+"""``(after) -> (id, event)...``: a fleet's events, every daemon's, numbered by its stream
+(:meth:`~trading_agent.fleet.control.FleetControl.event_feed`); the hub reads it instead of
+the daemon's own bus."""
 
 StoredEvents = Callable[[int, "str | None", int], Awaitable[list[dict[str, Any]]]]
 """``(after_id, desk, limit) -> events``: the store's events after an id, oldest first."""
@@ -85,10 +91,13 @@ class EventHub:
         capacity: How many events the ring keeps.
     """
 
-    def __init__(self, bus: EventBus, capacity: int = 20_000) -> None:
+    def __init__(self, bus: EventBus, capacity: int = 20_000, *,
+                 feed: EventFeed | None = None) -> None:
         # The bus drops for a subscriber that lags this far; the hub only copies, so it
         # never should, but a reconnecting reader would then find a gap the store fills.
-        self._subscription = bus.subscribe("operator-api", max_buffer=max(capacity, 100_000))
+        self._feed = feed
+        self._subscription = bus.subscribe("operator-api", max_buffer=max(capacity, 100_000),
+                                           accept=lambda _: feed is None)
         self._items: deque[StreamItem] = deque(maxlen=capacity)
         self._floor: int | None = None
         self._changed = anyio.Event()
@@ -114,7 +123,11 @@ class EventHub:
         return self._closed
 
     async def run(self) -> None:
-        """Copies events from the bus into the ring until cancelled or closed."""
+        """Copies events from the bus (or the fleet's feed) into the ring until cancelled or
+        closed."""
+        if self._feed is not None:
+            await self._run_feed(self._feed)
+            return
         subscription = self._subscription
         try:
             while not self._closed:
@@ -130,6 +143,15 @@ class EventHub:
         finally:
             subscription.close()
 
+    async def _run_feed(self, feed: EventFeed) -> None:
+        """Copies the fleet's events (already numbered by its stream) into the ring."""
+        async for event_id, data in feed(self.last_id):
+            if self._closed:
+                return
+            self._add_item(event_id, str(data.get("desk", "*")), str(data.get("type", "")),
+                           data.get("subagent"), bool(data.get("silent")), data)
+            self._wake()
+
     def publish_directly(self, event: Event) -> None:
         """Adds an already-published event (tests and benchmarks without a running hub)."""
         self._add(event)
@@ -144,19 +166,25 @@ class EventHub:
             self.dropped_total += event.count
             _log.warning("operator_stream_events_dropped", count=event.count)
             return
-        if event.subagent is None and not getattr(event, "silent", False):
-            if event.type == "turn_start":
-                self._working.add(event.desk)
-            elif event.type == "turn_end":
-                self._working.discard(event.desk)
+        self._add_item(event.id, event.desk, event.type, event.subagent,
+                       bool(getattr(event, "silent", False)), event)
+
+    def _add_item(self, event_id: int, desk: str, kind: str, subagent: Any, silent: bool,
+                  data: Event | dict[str, Any]) -> None:
+        if subagent is None and not silent:
+            if kind == "turn_start":
+                self._working.add(desk)
+            elif kind == "turn_end":
+                self._working.discard(desk)
         items = self._items
-        if items and event.id <= items[-1].id:
+        if items and event_id <= items[-1].id:
             return  # never out of order: ids are the cursor
         if len(items) == items.maxlen:
-            self._floor = items[1].id if len(items) > 1 else event.id
-        items.append(StreamItem(event.id, event.desk, encode_frame(event.id, event.to_dict())))
+            self._floor = items[1].id if len(items) > 1 else event_id
+        encoded = data.to_dict() if isinstance(data, Event) else data
+        items.append(StreamItem(event_id, desk, encode_frame(event_id, encoded)))
         if self._floor is None:
-            self._floor = event.id
+            self._floor = event_id
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, anyio.Event()

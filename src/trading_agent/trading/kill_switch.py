@@ -105,6 +105,16 @@ class KillSwitch:
             raise
         return cls(records, halts)
 
+    async def refresh(self) -> None:
+        """Reads the kept switches again: in a fleet another daemon may have switched one on
+        or off (a desk taken over from it must obey the switch it set). Memory only: no-op.
+
+        Raises:
+            StoreError: They cannot be read.
+        """
+        if self._records is not None:
+            self._halts = dict(await self._records.load())
+
     def halt_for(self, desk: str) -> Halt | None:
         """What halts a desk: its own switch first, else the daemon-wide one; None when it may
         trade."""

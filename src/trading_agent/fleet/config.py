@@ -1,0 +1,114 @@
+"""The settings of a fleet: where the shared state lives and how the daemons meet.
+
+Two tables of the config file, embedded by :class:`~trading_agent.settings.Settings`::
+
+    [store]
+    url = "postgresql://trading@db.internal:5432/trading"   # none: SQLite in the state dir
+    password_env = "TRADING_AGENT_DB_PASSWORD"
+
+    [fleet]
+    nats_url = "nats://nats.internal:4222"
+    daemon_id = "host-a"            # default: the host name and the process id
+    lease_seconds = 15              # a dead daemon's desks move within about this
+
+Every daemon of a fleet reads the same file. A store on PostgreSQL makes the daemon one of a
+fleet: each desk is run by the one daemon that holds its lease, and the daemons reach each
+other's desks through NATS, so ``fleet.nats_url`` is required with ``store.url``. Without
+``[store] url`` the daemon is alone: SQLite in its state directory, and ``[fleet]`` is an
+error (the desks' state could not be shared).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["FleetSettings", "StoreSettings", "default_daemon_id"]
+
+_DAEMON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+def default_daemon_id() -> str:
+    """The host name and the process id: unique among running daemons, and readable."""
+    return f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+
+
+class StoreSettings(BaseModel):
+    """Where the daemon keeps its state.
+
+    Attributes:
+        url: ``postgresql://USER@HOST:PORT/DB``: the shared store of a fleet. None: the
+            embedded SQLite file in the state directory.
+        password_env: The environment variable holding the database user's password (none
+            with trust or peer authentication).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    password_env: str | None = Field(default=None, min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("must be a PostgreSQL URL, postgresql://USER@HOST:PORT/DB (leave "
+                             "it out for the embedded SQLite file)")
+        if parts.password is not None:
+            raise ValueError("must not hold a password: put it in an environment variable "
+                             "and name that variable in store.password_env")
+        if not parts.hostname or not parts.path.strip("/"):
+            raise ValueError("needs a host and a database: postgresql://USER@HOST:PORT/DB")
+        return url
+
+
+class FleetSettings(BaseModel):
+    """How this daemon meets the others of its fleet.
+
+    Attributes:
+        nats_url: The NATS server (with JetStream) that carries events, operator messages
+            and triggers between the daemons: ``nats://HOST:PORT``.
+        daemon_id: This daemon's name in the fleet (the ``DAEMON`` column of ``desks``);
+            default: the host name and the process id.
+        lease_seconds: How long a desk's lease lasts unless renewed (it is renewed every
+            third of it). A daemon that dies keeps its desks this long at most, then another
+            takes them over.
+        nats_prefix: The prefix of the fleet's NATS subjects and streams, so that several
+            fleets can share one NATS server.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    nats_url: str | None = None
+    daemon_id: str | None = None
+    lease_seconds: float = Field(default=15.0, ge=1.0, le=600.0)
+    nats_prefix: str = Field(default="trading_agent", pattern=r"^[A-Za-z0-9_-]{1,32}$")
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise ValueError("must be a NATS URL, nats://HOST:PORT")
+        return url
+
+    @field_validator("daemon_id")
+    @classmethod
+    def _daemon_id(cls, daemon_id: str | None) -> str | None:
+        if daemon_id is not None and not _DAEMON_ID.match(daemon_id):
+            raise ValueError("must be 1 to 64 letters, digits, '.', '_', ':' or '-', starting "
+                             "with a letter or digit")
+        return daemon_id
+
+    def resolved_daemon_id(self) -> str:
+        """This daemon's id: the configured one, else the host name and process id."""
+        return self.daemon_id or default_daemon_id()

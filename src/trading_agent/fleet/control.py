@@ -1,0 +1,345 @@
+"""The operator's view of a fleet: every desk, whichever daemon runs it.
+
+:class:`FleetControl` is the :class:`~trading_agent.daemon.control.DeskControl` of a daemon
+in a fleet. A desk this daemon holds is answered by its own supervisor; any other goes over
+NATS to the daemon that holds it:
+
+- an operator's message (or a trigger) goes to the desk's inbox on JetStream, with its id
+  as the message id, so that it is kept, reaches whoever holds the desk (now, or after a
+  take-over), and is taken once (:class:`DeskService` acknowledges it once stored);
+- a request that needs an answer (status, pause, retry, the kill switch, a reply to wait
+  for) is asked of the holder and answered by it (:class:`DeskService`).
+
+Transcripts come from the shared store. The live events come from the fleet's one event
+stream, so every daemon shows every desk's events with the same ids (the stream's
+sequence), and a viewer can resume on any daemon.
+
+Outside this: ``reload`` reads this daemon's config file again (run it on each daemon), and
+the message limit of a desk held elsewhere is unknown here (None).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from trading_agent.agent.conversation import ImageBlock
+from trading_agent.agent.event_bus import EventBus
+from trading_agent.daemon.control import (
+    DeskReply,
+    DeskStatus,
+    DeskUnreachableError,
+    UnknownDeskError,
+)
+
+if TYPE_CHECKING:
+    from trading_agent.daemon.supervisor import Supervisor
+    from trading_agent.fleet.bus import FleetBus, InboxMessage
+    from trading_agent.fleet.member import FleetMember
+    from trading_agent.store.desk_leases import DeskLeases
+    from trading_agent.store.store import Store
+
+__all__ = ["DeskService", "FleetControl"]
+
+_log = structlog.get_logger(__name__)
+
+_REQUEST_SECONDS = 10.0
+"""How long a request to another daemon waits for its answer."""
+
+_STATUS_SECONDS = 2.0
+"""How long a desk's status waits for the daemon holding it (a paused or dying daemon must
+not hold up ``desks``); then the leases answer."""
+
+_REPLY_SECONDS = 3600.0
+"""How long ``send --wait`` waits for a desk held elsewhere to end the turn."""
+
+
+def encode_images(images: Sequence[ImageBlock]) -> list[dict[str, str]]:
+    """Pictures as JSON for the bus."""
+    return [{"media_type": image.media_type, "description": image.description,
+             "data": base64.b64encode(image.data).decode("ascii")} for image in images]
+
+
+def decode_images(items: Sequence[dict[str, str]]) -> list[ImageBlock]:
+    """Pictures from the bus."""
+    return [ImageBlock(base64.b64decode(item["data"]), item["media_type"],
+                       item.get("description", "")) for item in items]
+
+
+class FleetControl:
+    """Every desk of the fleet, for the operator API of one daemon.
+
+    Args:
+        local: This daemon's supervisor (the desks it holds).
+        member: This daemon's leases.
+        bus: The fleet's NATS.
+        leases: Who holds which desk (for the ``daemon`` of a desk held elsewhere).
+        store: The shared store (transcripts).
+        desks: Every desk of the config, in config order.
+    """
+
+    def __init__(self, local: Supervisor, member: FleetMember, bus: FleetBus,
+                 leases: DeskLeases, store: Store, desks: Sequence[str]) -> None:
+        self.local = local
+        self.member = member
+        self.bus = bus
+        self.leases = leases
+        self.store = store
+        self.desks = list(desks)
+        self.event_bus: EventBus = local.event_bus
+        self.daemon_id = member.daemon_id
+
+    # ------------------------------------------------------------------ where a desk runs
+
+    def desk_names(self) -> Sequence[str]:
+        """Every desk of the fleet, in config order."""
+        return list(self.desks)
+
+    def desks_here(self) -> list[str]:
+        """The desks this daemon runs now (it samples their equity)."""
+        return [desk for desk in self.desks if self._here(desk)]
+
+    def _known(self, desk: str) -> None:
+        if desk not in self.desks:
+            raise UnknownDeskError(desk)
+
+    def _here(self, desk: str) -> bool:
+        self._known(desk)
+        return desk in self.member.held and desk in self.local.desk_names()
+
+    async def _ask(self, desk: str, request: dict[str, Any],
+                   timeout: float = _REQUEST_SECONDS) -> Any:  # noqa: ASYNC109 (NATS' own)
+        """Asks the daemon holding ``desk``; its answer's ``result``.
+
+        Raises:
+            DeskUnreachableError: That daemon failed to do it, or no daemon holds the desk now.
+        """
+        from trading_agent.fleet.bus import DeskUnreachable
+
+        try:
+            answer = await self.bus.request_control(desk, request, timeout=timeout)
+        except DeskUnreachable as exc:
+            raise DeskUnreachableError(f"desk {desk}: no daemon of the fleet answers for it now "
+                                  f"(it may be moving to another daemon; try again in a few "
+                                  f"seconds): {exc}") from exc
+        if "error" in answer:
+            raise DeskUnreachableError(f"desk {desk}: {answer['error']}")
+        return answer.get("result")
+
+    # ------------------------------------------------------------------ DeskControl
+
+    async def desk_status(self, desk: str) -> DeskStatus:
+        """A desk's status, from the daemon holding it; when none answers, what the
+        leases say (stopped, and who held it last)."""
+        if self._here(desk):
+            status = await self.local.desk_status(desk)
+            return status.model_copy(update={"daemon": self.daemon_id})
+        lease = (await self.leases.leases()).get(desk)
+        holder = lease.holder if lease is not None and lease.live else ""
+        if holder:
+            try:
+                return DeskStatus.model_validate(
+                    await self._ask(desk, {"op": "status"}, timeout=_STATUS_SECONDS))
+            except DeskUnreachableError as exc:
+                _log.warning("fleet_status_unavailable", desk=desk, daemon=holder,
+                             error=str(exc))
+        return DeskStatus(name=desk, state="stopped", daemon=holder)
+
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: Sequence[ImageBlock] = ()) -> str:
+        """A desk held here: as on one daemon. Elsewhere: kept in the desk's inbox on
+        JetStream (acknowledged by the server) for whoever holds it."""
+        if self._here(desk):
+            return await self.local.send_message(desk, text, source, images)
+        message_id = uuid.uuid4().hex
+        await self.bus.send_to_desk(desk, message_id, {
+            "op": "message", "text": text, "source": source, "images": encode_images(images)})
+        return message_id
+
+    def message_limit(self, desk: str) -> int | None:
+        """The desk's message limit when it runs here; None (unknown) elsewhere."""
+        return self.local.message_limit(desk) if self._here(desk) else None
+
+    async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
+        """The end of the turn that read a message, from whichever daemon runs the desk."""
+        if self._here(desk):
+            return await self.local.wait_for_reply(desk, message_id)
+        answer = await self._ask(desk, {"op": "reply", "message_id": message_id},
+                                 timeout=_REPLY_SECONDS)
+        return DeskReply.model_validate(answer)
+
+    async def pause(self, desk: str, by: str, reason: str) -> bool:
+        """Holds the desk, on the daemon that runs it."""
+        if self._here(desk):
+            return await self.local.pause(desk, by, reason)
+        return bool(await self._ask(desk, {"op": "pause", "by": by, "reason": reason}))
+
+    async def resume(self, desk: str, by: str) -> int | None:
+        """Lets the desk take turns again, on the daemon that runs it."""
+        if self._here(desk):
+            return await self.local.resume(desk, by)
+        result = await self._ask(desk, {"op": "resume", "by": by})
+        return None if result is None else int(result)
+
+    def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
+        """Ends the desk's running turn; for a desk held elsewhere the request is sent and
+        True returned (whether a turn ran is known to that daemon)."""
+        if self._here(desk):
+            return self.local.cancel_turn(desk, by, now=now)
+        self.local.start_service(f"cancel {desk}", lambda: self._cancel_elsewhere(desk, by, now))
+        return True
+
+    async def _cancel_elsewhere(self, desk: str, by: str, now: bool) -> None:
+        try:
+            await self._ask(desk, {"op": "cancel", "by": by, "now": now})
+        except DeskUnreachableError as exc:
+            _log.warning("fleet_cancel_failed", desk=desk, error=str(exc))
+
+    async def retry(self, desk: str, by: str) -> int:
+        """Runs the desk's last turn again, on the daemon that runs it."""
+        if self._here(desk):
+            return await self.local.retry(desk, by)
+        return int(await self._ask(desk, {"op": "retry", "by": by}))
+
+    async def compact(self, desk: str) -> bool:
+        """Compacts the desk's conversation, on the daemon that runs it."""
+        if self._here(desk):
+            return await self.local.compact(desk)
+        return bool(await self._ask(desk, {"op": "compact"}, timeout=_REPLY_SECONDS))
+
+    async def set_kill_switch(self, on: bool, *, desk: str | None, by: str, reason: str = "",
+                              cancel_orders: bool = False,
+                              flatten: bool = False) -> dict[str, Any]:
+        """A desk's switch on the daemon that runs it; every desk's on every daemon (each
+        daemon switches its own, and handles the orders of the desks it holds)."""
+        request = {"op": "kill_switch", "on": on, "by": by, "reason": reason,
+                   "cancel_orders": cancel_orders, "flatten": flatten}
+        if desk is not None:
+            if self._here(desk):
+                return await self.local.set_kill_switch(
+                    on, desk=desk, by=by, reason=reason, cancel_orders=cancel_orders,
+                    flatten=flatten)
+            return dict(await self._ask(desk, {**request, "desk": desk}))
+        result = await self.local.set_kill_switch(
+            on, desk=None, by=by, reason=reason, cancel_orders=cancel_orders, flatten=flatten)
+        leases = await self.leases.leases()
+        asked: set[str] = {self.daemon_id}
+        for name in self.desks:  # one desk per other daemon: its switch covers all its desks
+            lease = leases.get(name)
+            if lease is None or not lease.live or lease.holder in asked:
+                continue
+            asked.add(lease.holder)
+            try:
+                other = await self._ask(name, {**request, "desk": None})
+            except DeskUnreachableError as exc:
+                result["failed"].append(f"daemon {lease.holder}: {exc}")
+                continue
+            for key in ("cancelled", "flattened", "failed"):
+                result[key] += other.get(key, [])
+        return result
+
+    def kill_switch_halts(self) -> list[dict[str, str]]:
+        """The switches on, as this daemon knows them."""
+        return self.local.kill_switch_halts()
+
+    async def reload(self, by: str) -> list[str]:
+        """Reads this daemon's config file again."""
+        return await self.local.reload(by)
+
+    async def transcript(self, desk: str, *, before: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """A page of the desk's messages, from the shared store."""
+        self._known(desk)
+        return await self.store.transcript(desk, before_seq=before, limit=limit)
+
+    async def events_since(self, after_id: int, desk: str | None = None,
+                           limit: int = 1000) -> list[dict[str, Any]]:
+        """The fleet's kept events after a stream sequence."""
+        events = await self.bus.events_between(after_id, limit, desk)
+        return [{**event.data, "id": event.seq} for event in events]
+
+    async def event_feed(self, after: int | None = None
+                         ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Every desk's events, live, numbered by the fleet's stream."""
+        async with contextlib.aclosing(self.bus.events(after)) as events:
+            async for event in events:
+                yield event.seq, {**event.data, "id": event.seq}
+
+
+class DeskService:
+    """Answers, for a desk this daemon holds, what other daemons ask of it, and takes the
+    messages and triggers of its inbox.
+
+    Args:
+        local: This daemon's supervisor.
+        bus: The fleet's NATS.
+        store: The shared store (to know a message already taken).
+    """
+
+    def __init__(self, local: Supervisor, bus: FleetBus, store: Store) -> None:
+        self.local = local
+        self.bus = bus
+        self.store = store
+
+    async def run(self, desk: str) -> None:
+        """Serves ``desk`` until cancelled (its lease lost or handed over)."""
+        served = await self.bus.serve_control(desk, lambda request: self._answer(desk, request))
+        try:
+            inbox = await self.bus.inbox(desk)
+            try:
+                async for message in inbox:
+                    await self._take(desk, message)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await inbox.close()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await served.stop()
+
+    async def _take(self, desk: str, message: InboxMessage) -> None:
+        payload = message.payload
+        if message.delivered > 1 and await self.store.has_operator_message(
+                desk, message.message_id):
+            pass  # a daemon stored it and died before acknowledging: it is the store's now
+        elif payload.get("op") == "message":
+            await self.local.desk(desk).send_message(
+                payload["text"], payload.get("source", "operator"),
+                decode_images(payload.get("images", [])), message_id=message.message_id)
+        else:
+            _log.warning("fleet_inbox_unknown", desk=desk, op=payload.get("op"))
+        await message.ack()  # stored: a holder that dies now leaves it to the store
+
+    async def _answer(self, desk: str, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        local = self.local
+        result: Any
+        if op == "status":
+            status = await local.desk_status(desk)
+            result = status.model_copy(update={"daemon": self.bus.daemon_id}).model_dump()
+        elif op == "reply":
+            result = (await local.wait_for_reply(desk, str(request["message_id"]))).model_dump()
+        elif op == "pause":
+            result = await local.pause(desk, str(request["by"]), str(request["reason"]))
+        elif op == "resume":
+            result = await local.resume(desk, str(request["by"]))
+        elif op == "cancel":
+            result = local.cancel_turn(desk, str(request["by"]), now=bool(request["now"]))
+        elif op == "retry":
+            result = await local.retry(desk, str(request["by"]))
+        elif op == "compact":
+            result = await local.compact(desk)
+        elif op == "kill_switch":
+            result = await local.set_kill_switch(
+                bool(request["on"]), desk=request.get("desk"), by=str(request["by"]),
+                reason=str(request.get("reason", "")),
+                cancel_orders=bool(request.get("cancel_orders")),
+                flatten=bool(request.get("flatten")))
+        else:
+            return {"error": f"unknown request {op!r}"}
+        return {"result": result}
