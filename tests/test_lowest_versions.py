@@ -6,8 +6,8 @@ the code works with: the slow test installs exactly the lowest versions allowed 
 ``--constraint`` with ``name==floor`` for each) into a scratch virtualenv from the configured
 package index, then runs ``check-config`` on the demo and the tests of each adapter that
 leans on a dependency (the OpenAI SDK and httpx2, pydantic-settings, starlette and uvicorn,
-prometheus-client, OpenTelemetry, ccxt, croniter, structlog, pillow) against their local
-stand-ins. Nothing reaches the internet beyond the package index;
+prometheus-client, OpenTelemetry, ccxt, croniter, structlog, pillow; psycopg and nats-py
+against the machine's PostgreSQL and NATS) against their local stand-ins. Nothing reaches the internet beyond the package index;
 without one, the test is skipped and says so.
 """
 
@@ -47,6 +47,8 @@ ADAPTER_TESTS = (
     "tests/test_logging.py",                     # structlog
     "tests/agent/test_image_preparer.py",        # pillow
     "tests/tools/test_mcp.py",                   # mcp, jsonschema (stdio and HTTP servers)
+    "tests/store/test_postgres.py",              # psycopg (the machine's PostgreSQL)
+    "tests/fleet/test_bus.py",                   # nats-py (the machine's NATS)
 )
 """The tests of the code that leans on each dependency; each takes seconds."""
 

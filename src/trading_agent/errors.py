@@ -14,7 +14,12 @@
     ├── ExchangeError                    the exchange failed
     │   ├── ExchangeUnavailableError     network, timeout or rate limit, after retries
     │   └── OrderRejectedError           the exchange refused the order (funds, symbol...)
-    ├── StoreError                       the SQLite store failed
+    ├── StoreError                       the store (SQLite or PostgreSQL) failed
+    │   └── FencedError ◊                this daemon no longer holds the desk: write refused
+    ├── FleetError ◆                     the fleet's NATS failed
+    │   ├── FleetUnavailableError ◆      NATS cannot be reached now
+    │   └── DeskUnreachable ◆            no daemon answered for a desk
+    ├── DeskUnreachableError ○           the daemon holding a desk could not be asked
     ├── ConfigError                      a configuration file or variable is wrong
     │   └── CacheFileError §             a backtest's response cache file is unreadable
     ├── ImageRejectedError ⁑             a picture an operator or tool sent cannot be used
@@ -28,7 +33,8 @@
 Defined where they are raised, not here: ``*`` in :mod:`trading_agent.backends.local_server`
 (private), ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
 :mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
-:mod:`trading_agent.agent.image_preparer`.
+:mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
+in :mod:`trading_agent.fleet.bus`, ``○`` in :mod:`trading_agent.daemon.control`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and

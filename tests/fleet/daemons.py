@@ -84,9 +84,11 @@ class Fleet:
         return daemon
 
     async def holders(self, via: str) -> dict[str, str]:
-        """Each desk's daemon, as daemon ``via``'s API shows it ("" for none)."""
+        """Each desk's daemon, as daemon ``via``'s API shows it: "" for none, and for a desk
+        whose lease is taken but which does not run yet (its status says stopped)."""
         async with self.daemons[via].client() as client:
-            return {desk["name"]: desk.get("daemon", "") for desk in await client.desks()}
+            return {desk["name"]: desk.get("daemon", "") if desk["state"] != "stopped" else ""
+                    for desk in await client.desks()}
 
     async def wait_held(self, via: str, by: Sequence[str], within: float) -> dict[str, str]:
         """Waits until every desk is held by one of ``by``, spread evenly among them."""
@@ -157,5 +159,6 @@ def ends_with(messages: Sequence[tuple[str, str, str, list[dict[str, Any]]]],
 
 
 def desk_of(request: RecordedRequest) -> str:
-    system = request.messages[0]["content"]
+    """The desk a model request came from (its system prompt names it)."""
+    system = str(request.messages[0]["content"])
     return system.removeprefix("You are the trading desk ").partition(".")[0]
