@@ -7,8 +7,8 @@ the code works with: the slow test installs exactly the lowest versions allowed 
 package index, then runs ``check-config`` on the demo and the tests of each adapter that
 leans on a dependency (the OpenAI SDK and httpx2, pydantic-settings, starlette and uvicorn,
 prometheus-client, OpenTelemetry, ccxt, croniter, structlog, pillow; psycopg and nats-py
-against the machine's PostgreSQL and NATS) against their local stand-ins. Nothing reaches the internet beyond the package index;
-without one, the test is skipped and says so.
+against the machine's PostgreSQL and NATS) against their local stand-ins. Nothing reaches
+the internet beyond the package index; without one, the test is skipped and says so.
 """
 
 from __future__ import annotations

@@ -74,8 +74,11 @@ def _check_windows(settings: Settings) -> None:
 
 def _summary(settings: Settings) -> str:
     desks = settings.desks
+    where = (f"state in {settings.state_directory()}" if settings.store.url is None else
+             f"a fleet: state on {settings.store.url}, daemons meeting on "
+             f"{settings.fleet.nats_url}")
     lines = [f"OK: {len(desks)} desk{'s' if len(desks) != 1 else ''} "
-             f"({', '.join(desks)}); state in {settings.state_directory()}"]
+             f"({', '.join(desks)}); {where}"]
     for name, desk in desks.items():
         model = desk.model
         model_name = provider(model.provider).model_name(model)

@@ -1254,8 +1254,12 @@ def _show(value: Any, keys: Sequence[str | int]) -> str:
     """A value for an error line: short, and hidden when its key looks like a secret."""
     if keys and _SECRET_KEY.search(str(keys[-1])):
         return "<hidden>"
-    text = _toml_repr(value)
+    # A URL's password (postgresql://user:secret@host) is a secret whatever its key's name.
+    text = _URL_PASSWORD.sub(r"\1:<hidden>@", _toml_repr(value))
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")
 
 
 def _constraints(metadata: Sequence[Any]) -> str:

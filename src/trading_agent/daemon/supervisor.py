@@ -166,6 +166,8 @@ class Supervisor:
         self._stop_requested = anyio.Event()
         self.stopped = anyio.Event()
         """Set once every desk has stopped."""
+        self.on_shutdown: list[Callable[[], None]] = []
+        """Told when a shutdown starts (a fleet's node then takes no more desks)."""
 
     # ------------------------------------------------------------------ DeskControl
 
@@ -461,6 +463,8 @@ class Supervisor:
             return
         _log.info("shutdown_requested", working=[r.desk.name for r in self._runtimes.values()
                                                  if r.desk.state == "working"])
+        for callback in self.on_shutdown:
+            callback()
         for runtime in self._runtimes.values():
             runtime.desk.stop()
         self._stop_requested.set()

@@ -5,11 +5,11 @@
 - **renewing**, every third of ``lease_seconds``: each lease held is extended; one that
   cannot be (it ran out while the daemon was paused, and another took it) is dropped from
   :attr:`FleetMember.held` at once, which the fence reads, and its desk stopped;
-- **balancing**, every second (or at once when another daemon says it let desks go): the
-  daemon says it is alive, reads who else is, and works out its fair share,
-  ``ceil(desks / daemons alive)``. Below it, it takes free desks, those that prefer it
-  first; above it (a daemon joined), it hands over one desk per round, at the end of that
-  desk's turn.
+- **balancing**, every second (every third of the lease if that is shorter; at once when
+  another daemon says it let desks go): the daemon says it is alive, reads who else is, and
+  works out its fair share, ``ceil(desks / daemons alive)``. Below it, it takes free desks,
+  those that prefer it first; above it (a daemon joined), it hands the extra ones over at
+  the end of their turns.
 
 Preference is rendezvous hashing: each desk ranks the live daemons by a hash of the pair,
 so a daemon that restarts tends to get its own desks back, and the desks of one that died
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -67,7 +67,7 @@ class FleetMember:
 
     def __init__(self, leases: DeskLeases, daemon_id: str, desks: Sequence[str], *,
                  lease_seconds: float, start_desk: DeskChange,
-                 stop_desk: Callable[[str, bool], Awaitable[None]]) -> None:
+                 stop_desk: Callable[[str, bool], Coroutine[Any, Any, None]]) -> None:
         self._leases = leases
         self.daemon_id = daemon_id
         self.desks = list(desks)
@@ -131,7 +131,8 @@ class FleetMember:
                 await self.balance()
             except Exception as exc:
                 _log.error("fleet_balance_failed", daemon=self.daemon_id, error=str(exc))
-            with anyio.move_on_after(_BALANCE_SECONDS):
+            # Well within the lease: a daemon's heartbeat must never look a lease old.
+            with anyio.move_on_after(min(_BALANCE_SECONDS, self.lease_seconds / 3)):
                 await self._wake.wait()
             self._wake = anyio.Event()
 
@@ -147,7 +148,7 @@ class FleetMember:
             if len(self.held) < share:
                 await self._take(share - len(self.held))
             elif len(self.held) > share:
-                await self._hand_over(self._least_preferred())
+                await self._hand_over(self._least_preferred(len(self.held) - share))
 
     def _rank(self, desk: str) -> list[str]:
         """The live daemons, the one ``desk`` prefers first."""
@@ -172,19 +173,32 @@ class FleetMember:
                            error=str(exc))
                 await self._release([desk])
 
-    def _least_preferred(self) -> str:
-        """The held desk that ranks this daemon lowest."""
-        return max(sorted(self.held), key=lambda desk: self._rank(desk).index(self.daemon_id))
+    def _least_preferred(self, count: int) -> list[str]:
+        """The ``count`` held desks that rank this daemon lowest."""
+        ranked = sorted(sorted(self.held),
+                        key=lambda desk: self._rank(desk).index(self.daemon_id), reverse=True)
+        return ranked[:count]
 
-    async def _hand_over(self, desk: str) -> None:
-        _log.info("fleet_desk_handed_over", daemon=self.daemon_id, desk=desk,
-                  daemons=len(self.live))
-        await self._stop_desk(desk, False)
-        await self._release([desk])
+    async def _hand_over(self, desks: Sequence[str]) -> None:
+        """Stops the desks at the end of their turns, all at once, and gives their leases
+        up (daemons starting together: the first takes every desk, then hands the others
+        theirs in one look)."""
+        async with anyio.create_task_group() as group:
+            for desk in desks:
+                _log.info("fleet_desk_handed_over", daemon=self.daemon_id, desk=desk,
+                          daemons=len(self.live))
+                group.start_soon(self._stop_desk, desk, False)
+        await self._release(desks)
 
     async def _release(self, desks: Sequence[str]) -> None:
         given = [(desk, self.held.pop(desk)) for desk in desks if desk in self.held]
         await self._leases.release(given, self.daemon_id)
+
+    def stop_taking(self) -> None:
+        """Takes no more desks (the daemon is stopping); the leases held are still renewed
+        until :meth:`leave`."""
+        self._leaving = True
+        self.wake()
 
     async def leave(self) -> list[str]:
         """A graceful stop, once the desks have stopped: every lease given up at once and

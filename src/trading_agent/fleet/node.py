@@ -82,6 +82,7 @@ class FleetNode:
         """
         self._supervisor, self._build = supervisor, build
         self._service = DeskService(supervisor, self.bus, store)
+        supervisor.on_shutdown.append(self.member.stop_taking)
         return FleetControl(supervisor, self.member, self.bus, self.leases, store,
                             list(self.settings.desks))
 
