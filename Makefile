@@ -47,7 +47,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	bash scripts/ensure-test-tools.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
