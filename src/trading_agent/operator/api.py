@@ -411,7 +411,9 @@ async def _health(request: Request) -> Response:
 async def _status_of(service: OperatorService, desk: str) -> dict[str, Any]:
     status = await service.control.desk_status(desk)
     data = status.model_dump(mode="json")
-    data["pending_approvals"] = service.approvals.pending_count(desk)
+    # A desk another daemon of a fleet runs has its approvals there: its status says.
+    data["pending_approvals"] = (status.pending_approvals
+                                 or service.approvals.pending_count(desk))
     return data
 
 
