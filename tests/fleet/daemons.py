@@ -139,8 +139,9 @@ class Fleet:
         """The store's sessions now (who waits on what), for a failure's report."""
         with psycopg.connect(self.store_url) as connection:
             return connection.execute(
-                "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, "
-                "left(query, 120) FROM pg_stat_activity "
+                "SELECT pid, application_name, state, wait_event_type, wait_event, "
+                "pg_blocking_pids(pid), now() - xact_start, left(query, 120) "
+                "FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
 
     def logs(self, tail: int = 2500) -> str:

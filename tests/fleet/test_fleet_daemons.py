@@ -137,6 +137,7 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
     scripted_server.responder = respond
     fleet = Fleet(folder, fleet_config(folder, scripted_server.base_url, fleet_database,
                                        nats_prefix, desks=DESKS), fleet_database)
+    paused, sessions = "", list[tuple[object, ...]]()
     try:
         fleet.start("p1")
         await fleet.daemons["p1"].wait_ready(within=30)
@@ -165,6 +166,7 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
             late.set()
             await anyio.sleep(0.5)
         finally:
+            sessions = fleet.sessions()  # while it is stopped, for a failure's report
             fleet.daemons[paused].signal(signal.SIGCONT)
         log = fleet.daemons[paused].log
         with anyio.fail_after(15):
@@ -179,8 +181,8 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
         assert any(f"desk {DESKS[0]}:" in line for line in refused), refused
         print("\nrefused on the paused daemon:\n" + "\n".join(line[:300] for line in refused))
     except TimeoutError:
-        raise AssertionError(f"timed out; the database's sessions: {fleet.sessions()}\n"
-                             f"{fleet.logs(6000)}") from None
+        raise AssertionError(f"timed out; the database's sessions while {paused} was stopped: "
+                             f"{sessions}\n{fleet.logs(6000)}") from None
     finally:
         fleet.close()
 

@@ -296,14 +296,18 @@ class Store:
     Args:
         database: The open file.
         clock: Seconds since the epoch (injectable for tests).
+        keeps_high_water: Keeps the highest event id stored, which a restarted daemon numbers
+            on from (not in a fleet).
     """
 
-    def __init__(self, database: Database, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, database: Database, *, clock: Callable[[], float] = time.time,
+                 keeps_high_water: bool = True) -> None:
         self._db = database
         self._clock = clock
         self._call_outcomes: dict[str, CallOutcomes] = {}
         self.events_not_stored = 0
         """Events :meth:`persist_events` dropped because the database refused them twice."""
+        self._keeps_high_water = keeps_high_water
 
     @classmethod
     async def open(cls, target: StoreTarget, *, clock: Callable[[], float] = time.time,
@@ -320,8 +324,11 @@ class Store:
         Raises:
             StoreError: The store cannot be opened or migrated.
         """
+        # In a fleet each daemon numbers its events from a block of ids of its own: no high
+        # water to keep, and one row every daemon wrote would make their event writes wait
+        # on one another (and on a daemon stopped in the middle of a transaction).
         return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence),
-                   clock=clock)
+                   clock=clock, keeps_high_water=fence is None)
 
     @property
     def target(self) -> Path | PostgresTarget:
@@ -887,7 +894,7 @@ class Store:
                     _add_usage(connection, desk, day, int(requests or 0),
                                int(input_tokens or 0), int(output_tokens or 0), cost,
                                int(cached_input_tokens or 0))
-            if highest:
+            if highest and self._keeps_high_water:
                 connection.execute(
                     "INSERT INTO store_meta (key, value) VALUES ('event_high_water', ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = CASE "
