@@ -49,6 +49,12 @@ ever waits that long; and such a process may hold the share lock a fenced write 
 desk's lease, which would keep the daemon taking the desk over waiting for ever. Ended, its
 transaction is rolled back (nothing of it is written), and the take-over goes on."""
 
+_LOCK_TIMEOUT_MS = 10_000
+"""The longest a statement waits for a row another session holds; then that write fails
+alone (its savepoint is rolled back) and the batch goes on. The store's writes rarely wait
+for one another (each desk's rows are its holder's); this bounds what a stuck peer could
+cost every other write of a daemon, its lease renewals included."""
+
 _log = structlog.get_logger(__name__)
 
 _PLACEHOLDER = re.compile(r"'[^']*'|\"[^\"]*\"|[?%]")
@@ -214,7 +220,8 @@ class PostgresEngine:
                                  application_name="trading-agent",
                                  connect_timeout=_CONNECT_TIMEOUT_S,
                                  options=f"-c idle_in_transaction_session_timeout="
-                                         f"{_IDLE_IN_TRANSACTION_MS}")
+                                         f"{_IDLE_IN_TRANSACTION_MS} "
+                                         f"-c lock_timeout={_LOCK_TIMEOUT_MS}")
         raw = psycopg.connect(conninfo, autocommit=True)
         if read_only:
             try:
