@@ -24,6 +24,9 @@ Bars (issue 14), at 500 desks: p99 trigger-to-request at most 500 ms, and memory
 desk under 50 KiB; turns per second are compared with a run of the code before (the closing
 note of issue 14 gives both, from one machine).
 
+Across daemons (a fleet on PostgreSQL and NATS, one daemon against two): ``bench/fleet.py``,
+which runs real daemon processes.
+
 Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500 1000] [--rounds 3]``.
 """
 
