@@ -285,9 +285,15 @@ class Supervisor:
 
     def start_service(self, name: str, service: Service) -> None:
         """Starts a shared service while the desks run (a replay a reload brought in)."""
-        assert self._group is not None, "the supervisor is not running"
         self.services.append((name, service))
-        self._group.start_soon(self._keep_running, "*", name, service, name=name)
+        self.start_task(name, service)
+
+    def start_task(self, name: str, task: Service, desk: str = "*") -> None:
+        """Runs ``task`` beside the desks until it returns or they stop, restarted with
+        backoff when it fails, and not kept among the services (a fleet's inbox of a desk
+        it holds for a while, a request to another daemon)."""
+        assert self._group is not None, "the supervisor is not running"
+        self._group.start_soon(self._keep_running, desk, name, task, name=name)
 
     async def add_desk(self, runtime: DeskRuntime, waiting: Sequence[Trigger] = ()) -> None:
         """Starts a desk a reload built, with the triggers that waited for it."""

@@ -192,7 +192,7 @@ class FleetControl:
         True returned (whether a turn ran is known to that daemon)."""
         if self._here(desk):
             return self.local.cancel_turn(desk, by, now=now)
-        self.local.start_service(f"cancel {desk}", lambda: self._cancel_elsewhere(desk, by, now))
+        self.local.start_task(f"cancel {desk}", lambda: self._cancel_elsewhere(desk, by, now))
         return True
 
     async def _cancel_elsewhere(self, desk: str, by: str, now: bool) -> None:

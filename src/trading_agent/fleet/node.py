@@ -132,7 +132,7 @@ class FleetNode:
             with running.serving:
                 await service.run(desk)
 
-        self._supervisor.start_service(f"fleet inbox {desk}", serve)
+        self._supervisor.start_task(f"fleet inbox {desk}", serve, desk)
 
     async def _stop_desk(self, desk: str, lost: bool) -> None:
         """Stops a desk: at once when its lease was lost (its writes are refused anyway),
