@@ -64,6 +64,14 @@ async def test_a_killed_daemons_desks_are_taken_over_and_a_stopped_ones_handed_o
         victims = [desk for desk, daemon in holders.items() if daemon == "d3"]
         assert len(victims) == 2, holders
 
+        # send --wait through d1 to a desk d2 runs: the answer of a turn that ends at once.
+        elsewhere = next(desk for desk, daemon in holders.items() if daemon == "d2")
+        async with fleet.daemons["d1"].client() as client:
+            answered = await client.send_and_wait(elsewhere, "Anything new?", "ann",
+                                                  wait_seconds=20)
+        fleet.sent[elsewhere].append(answered["id"])
+        assert answered["reply"] == {"ok": True, "text": "Noted.", "error": ""}, answered
+
         # Every message goes through d1: four of the six desks run elsewhere. d1's and d2's
         # event streams both show every desk's turn, with the same ids.
         seen: dict[str, list[tuple[int | None, str]]] = {"d1": [], "d2": []}

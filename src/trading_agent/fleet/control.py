@@ -24,9 +24,11 @@ import base64
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import structlog
 
 from trading_agent.agent.conversation import ImageBlock
@@ -158,6 +160,11 @@ class FleetControl:
         if self._here(desk):
             return await self.local.send_message(desk, text, source, images)
         message_id = uuid.uuid4().hex
+        # The holder waits for the answer from now, so that send --wait gets it even when
+        # the turn ends at once; a desk moving meanwhile: the message waits in its inbox.
+        with contextlib.suppress(DeskUnreachableError):
+            await self._ask(desk, {"op": "expect", "message_id": message_id},
+                            timeout=_STATUS_SECONDS)
         await self.bus.send_to_desk(desk, message_id, {
             "op": "message", "text": text, "source": source, "images": encode_images(images)})
         return message_id
@@ -272,6 +279,18 @@ class FleetControl:
                 yield event.seq, {**event.data, "id": event.seq}
 
 
+_EXPECTED_MAX = 1000
+"""The most answers a holder waits for on behalf of senders at once (the oldest go first)."""
+
+
+@dataclass(eq=False)
+class _Expected:
+    """The answer to a message sent from another daemon, awaited from before it was sent."""
+
+    reply: DeskReply | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
 class DeskService:
     """Answers, for a desk this daemon holds, what other daemons ask of it, and takes the
     messages and triggers of its inbox.
@@ -286,21 +305,49 @@ class DeskService:
         self.local = local
         self.bus = bus
         self.store = store
+        self._expected: dict[str, _Expected] = {}
 
     async def run(self, desk: str) -> None:
         """Serves ``desk`` until cancelled (its lease lost or handed over)."""
-        served = await self.bus.serve_control(desk, lambda request: self._answer(desk, request))
-        try:
-            inbox = await self.bus.inbox(desk)
+        async with anyio.create_task_group() as waiting:
+            served = await self.bus.serve_control(
+                desk, lambda request: self._answer(desk, request, waiting))
             try:
-                async for message in inbox:
-                    await self._take(desk, message)
+                inbox = await self.bus.inbox(desk)
+                try:
+                    async for message in inbox:
+                        await self._take(desk, message)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await inbox.close()
             finally:
                 with anyio.CancelScope(shield=True):
-                    await inbox.close()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await served.stop()
+                    await served.stop()
+                waiting.cancel_scope.cancel()
+
+    def _expect(self, desk: str, message_id: str, waiting: anyio.abc.TaskGroup) -> None:
+        """Starts waiting for the answer to a message before it is sent, so that a turn
+        that ends before the sender asks for the answer still gives it."""
+        if message_id in self._expected:
+            return
+        while len(self._expected) >= _EXPECTED_MAX:
+            self._expected.pop(next(iter(self._expected)))
+        expected = self._expected[message_id] = _Expected()
+
+        async def wait() -> None:
+            expected.reply = await self.local.wait_for_reply(desk, message_id)
+            expected.done.set()
+
+        waiting.start_soon(wait)
+
+    async def _reply(self, desk: str, message_id: str) -> DeskReply:
+        expected = self._expected.get(message_id)
+        if expected is None:
+            return await self.local.wait_for_reply(desk, message_id)
+        await expected.done.wait()
+        self._expected.pop(message_id, None)
+        assert expected.reply is not None
+        return expected.reply
 
     async def _take(self, desk: str, message: InboxMessage) -> None:
         payload = message.payload
@@ -315,15 +362,19 @@ class DeskService:
             _log.warning("fleet_inbox_unknown", desk=desk, op=payload.get("op"))
         await message.ack()  # stored: a holder that dies now leaves it to the store
 
-    async def _answer(self, desk: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def _answer(self, desk: str, request: dict[str, Any],
+                      waiting: anyio.abc.TaskGroup) -> dict[str, Any]:
         op = request.get("op")
         local = self.local
         result: Any
         if op == "status":
             status = await local.desk_status(desk)
             result = status.model_copy(update={"daemon": self.bus.daemon_id}).model_dump()
+        elif op == "expect":
+            self._expect(desk, str(request["message_id"]), waiting)
+            result = True
         elif op == "reply":
-            result = (await local.wait_for_reply(desk, str(request["message_id"]))).model_dump()
+            result = (await self._reply(desk, str(request["message_id"]))).model_dump()
         elif op == "pause":
             result = await local.pause(desk, str(request["by"]), str(request["reason"]))
         elif op == "resume":
