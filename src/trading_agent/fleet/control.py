@@ -14,8 +14,9 @@ Transcripts come from the shared store. The live events come from the fleet's on
 stream, so every daemon shows every desk's events with the same ids (the stream's
 sequence), and a viewer can resume on any daemon.
 
-Outside this: ``reload`` reads this daemon's config file again (run it on each daemon), and
-the message limit of a desk held elsewhere is unknown here (None).
+Outside this: ``reload`` is refused in a fleet (see the wiring), approvals are answered on
+the daemon that runs the desk, and the message limit of a desk held elsewhere is unknown
+here (None).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ class FleetControl:
         return self.local.kill_switch_halts()
 
     async def reload(self, by: str) -> list[str]:
-        """Reads this daemon's config file again."""
+        """Refused in a fleet, saying why (the supervisor's reloader does)."""
         return await self.local.reload(by)
 
     async def transcript(self, desk: str, *, before: int | None = None,
