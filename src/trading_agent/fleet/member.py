@@ -2,7 +2,8 @@
 
 :class:`FleetMember` runs two loops beside the desks:
 
-- **renewing**, every third of ``lease_seconds``: each lease held is extended; one that
+- **renewing**, every third of ``lease_seconds``: the daemon says it is alive (also while a
+  look waits for a desk's turn to end) and each lease held is extended; one that
   cannot be (it ran out while the daemon was paused, and another took it) is dropped from
   :attr:`FleetMember.held` at once, which the fence reads, and its desk stopped;
 - **balancing**, every second (every third of the lease if that is shorter; at once when
@@ -82,6 +83,7 @@ class FleetMember:
         self._wake = anyio.Event()
         self._changing = anyio.Lock()
         self._leaving = False
+        self._left = False
 
     # ------------------------------------------------------------------ the fence
 
@@ -114,6 +116,10 @@ class FleetMember:
             await anyio.sleep(self.lease_seconds / 3)
             held = dict(self.held)
             try:
+                # Alive, also while a look waits for a desk's turn to end before handing it
+                # over (the others must not count this daemon gone meanwhile).
+                if not self._left:
+                    await self._leases.heartbeat(self.daemon_id, within=self.lease_seconds)
                 kept = await self._leases.renew(held, self.daemon_id, self.lease_seconds)
             except Exception as exc:  # the database is away: the leases may run out
                 _log.error("fleet_renew_failed", daemon=self.daemon_id, error=str(exc))
@@ -208,7 +214,7 @@ class FleetMember:
         Returns:
             The desks given up.
         """
-        self._leaving = True
+        self._leaving = self._left = True
         async with self._changing:
             desks = list(self.held)
             await self._release(desks)
