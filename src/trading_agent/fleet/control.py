@@ -143,7 +143,7 @@ class FleetControl:
         if self._here(desk):
             status = await self.local.desk_status(desk)
             return status.model_copy(update={"daemon": self.daemon_id})
-        lease = (await self.leases.leases()).get(desk)
+        lease = await self.leases.lease(desk)
         holder = lease.holder if lease is not None and lease.live else ""
         if holder:
             try:

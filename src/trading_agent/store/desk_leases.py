@@ -136,13 +136,20 @@ class DeskLeases:
 
     async def leases(self) -> dict[str, Lease]:
         """Every desk's lease, by desk."""
+        return {lease.desk: lease for lease in await self._read("")}
 
-        def read(connection: Any) -> dict[str, Lease]:
+    async def lease(self, desk: str) -> Lease | None:
+        """One desk's lease; None when it was never taken."""
+        found = await self._read(" WHERE desk = ?", desk)
+        return found[0] if found else None
+
+    async def _read(self, where: str, *parameters: str) -> list[Lease]:
+        def read(connection: Any) -> list[Lease]:
             rows = connection.execute(
                 f"SELECT desk, holder, epoch, expires_at, expires_at > {_NOW} "
-                f"FROM desk_leases").fetchall()
-            return {desk: Lease(desk, holder, int(epoch), float(expires), bool(live))
-                    for desk, holder, epoch, expires, live in rows}
+                f"FROM desk_leases{where}", parameters).fetchall()
+            return [Lease(desk, holder, int(epoch), float(expires), bool(live))
+                    for desk, holder, epoch, expires, live in rows]
 
         return await self._database.read(read)
 
