@@ -263,6 +263,12 @@ def digit_paste(tokens: int, salt: int) -> str:
     return "\n".join(lines)
 
 
+def anthropic_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A wire message's content blocks (a string is the API's short form of one text)."""
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
 def anthropic_problems(body: dict[str, Any]) -> list[str]:
     """What Anthropic's API would refuse in a Messages body: roles that do not alternate, a
     first message not the user's, a tool_result after other content of its message or
@@ -275,14 +281,15 @@ def anthropic_problems(body: dict[str, Any]) -> list[str]:
         problems.append(f"roles do not alternate: {roles}")
     called: set[str] = set()
     for message in body["messages"]:
-        kinds = [block["type"] for block in message["content"]]
+        blocks = anthropic_blocks(message)
+        kinds = [block["type"] for block in blocks]
         others = next((i for i, kind in enumerate(kinds) if kind != "tool_result"), len(kinds))
         if "tool_result" in kinds[others:]:
             problems.append(f"a tool_result after other content: {kinds}")
-        for block in message["content"]:
+        for block in blocks:
             if block["type"] == "tool_result" and block["tool_use_id"] not in called:
                 problems.append(f"tool_result {block['tool_use_id']} without its tool_use")
-        called = {block["id"] for block in message["content"] if block["type"] == "tool_use"}
+        called = {block["id"] for block in blocks if block["type"] == "tool_use"}
     breakpoints = json.dumps(body).count('"cache_control"')
     if breakpoints > 4:
         problems.append(f"{breakpoints} cache breakpoints")
@@ -298,7 +305,7 @@ def as_openai(body: dict[str, Any]) -> dict[str, Any]:
     for message in body["messages"]:
         parts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
-        for block in message["content"]:
+        for block in anthropic_blocks(message):
             if block["type"] == "tool_result":
                 inner = block.get("content") or []
                 if isinstance(inner, str):  # the API's short form

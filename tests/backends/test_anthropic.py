@@ -5,6 +5,7 @@ loopback: what is sent (blocks, alternation, cache breakpoints, thinking), what 
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import socket
 import time
@@ -406,13 +407,13 @@ async def test_each_message_is_encoded_once_and_bodies_are_reused(
         backend: AnthropicBackend, server: AnthropicScriptedServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     encoded: list[str] = []
-    real = anthropic._wire_blocks
+    real = anthropic._wire_message
 
-    def counting(message: Message) -> bytes:
+    def counting(message: Message) -> tuple[bytes, bytes]:
         encoded.append(message.id)
         return real(message)
 
-    monkeypatch.setattr(anthropic, "_wire_blocks", counting)
+    monkeypatch.setattr(anthropic, "_wire_message", counting)
     messages = [Message.user_text(f"tick {i}") if i % 2 == 0 else
                 Message(role="assistant", content=(TextBlock(f"answer {i}"),))
                 for i in range(51)]
@@ -426,13 +427,39 @@ async def test_each_message_is_encoded_once_and_bodies_are_reused(
     await backend.complete(ModelRequestSpec("system", [*messages, newest], TOOLS))
 
     assert encoded == [m.id for m in messages] + [newest.id]
-    assert all(encode_message(m) is m.cache["anthropic_wire"] for m in messages)
+    assert all(encode_message(m).whole is m.cache["anthropic_wire"][1] for m in messages)
+    gc.collect()  # the kept encodings give the collector nothing more to walk
+    assert not any(gc.is_tracked(m.cache) for m in messages)
     first, second, third = server.requests
     assert first.body == second.body
     # The third body starts as the second did, up to the old newest message's breakpoint.
     shared = second.body.index(b',"cache_control"', second.body.index(b"tick 50"))
     assert third.body[:shared] == second.body[:shared]
     assert b"cache_control" not in encode_message(messages[-1]).whole
+
+
+async def test_an_answer_of_text_alone_goes_as_a_string_but_carries_a_breakpoint_as_a_list(
+        backend: AnthropicBackend, server: AnthropicScriptedServer) -> None:
+    def answer(text: str) -> Message:
+        return Message(role="assistant", content=(TextBlock(text),))
+
+    messages = [Message.user_text("tick 1"), answer("No trade."), Message.user_text("tick 2"),
+                answer("One."), answer("Two."), Message.user_text("tick 3"), answer("Last.")]
+    server.add(Reply("a"), Reply("b"))
+
+    await backend.complete(ModelRequestSpec("system", messages, TOOLS))
+    await backend.complete(ModelRequestSpec("system", [*messages, Message.user_text("t")], TOOLS))
+
+    first, second = (request.json["messages"] for request in server.requests)
+    assert first[1]["content"] == "No trade."  # the API's short form
+    # Two answers in a row are one wire message: blocks, as before.
+    assert first[3]["content"] == [{"type": "text", "text": "One."},
+                                   {"type": "text", "text": "Two."}]
+    # The newest message carries the breakpoint, which only a block can.
+    assert first[5]["content"] == [{"type": "text", "text": "Last.",
+                                    "cache_control": {"type": "ephemeral"}}]
+    assert second[5]["content"] == "Last."
+    assert second[:5] == first[:5]
 
 
 # --------------------------------------------------------------------------- thinking
@@ -843,8 +870,8 @@ async def test_the_agent_loop_runs_a_tool_turn_over_the_anthropic_backend(
     server.assert_complete()
 
 
-@given(st.lists(st.sampled_from(["user", "user", "assistant", "assistant", "replace",
-                                 "drop_first", "cut_end", "other_desk"]),
+@given(st.lists(st.sampled_from(["user", "user", "assistant", "assistant", "blank", "call",
+                                 "replace", "drop_first", "cut_end", "other_desk"]),
                 min_size=1, max_size=14))
 def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
         steps: list[str]) -> None:
@@ -857,6 +884,13 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
             window = [*window, Message.user_text(f"user {number}")]
         elif step == "assistant":  # runs of one role are merged into one wire message
             window = [*window, Message(role="assistant", content=(TextBlock(f"a {number}"),))]
+        elif step == "blank":  # nothing the API takes: left out
+            window = [*window, Message(role="assistant", content=(TextBlock(" "),))]
+        elif step == "call":
+            call = ToolUseBlock(f"call_{number}", "get_ticker", '{"symbol": "BTC/USDT"}')
+            window = [*window, Message(role="assistant", content=(TextBlock("Looking."), call)),
+                      Message(role="user", kind="tool_results", content=(
+                          ToolResultBlock(call.id, (TextBlock("21,034"),)),))]
         elif step == "replace" and window:  # a picture pruned in the middle
             middle = len(window) // 2
             window = [*window[:middle], Message.user_text(f"cut {number}"),

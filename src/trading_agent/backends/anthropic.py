@@ -17,8 +17,15 @@ Prompt caching: ``cache_control`` breakpoints on the last tool definition, on th
 prompt and on the last block of the newest message: three, under the API's four. The newest
 message moves with every request, so its breakpoint is never part of a message's cached
 bytes: it is spliced into the body (the closing brace of the last block is replaced), and a
-message's bytes stay the same whether it is the newest or not. Cache reads and writes are
+user's message's bytes stay the same whether it is the newest or not. An answer of text
+alone goes in the API's short form, a string (a request ends with a user's message, so an
+answer is never the newest and always sent in that one form). Cache reads and writes are
 priced at their own prices.
+
+A request is joined onto what the desk's previous request joined (the window only grows at
+its end between compactions); when it cannot be (a compaction, a pruned picture, more desks
+than are remembered), a window whose roles alternate, the common case, is joined whole at
+the speed of ``bytes.join``.
 
 Extended thinking (``thinking_budget_tokens``): the API wants the thinking blocks of an
 assistant message that called tools sent back, signed and unchanged, while the tool loop
@@ -50,6 +57,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -89,10 +97,10 @@ _BREAKPOINT = b',"cache_control":{"type":"ephemeral"}}'
 _OPENING = b'{"role":"user","content":[{"type":"text","text":"(earlier messages omitted)"}]}'
 """The first message when the window would start with the model's (the API wants a user's)."""
 _WHOLE_END = b"]}"
+"""How a message with a ``content`` array ends, after its last block's closing brace."""
 _UNREAD_EVENTS = frozenset({"ping", "content_block_stop"})
 """Events whose data says nothing the answer needs: named by their ``event:`` line, they
 are not decoded."""
-"""How a wire message ends, after its last block's closing brace."""
 _ID_CHARACTERS = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -146,11 +154,6 @@ def _wire_block(block: ContentBlock) -> dict[str, Any] | None:
     return wire
 
 
-def _wire_blocks(message: Message) -> bytes:
-    blocks = (_wire_block(block) for block in message.content)
-    return b",".join(_dumps(block) for block in blocks if block is not None)
-
-
 class WireMessage(NamedTuple):
     """One message in Anthropic's wire JSON.
 
@@ -158,17 +161,43 @@ class WireMessage(NamedTuple):
         role: ``user`` or ``assistant``.
         blocks: The content blocks' JSON objects joined by commas, ready to splice into a
             ``content`` array (empty when the message has nothing the API takes).
-        whole: The message object itself, for when it is not merged with a neighbour.
+        whole: The message object itself, for when it is not merged with a neighbour. An
+            answer of text alone has the API's short form, a string: a request always ends
+            with a user's message, so an answer sits before every breakpoint it is ever
+            sent under, always in this one form, and long histories are a tenth smaller.
     """
 
     role: str
     blocks: bytes
     whole: bytes
 
-    @classmethod
-    def of(cls, role: str, blocks: bytes) -> WireMessage:
-        """The record for ``blocks`` in a message of ``role``."""
-        return cls(role, blocks, b'{"role":"%s","content":[%s]}' % (role.encode(), blocks))
+
+_Encoded = tuple[bytes, bytes]
+"""A message's ``(blocks, whole)``, as kept in its cache: a plain tuple of bytes, which the
+garbage collector stops tracking (and the message's cache with it), so a long history is not
+walked twice more at every collection."""
+
+
+def _listed(role: str, blocks: bytes) -> bytes:
+    """A message with ``blocks`` as a ``content`` array (the form a breakpoint needs)."""
+    return b'{"role":"%s","content":[%s]}' % (role.encode(), blocks)
+
+
+def _wire_message(message: Message) -> _Encoded:
+    """A message's ``(blocks, whole)``."""
+    blocks = [wire for wire in map(_wire_block, message.content) if wire is not None]
+    joined = b",".join(map(_dumps, blocks))
+    if message.role == "assistant" and len(blocks) == 1 and blocks[0]["type"] == "text":
+        return joined, b'{"role":"assistant","content":%s}' % _dumps(blocks[0]["text"])
+    return joined, _listed(message.role, joined)
+
+
+def _encode(message: Message) -> _Encoded:
+    """A message's ``(blocks, whole)``; memoized in ``message.cache``."""
+    cached: _Encoded | None = message.cache.get(_CACHE_KEY)
+    if cached is None:
+        cached = message.cache[_CACHE_KEY] = _wire_message(message)
+    return cached
 
 
 def encode_message(message: Message) -> WireMessage:
@@ -183,17 +212,33 @@ def encode_message(message: Message) -> WireMessage:
     Returns:
         Its role, its blocks and the whole message, as bytes.
     """
-    cached: WireMessage | None = message.cache.get(_CACHE_KEY)
-    if cached is None:
-        cached = WireMessage.of(message.role, _wire_blocks(message))
-        message.cache[_CACHE_KEY] = cached
-    return cached
+    return WireMessage(message.role, *_encode(message))
 
 
-def _joined(run: Sequence[WireMessage]) -> bytes:
+def _joined(role: str, run: Sequence[_Encoded]) -> bytes:
     """Consecutive messages of one role as one wire message (the API wants roles to
     alternate)."""
-    return WireMessage.of(run[0].role, b",".join(wire.blocks for wire in run)).whole
+    if len(run) == 1:
+        return run[0][1]
+    return _listed(role, b",".join(blocks for blocks, _ in run))
+
+
+def _newest(role: str, run: Sequence[_Encoded]) -> bytes:
+    """The newest run of one role as one wire message whose last block is a breakpoint
+    (spliced over its closing brace), in the body being built only."""
+    listed = _listed(role, b",".join(blocks for blocks, _ in run))
+    return listed[:-len(_WHOLE_END) - 1] + _BREAKPOINT + _WHOLE_END
+
+
+def _alternate(roles: list[str], encoded: list[_Encoded], last_role: str | None) -> bool:
+    """Whether every message has blocks and the roles alternate, the first differing from
+    ``last_role`` (then each message is a wire message of its own). In C, mostly: this is
+    the common case, and the window may be a whole history."""
+    first = roles[0]
+    second = "assistant" if first == "user" else "user"
+    evens, odds = roles[0::2], roles[1::2]
+    return (first != last_role and evens.count(first) == len(evens)
+            and odds.count(second) == len(odds) and all(map(itemgetter(0), encoded)))
 
 
 class _Joined(NamedTuple):
@@ -499,46 +544,12 @@ class AnthropicBackend:
             The body bytes.
         """
         messages, joined = self._resume(request)
-        start = len(joined.messages)
-        parts: list[bytes] = [joined.wire] if joined.wire else []
-        run: list[WireMessage] = []  # consecutive messages of one role: one wire message
-        # Whether the newest tool-calling answer lost its thinking (then the request goes
-        # without: the API refuses a tool loop that starts thinking halfway); as of the
-        # start of the last run, for the next request of the desk.
-        lost = lost_at_run = joined.continued_without_thinking
-        run_start, last_role = start, joined.last_role
-        thinking = bool(self._thinking_field)
-        for position in range(start, len(messages)):
-            message = messages[position]
-            wire: WireMessage = message.cache.get(_CACHE_KEY) or encode_message(message)
-            before = lost
-            if thinking and wire.role == "assistant":
-                wire, lost = self._with_thinking(message, wire)
-            if not wire.blocks:
-                continue
-            if not run and wire.role == joined.last_role:
-                # The message after what was joined continues its last run (a message in
-                # between was replaced): join the whole window again.
-                self._joined.pop(request.cache_key, None)
-                return self.request_body(request)
-            if run and run[0].role != wire.role:
-                parts.append(run[0].whole if len(run) == 1 else _joined(run))
-                last_role = run[0].role
-                run, run_start, lost_at_run = [], position, before
-            run.append(wire)
-        if not joined.wire and parts and parts[0].startswith(b'{"role":"assistant"'):
-            parts.insert(0, _OPENING)
-        if run_start > start:
-            self._remember(request.cache_key, _Joined(
-                messages[:run_start], b",".join(parts), lost_at_run, last_role))
-        continued_without_thinking = lost
-        if run:
-            parts.append(run[0].whole if len(run) == 1 else _joined(run))
-        if parts:
-            if parts[0].startswith(b'{"role":"assistant"'):
-                parts.insert(0, _OPENING)
-            # The newest message's last block: a breakpoint, in this body only.
-            parts[-1] = parts[-1][:-len(_WHOLE_END) - 1] + _BREAKPOINT + _WHOLE_END
+        window = self._window(request.cache_key, messages, joined)
+        if window is None:  # the window must be joined again from its start
+            self._joined.pop(request.cache_key, None)
+            window = self._window(request.cache_key, messages, _NOTHING_JOINED)
+            assert window is not None
+        parts, continued_without_thinking = window
         max_tokens = self.config.max_output_tokens
         if request.max_output_tokens is not None:
             max_tokens = request.max_output_tokens + (self.config.thinking_budget_tokens or 0)
@@ -557,6 +568,75 @@ class AnthropicBackend:
         body.append(b"]}")
         return b"".join(body)
 
+    def _window(self, key: str | None, messages: list[Message],
+                joined: _Joined) -> tuple[list[bytes], bool] | None:
+        """The wire messages to send (the newest with its breakpoint), and whether the
+        newest tool-calling answer lost its thinking; None when what was joined must be
+        joined again (a message after it continues its last run). Remembers, for the desk's
+        next request, what was joined up to the start of the last run."""
+        start = len(joined.messages)
+        new = messages[start:]
+        encoded = list(map(_encode, new))
+        roles: list[str] = [message.role for message in new]
+        if not roles:  # the window is what was joined (an answer taken back): the newest
+            return None if joined.wire else ([], False)  # message needs its breakpoint
+        if not self._thinking_field and _alternate(roles, encoded, joined.last_role):
+            # Each message is a wire message of its own: joined at C speed.
+            parts = [joined.wire] if joined.wire else []
+            if not joined.wire and roles[0] == "assistant":
+                parts.append(_OPENING)
+            parts += map(itemgetter(1), encoded[:-1])
+            if len(new) > 1:
+                wire = b",".join(parts)
+                self._remember(key, _Joined(messages[:-1], wire, False, roles[-2]))
+                parts = [wire]
+            parts.append(_newest(roles[-1], encoded[-1:]))
+            return parts, False
+        return self._merged_window(key, messages, joined, encoded)
+
+    def _merged_window(self, key: str | None, messages: list[Message], joined: _Joined,
+                       encoded: list[_Encoded]) -> tuple[list[bytes], bool] | None:
+        """:meth:`_window` when messages must be merged or left out, or thinking put back."""
+        start = len(joined.messages)
+        parts: list[bytes] = [joined.wire] if joined.wire else []
+        run: list[_Encoded] = []  # consecutive messages of one role: one wire message
+        run_role = ""
+        # Whether the newest tool-calling answer lost its thinking (then the request goes
+        # without: the API refuses a tool loop that starts thinking halfway); as of the
+        # start of the last run, for the next request of the desk.
+        lost = lost_at_run = joined.continued_without_thinking
+        run_start, last_role = start, joined.last_role
+        thinking = bool(self._thinking_field)
+        for position, wire in enumerate(encoded, start):
+            message = messages[position]
+            before = lost
+            if thinking and message.role == "assistant":
+                wire, lost = self._with_thinking(message, wire)
+            if not wire[0]:
+                continue
+            if not run and message.role == joined.last_role:
+                return None  # continues the last run of what was joined
+            if run and run_role != message.role:
+                parts.append(_joined(run_role, run))
+                last_role = run_role
+                run, run_start, lost_at_run = [], position, before
+            run.append(wire)
+            run_role = message.role
+        if not joined.wire and parts and parts[0].startswith(b'{"role":"assistant"'):
+            parts.insert(0, _OPENING)
+        if run_start > start:
+            self._remember(key, _Joined(messages[:run_start], b",".join(parts), lost_at_run,
+                                        last_role))
+        if not run:
+            # Nothing since what was joined has blocks: the newest message is in there,
+            # maybe in its short form; join the whole window again (from the start, ``run``
+            # is empty only when nothing at all has blocks).
+            return None if parts else ([], lost)
+        parts.append(_newest(run_role, run))
+        if parts[0].startswith(b'{"role":"assistant"'):
+            parts.insert(0, _OPENING)
+        return parts, lost
+
     def _resume(self, request: ModelRequestSpec) -> tuple[list[Message], _Joined]:
         """The request's messages, and what of them the desk's last request already joined
         (nothing when they no longer begin this one's: a compaction, a pruned picture)."""
@@ -573,13 +653,13 @@ class AnthropicBackend:
         if len(self._joined) > _JOINED_DESKS:
             self._joined.popitem(last=False)
 
-    def _with_thinking(self, message: Message, wire: WireMessage) -> tuple[WireMessage, bool]:
+    def _with_thinking(self, message: Message, wire: _Encoded) -> tuple[_Encoded, bool]:
         """An assistant message with its kept thinking first; and whether it is a
         tool-calling message whose thinking is lost (then a request continuing it must go
         without thinking: the API refuses a tool loop that starts thinking halfway)."""
-        with_thinking: WireMessage | None = message.cache.get(_THINKING_CACHE_KEY)
-        if with_thinking is not None:
-            return with_thinking, False
+        kept: _Encoded | None = message.cache.get(_THINKING_CACHE_KEY)
+        if kept is not None:
+            return kept, False
         calls = message.tool_uses
         if not calls:
             return wire, False
@@ -587,9 +667,9 @@ class AnthropicBackend:
         if not thinking:
             return wire, True
         # Found once, kept with the message: it outlives the backend's bounded store.
-        with_thinking = WireMessage.of(wire.role, b",".join((*thinking, wire.blocks)))
-        message.cache[_THINKING_CACHE_KEY] = with_thinking
-        return with_thinking, False
+        blocks = b",".join((*thinking, wire[0]))
+        kept = message.cache[_THINKING_CACHE_KEY] = (blocks, _listed(message.role, blocks))
+        return kept, False
 
     def _system(self, prompt: str) -> bytes:
         cached = self._system_cache
