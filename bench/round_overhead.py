@@ -1,11 +1,15 @@
 """Client CPU per model round: AgentLoop against a plain openai SDK loop doing the same work.
 
-Both talk to the scripted OpenAI-compatible server (tests/scripted_server.py) on loopback, in
-this one process; the server runs in a thread of its own, and only the CPU time of the
-client's thread (the event loop) is counted. Each turn makes three tool rounds and a final
+Both talk to the scripted OpenAI-compatible server (tests/scripted_server.py) on loopback; the
+servers run in a process of their own and keep no requests, and only the CPU time of the
+client's thread (the event loop) is counted. (In a thread of this process, the servers
+shared the client's interpreter: every request they kept, parsed, stayed in the heap that
+the client's garbage collections walk.) Each turn makes three tool rounds and a final
 answer (four model calls). The conversation is pre-filled to about 40 and about 800 messages
 (ticks, tool calls, tool results, answers), so the figures show whether a desk gets slower as
-it talks.
+it talks. Each size is a desk of its own (its own prompt-cache key), as in a daemon: one desk
+taking turns on two conversations made the first request of every turn join the whole
+history again, which a desk does after a compaction, not every turn.
 
 The cost is measured *at* each size (the turns after the pre-fill, once the pre-fill's
 garbage is collected), not as a mean over a growing run; the sizes and the two backends are
@@ -31,8 +35,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,25 +174,25 @@ async def _agent_loop_samples(base_urls: dict[str, str]) -> dict[tuple[str, int]
         loops = {}
         for provider, base_url in base_urls.items():
             backend = await stack.enter_async_context(_backend(base_url, provider))
-            loops[provider] = AgentLoop("bench", backend, ToolCallExecutor(registry),
-                                        EventBus(), maximum_rounds=10)
+            for size in SIZES:  # a desk per size, as a daemon's desks share a backend
+                loops[provider, size] = AgentLoop(f"bench-{size}", backend,
+                                                  ToolCallExecutor(registry), EventBus(),
+                                                  maximum_rounds=10)
+        providers = list(base_urls)
         for _ in range(REPEATS):
             conversations = {}
-            for provider, loop in loops.items():
-                for size in SIZES:
-                    conversation = Conversation("You run a BTC desk.", _history(size))
-                    await loop.run_turn(conversation, Trigger("tick", "warm-up"))
-                    conversations[provider, size] = conversation
+            for key, loop in loops.items():
+                conversation = Conversation("You run a BTC desk.", _history(key[1]))
+                await loop.run_turn(conversation, Trigger("tick", "warm-up"))
+                conversations[key] = conversation
             gc.collect()  # the pre-fill's garbage is not the rounds' to pay for
             for turn in range(TURNS):
-                order = list(loops.items())
-                if turn % 2:
-                    order.reverse()
+                order = providers[::-1] if turn % 2 else providers
                 for size in SIZES:
-                    for provider, loop in order:
+                    for provider in order:
                         started = time.thread_time()
-                        result = await loop.run_turn(conversations[provider, size],
-                                                     Trigger("tick", f"move {turn}"))
+                        result = await loops[provider, size].run_turn(
+                            conversations[provider, size], Trigger("tick", f"move {turn}"))
                         samples.setdefault((provider, size), []).append(
                             (time.thread_time() - started) / result.rounds)
     return samples
@@ -270,6 +276,38 @@ async def _plain_sdk_cpu(base_url: str, size: int) -> float:
     return statistics.median(samples)
 
 
+def _forgetful(server: ScriptedServer,
+               responder: Callable[[RecordedRequest], Step]) -> Callable[[RecordedRequest], Step]:
+    """``responder``, for a server that keeps none of the requests it answers."""
+    def respond(request: RecordedRequest) -> Step:
+        server.requests.clear()
+        return responder(request)
+    return respond
+
+
+def _serve() -> None:
+    """Runs both scripted servers until standard input closes; prints their base URLs."""
+    with ScriptedServer() as server, AnthropicScriptedServer() as anthropic_server:
+        server.responder = _forgetful(server, _responder)
+        anthropic_server.responder = _forgetful(anthropic_server, _anthropic_responder)
+        print(server.base_url, anthropic_server.base_url, flush=True)
+        sys.stdin.read()
+
+
+@contextlib.contextmanager
+def _servers() -> Iterator[tuple[str, str]]:
+    """The two scripted servers in a process of their own: their base URLs."""
+    process = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        openai_url, anthropic_url = process.stdout.readline().split()
+        yield openai_url, anthropic_url
+    finally:
+        process.stdin.close()
+        process.wait(10)
+
+
 async def _main() -> None:
     print("round_overhead: client CPU per model round (thread CPU of the event loop)")
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
@@ -277,19 +315,16 @@ async def _main() -> None:
     print(f"each turn: {TOOL_ROUNDS} tool rounds + answer; {TURNS} turns x {REPEATS} repeats; "
           "medians")
     figures: dict[tuple[str, int], float] = {}
-    with ScriptedServer(responder=_responder) as server, \
-            AnthropicScriptedServer() as anthropic_server:
-        anthropic_server.responder = _anthropic_responder
-        samples = await _agent_loop_samples({"openai": server.base_url,
-                                             "anthropic": anthropic_server.base_url})
+    with _servers() as (openai_url, anthropic_url):
+        samples = await _agent_loop_samples({"openai": openai_url, "anthropic": anthropic_url})
         for size in SIZES:
             figures["agent", size] = statistics.median(samples["openai", size])
             figures["anthropic", size] = statistics.median(samples["anthropic", size])
-            figures["plain", size] = await _plain_sdk_cpu(server.base_url, size)
+            figures["plain", size] = await _plain_sdk_cpu(openai_url, size)
             print(f"~{size:>3} messages: AgentLoop {figures['agent', size] * 1000:7.2f} ms/round"
                   f" (on the Anthropic backend {figures['anthropic', size] * 1000:.2f})"
                   f"   plain SDK loop {figures['plain', size] * 1000:7.2f} ms/round")
-        early, late = await _grown_cpu(server.base_url)
+        early, late = await _grown_cpu(openai_url)
         print(f"grown over 100 turns: AgentLoop {early * 1000:.2f} ms/round near ~40, "
               f"{late * 1000:.2f} ms/round in the last tenth (~800)")
     share = figures["agent", 800] / figures["plain", 800]
@@ -310,4 +345,7 @@ async def _main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(_main)
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:
+        anyio.run(_main)
