@@ -24,10 +24,11 @@ LEASE_SECONDS = 3.0
 """Short leases, so the take-over is quick to test; the bound the issue sets is 30 s."""
 
 def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
-                 desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS) -> Path:
+                 desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS,
+                 tables: str = "") -> Path:
     """One config every daemon of the fleet reads: paper desks on a replay, the scripted
-    model, the store on ``store_url``, NATS on the machine's server."""
-    tables = "".join(f"""
+    model, the store on ``store_url``, NATS on the machine's server; ``tables``: more TOML."""
+    tables += "".join(f"""
 [desks.{name}]
 system_prompt = "You are the trading desk {name}."
 symbols = ["BTC/USDT"]

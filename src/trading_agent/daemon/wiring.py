@@ -56,9 +56,10 @@ from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.errors import BackendError, ConfigError, TradingAgentError
+from trading_agent.fleet.approvals import FleetApprovals
 from trading_agent.fleet.node import FleetNode, open_node
 from trading_agent.logging_setup import secret_values
-from trading_agent.operator.approvals import ApprovalBook
+from trading_agent.operator.approvals import ApprovalBook, Approvals
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, Settings
@@ -211,6 +212,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
         await _telemetry(settings, supervisor, bus, stack, environ)
         control: DeskControl = supervisor
+        api_approvals: Approvals = approvals
         if node is not None:
 
             async def build_taken(name: str, desk_stack: AsyncExitStack) -> DeskRuntime:
@@ -219,7 +221,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 await _reconcile(name, venues[name], runtime, bus)
                 return runtime
 
-            control = node.attach(supervisor, store, build_taken)
+            control = node.attach(supervisor, store, build_taken, approvals)
+            api_approvals = FleetApprovals(approvals, control, store)
             shared = bus.subscribe("fleet", max_buffer=_STORE_BUFFER)
             supervisor.services += [("fleet", node.run),
                                     ("fleet events", functools.partial(node.share_events, shared))]
@@ -243,7 +246,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
         async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
-            await serve_operator_api(control, approvals, settings.operator,
+            await serve_operator_api(control, api_approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
                                      equity_samples=store, task_status=task_status)
 

@@ -14,9 +14,9 @@ Transcripts come from the shared store. The live events come from the fleet's on
 stream, so every daemon shows every desk's events with the same ids (the stream's
 sequence), and a viewer can resume on any daemon.
 
-Outside this: ``reload`` is refused in a fleet (see the wiring), approvals are answered on
-the daemon that runs the desk, and the message limit of a desk held elsewhere is unknown
-here (None).
+Approvals are listed and answered on any daemon (:mod:`trading_agent.fleet.approvals`).
+Outside this: ``reload`` is refused in a fleet (see the wiring), and the message limit of a
+desk held elsewhere is unknown here (None).
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ from trading_agent.daemon.control import (
     DeskUnreachableError,
     UnknownDeskError,
 )
+from trading_agent.fleet.approvals import answer_approval
 
 if TYPE_CHECKING:
     from trading_agent.daemon.supervisor import Supervisor
     from trading_agent.fleet.bus import FleetBus, InboxMessage
     from trading_agent.fleet.member import FleetMember
+    from trading_agent.operator.approvals import ApprovalBook
     from trading_agent.store.desk_leases import DeskLeases
     from trading_agent.store.store import Store
 
@@ -106,18 +108,23 @@ class FleetControl:
 
     def desks_here(self) -> list[str]:
         """The desks this daemon runs now (it samples their equity)."""
-        return [desk for desk in self.desks if self._here(desk)]
+        return [desk for desk in self.desks if self.holds(desk)]
 
     def _known(self, desk: str) -> None:
         if desk not in self.desks:
             raise UnknownDeskError(desk)
 
-    def _here(self, desk: str) -> bool:
+    def holds(self, desk: str) -> bool:
+        """Whether this daemon runs ``desk`` now.
+
+        Raises:
+            UnknownDeskError: The fleet has no such desk.
+        """
         self._known(desk)
         return desk in self.member.held and desk in self.local.desk_names()
 
-    async def _ask(self, desk: str, request: dict[str, Any],
-                   timeout: float = _REQUEST_SECONDS) -> Any:  # noqa: ASYNC109 (NATS' own)
+    async def ask(self, desk: str, request: dict[str, Any],
+                  timeout: float = _REQUEST_SECONDS) -> Any:  # noqa: ASYNC109 (NATS' own)
         """Asks the daemon holding ``desk``; its answer's ``result``.
 
         Raises:
@@ -140,7 +147,7 @@ class FleetControl:
     async def desk_status(self, desk: str) -> DeskStatus:
         """A desk's status, from the daemon holding it; when none answers, what the
         leases say (stopped, and who held it last)."""
-        if self._here(desk):
+        if self.holds(desk):
             status = await self.local.desk_status(desk)
             return status.model_copy(update={"daemon": self.daemon_id})
         lease = await self.leases.lease(desk)
@@ -148,7 +155,7 @@ class FleetControl:
         if holder:
             try:
                 return DeskStatus.model_validate(
-                    await self._ask(desk, {"op": "status"}, timeout=_STATUS_SECONDS))
+                    await self.ask(desk, {"op": "status"}, timeout=_STATUS_SECONDS))
             except DeskUnreachableError as exc:
                 _log.warning("fleet_status_unavailable", desk=desk, daemon=holder,
                              error=str(exc))
@@ -158,13 +165,13 @@ class FleetControl:
                            images: Sequence[ImageBlock] = ()) -> str:
         """A desk held here: as on one daemon. Elsewhere: kept in the desk's inbox on
         JetStream (acknowledged by the server) for whoever holds it."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.send_message(desk, text, source, images)
         message_id = uuid.uuid4().hex
         # The holder waits for the answer from now, so that send --wait gets it even when
         # the turn ends at once; a desk moving meanwhile: the message waits in its inbox.
         with contextlib.suppress(DeskUnreachableError):
-            await self._ask(desk, {"op": "expect", "message_id": message_id},
+            await self.ask(desk, {"op": "expect", "message_id": message_id},
                             timeout=_STATUS_SECONDS)
         await self.bus.send_to_desk(desk, message_id, {
             "op": "message", "text": text, "source": source, "images": encode_images(images)})
@@ -172,54 +179,54 @@ class FleetControl:
 
     def message_limit(self, desk: str) -> int | None:
         """The desk's message limit when it runs here; None (unknown) elsewhere."""
-        return self.local.message_limit(desk) if self._here(desk) else None
+        return self.local.message_limit(desk) if self.holds(desk) else None
 
     async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
         """The end of the turn that read a message, from whichever daemon runs the desk."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.wait_for_reply(desk, message_id)
-        answer = await self._ask(desk, {"op": "reply", "message_id": message_id},
+        answer = await self.ask(desk, {"op": "reply", "message_id": message_id},
                                  timeout=_REPLY_SECONDS)
         return DeskReply.model_validate(answer)
 
     async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds the desk, on the daemon that runs it."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.pause(desk, by, reason)
-        return bool(await self._ask(desk, {"op": "pause", "by": by, "reason": reason}))
+        return bool(await self.ask(desk, {"op": "pause", "by": by, "reason": reason}))
 
     async def resume(self, desk: str, by: str) -> int | None:
         """Lets the desk take turns again, on the daemon that runs it."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.resume(desk, by)
-        result = await self._ask(desk, {"op": "resume", "by": by})
+        result = await self.ask(desk, {"op": "resume", "by": by})
         return None if result is None else int(result)
 
     def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
         """Ends the desk's running turn; for a desk held elsewhere the request is sent and
         True returned (whether a turn ran is known to that daemon)."""
-        if self._here(desk):
+        if self.holds(desk):
             return self.local.cancel_turn(desk, by, now=now)
         self.local.start_task(f"cancel {desk}", lambda: self._cancel_elsewhere(desk, by, now))
         return True
 
     async def _cancel_elsewhere(self, desk: str, by: str, now: bool) -> None:
         try:
-            await self._ask(desk, {"op": "cancel", "by": by, "now": now})
+            await self.ask(desk, {"op": "cancel", "by": by, "now": now})
         except DeskUnreachableError as exc:
             _log.warning("fleet_cancel_failed", desk=desk, error=str(exc))
 
     async def retry(self, desk: str, by: str) -> int:
         """Runs the desk's last turn again, on the daemon that runs it."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.retry(desk, by)
-        return int(await self._ask(desk, {"op": "retry", "by": by}))
+        return int(await self.ask(desk, {"op": "retry", "by": by}))
 
     async def compact(self, desk: str) -> bool:
         """Compacts the desk's conversation, on the daemon that runs it."""
-        if self._here(desk):
+        if self.holds(desk):
             return await self.local.compact(desk)
-        return bool(await self._ask(desk, {"op": "compact"}, timeout=_REPLY_SECONDS))
+        return bool(await self.ask(desk, {"op": "compact"}, timeout=_REPLY_SECONDS))
 
     async def set_kill_switch(self, on: bool, *, desk: str | None, by: str, reason: str = "",
                               cancel_orders: bool = False,
@@ -229,11 +236,11 @@ class FleetControl:
         request = {"op": "kill_switch", "on": on, "by": by, "reason": reason,
                    "cancel_orders": cancel_orders, "flatten": flatten}
         if desk is not None:
-            if self._here(desk):
+            if self.holds(desk):
                 return await self.local.set_kill_switch(
                     on, desk=desk, by=by, reason=reason, cancel_orders=cancel_orders,
                     flatten=flatten)
-            return dict(await self._ask(desk, {**request, "desk": desk}))
+            return dict(await self.ask(desk, {**request, "desk": desk}))
         result = await self.local.set_kill_switch(
             on, desk=None, by=by, reason=reason, cancel_orders=cancel_orders, flatten=flatten)
         leases = await self.leases.leases()
@@ -244,7 +251,7 @@ class FleetControl:
                 continue
             asked.add(lease.holder)
             try:
-                other = await self._ask(name, {**request, "desk": None})
+                other = await self.ask(name, {**request, "desk": None})
             except DeskUnreachableError as exc:
                 result["failed"].append(f"daemon {lease.holder}: {exc}")
                 continue
@@ -300,12 +307,16 @@ class DeskService:
         local: This daemon's supervisor.
         bus: The fleet's NATS.
         store: The shared store (to know a message already taken).
+        approvals: This daemon's approval book (the calls its desks hold), which operators
+            on other daemons list and answer.
     """
 
-    def __init__(self, local: Supervisor, bus: FleetBus, store: Store) -> None:
+    def __init__(self, local: Supervisor, bus: FleetBus, store: Store,
+                 approvals: ApprovalBook | None = None) -> None:
         self.local = local
         self.bus = bus
         self.store = store
+        self.approvals = approvals
         self._expected: dict[str, _Expected] = {}
 
     async def run(self, desk: str) -> None:
@@ -392,6 +403,8 @@ class DeskService:
                 reason=str(request.get("reason", "")),
                 cancel_orders=bool(request.get("cancel_orders")),
                 flatten=bool(request.get("flatten")))
+        elif op in ("approvals", "decide") and self.approvals is not None:
+            result = await answer_approval(self.approvals, request)
         else:
             return {"error": f"unknown request {op!r}"}
         return {"result": result}

@@ -31,6 +31,7 @@ from trading_agent.store.desk_leases import DeskLeases
 
 if TYPE_CHECKING:
     from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+    from trading_agent.operator.approvals import ApprovalBook
     from trading_agent.settings import Settings
     from trading_agent.store.store import Store
 
@@ -74,14 +75,16 @@ class FleetNode:
         self._service: DeskService | None = None
         self._running: dict[str, _Running] = {}
 
-    def attach(self, supervisor: Supervisor, store: Store, build: DeskBuilder) -> FleetControl:
-        """Gives the node the supervisor to run desks under and how to build one.
+    def attach(self, supervisor: Supervisor, store: Store, build: DeskBuilder,
+               approvals: ApprovalBook | None = None) -> FleetControl:
+        """Gives the node the supervisor to run desks under and how to build one, and the
+        approval book whose held calls operators on other daemons answer.
 
         Returns:
             The operator API's view of every desk of the fleet.
         """
         self._supervisor, self._build = supervisor, build
-        self._service = DeskService(supervisor, self.bus, store)
+        self._service = DeskService(supervisor, self.bus, store, approvals)
         supervisor.on_shutdown.append(self.member.stop_taking)
         return FleetControl(supervisor, self.member, self.bus, self.leases, store,
                             list(self.settings.desks))

@@ -113,7 +113,8 @@ from trading_agent.jsontext import json_bytes
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.operator.approvals import (
     ApprovalAlreadyResolvedError,
-    ApprovalBook,
+    Approvals,
+    Decision,
     UnknownApprovalError,
 )
 from trading_agent.operator.config import OperatorConfig
@@ -198,13 +199,13 @@ class OperatorService:
 
     Args:
         control: The running daemon.
-        approvals: The daemon's approval book.
+        approvals: The daemon's approval book (in a fleet, every daemon's).
         config: The operator settings.
         equity_samples: Where the equity chart's samples are kept (the daemon's store, so
             the curve outlives a restart); in memory when None.
     """
 
-    def __init__(self, control: DeskControl, approvals: ApprovalBook,
+    def __init__(self, control: DeskControl, approvals: Approvals,
                  config: OperatorConfig, *, equity_samples: EquitySamples | None = None) -> None:
         self.control = control
         self.approvals = approvals
@@ -651,31 +652,28 @@ async def _list_approvals(request: Request) -> Response:
     service = _service(request)
     desk_param = request.query_params.get("desk")
     desk = _desk(request, desk_param) if desk_param else None
-    return json_response({"approvals": [a.to_dict() for a in service.approvals.pending(desk)]})
+    return json_response({"approvals": await service.approvals.listed(desk)})
 
 
 @_endpoint
 async def _approve(request: Request) -> Response:
-    service = _service(request)
-    approval_id = request.path_params["approval_id"]
-    service.approvals.get(approval_id)  # 404 before reading the body
-    body = await _json_body(request, _DecisionBody, 16_384)
-    _utf8_text("reason", body.reason)
-    approval = service.approvals.approve(approval_id, body.operator,
-                                         redact_secrets(body.reason))
-    return json_response({"approval": approval.to_dict()})
+    return await _decide(request, "approved")
 
 
 @_endpoint
 async def _deny(request: Request) -> Response:
+    return await _decide(request, "denied")
+
+
+async def _decide(request: Request, decision: Decision) -> Response:
     service = _service(request)
     approval_id = request.path_params["approval_id"]
-    service.approvals.get(approval_id)
+    await service.approvals.check(approval_id)  # 404 before reading the body
     body = await _json_body(request, _DecisionBody, 16_384)
     _utf8_text("reason", body.reason)
-    approval = service.approvals.deny(approval_id, body.operator,
-                                      redact_secrets(body.reason))
-    return json_response({"approval": approval.to_dict()})
+    approval = await service.approvals.decide(approval_id, decision, body.operator,
+                                              redact_secrets(body.reason))
+    return json_response({"approval": approval})
 
 
 @_endpoint

@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 from pydantic import BaseModel
@@ -52,6 +52,8 @@ __all__ = [
     "ApprovalAlreadyResolvedError",
     "ApprovalBook",
     "ApprovalError",
+    "Approvals",
+    "Decision",
     "PendingApproval",
     "PriceLookup",
     "UnknownApprovalError",
@@ -131,6 +133,18 @@ class PendingApproval:
     _events: EventBus | None = field(default=None, repr=False)
     _decided: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PendingApproval:
+        """An approval from :meth:`to_dict`'s data (another daemon's, in a fleet)."""
+        outcome = data.get("outcome")
+        return cls(id=str(data["id"]), desk=str(data["desk"]), turn=str(data["turn"]),
+                   call_id=str(data["call_id"]), tool=str(data["tool"]),
+                   arguments=dict(data["arguments"]), reason=str(data["reason"]),
+                   notional=data.get("notional"), requested_at=float(data["requested_at"]),
+                   expires_at=float(data["expires_at"]),
+                   outcome=None if outcome in (None, "pending") else outcome,
+                   operator=str(data.get("operator", "")), note=str(data.get("note", "")))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for the API."""
         return {
@@ -200,6 +214,37 @@ class ApprovalRecords(Protocol):
                               outcome: str | None) -> None:
         """Keeps a held call (``outcome`` None while it waits), then how its approval
         ended."""
+        ...
+
+
+Decision = Literal["approved", "denied"]
+"""What an operator answers."""
+
+
+class Approvals(Protocol):
+    """What the operator API asks of approvals: a daemon's :class:`ApprovalBook`, or in a
+    fleet every daemon's (:class:`~trading_agent.fleet.approvals.FleetApprovals`)."""
+
+    def pending_count(self, desk: str) -> int:
+        """How many of a desk's calls wait here (for its status)."""
+        ...
+
+    async def listed(self, desk: str | None = None) -> list[dict[str, Any]]:
+        """The calls waiting now, as :meth:`PendingApproval.to_dict` data."""
+        ...
+
+    async def check(self, approval_id: str) -> None:
+        """Raises :class:`UnknownApprovalError` when no approval has that id."""
+        ...
+
+    async def decide(self, approval_id: str, decision: Decision, operator: str,
+                     note: str = "") -> dict[str, Any]:
+        """Approves or denies a held call; the approval, answered.
+
+        Raises:
+            UnknownApprovalError: No such approval.
+            ApprovalAlreadyResolvedError: It was answered, timed out or cancelled already.
+        """
         ...
 
 
@@ -394,6 +439,19 @@ class ApprovalBook:
             The pending approvals.
         """
         return [a for a in self._pending.values() if desk is None or a.desk == desk]
+
+    async def listed(self, desk: str | None = None) -> list[dict[str, Any]]:
+        """:meth:`pending`, as the API shows it (:class:`Approvals`)."""
+        return [approval.to_dict() for approval in self.pending(desk)]
+
+    async def check(self, approval_id: str) -> None:
+        """:meth:`get`, for :class:`Approvals`."""
+        self.get(approval_id)
+
+    async def decide(self, approval_id: str, decision: Decision, operator: str,
+                     note: str = "") -> dict[str, Any]:
+        """:meth:`approve` or :meth:`deny`, for :class:`Approvals`."""
+        return self._decide(approval_id, decision, operator, note).to_dict()
 
     def pending_count(self, desk: str) -> int:
         """How many of a desk's calls wait (for its status)."""

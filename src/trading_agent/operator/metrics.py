@@ -87,7 +87,7 @@ from trading_agent.agent.events import (
 )
 from trading_agent.daemon.control import DeskControl, DeskState, DeskStatus, UnknownDeskError
 from trading_agent.daemon.events import TurnCancelled
-from trading_agent.operator.approvals import ApprovalBook
+from trading_agent.operator.approvals import Approvals
 from trading_agent.operator.event_stream import EventHub
 from trading_agent.operator.events import ApprovalResolved
 
@@ -145,7 +145,7 @@ class DaemonMetrics:
         clock: Seconds since the epoch.
     """
 
-    def __init__(self, control: DeskControl, approvals: ApprovalBook, *,
+    def __init__(self, control: DeskControl, approvals: Approvals, *,
                  stream: EventHub | None = None, max_buffer: int = 50_000,
                  clock: Callable[[], float] = time.time) -> None:
         self._control = control

@@ -46,7 +46,7 @@ from trading_agent.daemon.control import DeskControl
 from trading_agent.errors import ConfigError
 from trading_agent.jsontext import json_bytes
 from trading_agent.operator.api import OperatorService, create_app
-from trading_agent.operator.approvals import ApprovalBook
+from trading_agent.operator.approvals import Approvals
 from trading_agent.operator.config import OperatorConfig, format_tcp_address, parse_tcp_address
 from trading_agent.operator.equity import EquitySamples
 from trading_agent.operator.metrics import DaemonMetrics
@@ -388,7 +388,7 @@ def _uvicorn_server(app: object, *, tcp: bool = False) -> _EmbeddedServer:
 
 async def serve_operator_api(
     control: DeskControl,
-    approvals: ApprovalBook,
+    approvals: Approvals,
     config: OperatorConfig,
     *,
     state_dir: Path,
@@ -404,7 +404,8 @@ async def serve_operator_api(
 
     Args:
         control: The running daemon.
-        approvals: The approval book the desks' executors use as their gate.
+        approvals: The approval book the desks' executors use as their gate (in a fleet,
+            one that reaches every daemon's).
         config: The operator settings.
         state_dir: The daemon's state directory (the default socket lives there).
         environ: Where the TCP token is read from (``os.environ`` by default).

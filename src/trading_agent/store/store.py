@@ -643,6 +643,15 @@ class Store:
             "ORDER BY rowid", (desk, turn)).fetchall())
         return {str(call_id): str(outcome or "pending") for call_id, outcome in rows}
 
+    async def approval_desk(self, approval_id: str) -> str | None:
+        """The desk whose call was held under an approval id, or None when none was (a
+        fleet's operator may answer an approval on any daemon: this says which desk, and so
+        which daemon, holds it)."""
+        row = await self._db.read(lambda connection: connection.execute(
+            "SELECT desk FROM held_calls WHERE approval_id = ? ORDER BY at DESC LIMIT 1",
+            (approval_id,)).fetchone())
+        return None if row is None else str(row[0])
+
     def now(self) -> float:
         """The store's clock (seconds since the epoch)."""
         return self._clock()

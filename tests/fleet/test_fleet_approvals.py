@@ -1,0 +1,130 @@
+"""An order held for approval on one daemon of a fleet is listed and answered on another.
+
+Two real daemons share two paper desks (one each) on one PostgreSQL and one NATS; every order
+waits for an operator (``approval_notional_threshold = 1``). Each desk is asked to buy through
+the daemon that does not run it; each daemon's API lists both held orders; one is approved and
+the other denied, each through the daemon that does not hold it, and the desks' transcripts
+show the order placed and the order refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.daemon.careful_trading import text_of
+from tests.daemon.process import short_dir
+from tests.fleet.books import read_fleet_books
+from tests.fleet.daemons import Fleet, fleet_config
+from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
+from trading_agent.operator.client import OperatorRequestError
+
+pytestmark = pytest.mark.slow
+
+DESKS = ("alpha", "bravo")
+BUY = {"symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "0.01"}
+
+
+def _trader(request: RecordedRequest) -> Step:
+    """Buys when asked to; says what became of the order once its result is in."""
+    last = request.messages[-1]
+    if last["role"] == "tool":
+        return Reply(f"Order outcome: {last['content'][:200]}")
+    if "Buy now." in str(last.get("content")):
+        return Reply(tool_calls=[ToolCall("place_order", BUY)])
+    return Reply("Noted.")
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
+
+
+async def _held(fleet: Fleet, via: str, within: float = 30) -> list[dict[str, Any]]:
+    """The approvals daemon ``via`` lists, once both desks' orders wait."""
+    approvals: list[dict[str, Any]] = []
+    try:
+        with anyio.fail_after(within):
+            while len(approvals) < len(DESKS):
+                async with fleet.daemons[via].client() as client:
+                    approvals = await client.approvals()
+                await anyio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"{via} listed {approvals} after {within} s, not an order held "
+                             f"for each of {DESKS}") from None
+    return approvals
+
+
+def _answer(fleet: Fleet, desk: str) -> str:
+    messages = read_fleet_books(fleet.store_url, desk).messages
+    last = messages[-1] if messages else None
+    return text_of(last[3]) if last is not None and last[1] == "assistant" else ""
+
+
+@pytest.mark.timeout(120)
+async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
+        scripted_server: ScriptedServer, folder: Path, fleet_database: str,
+        nats_prefix: str) -> None:
+    scripted_server.responder = _trader
+    config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
+                          DESKS, tables="[operator]\napproval_notional_threshold = 1\n")
+    fleet = Fleet(folder, config, fleet_database, DESKS)
+    try:
+        for daemon_id in ("d1", "d2"):
+            fleet.start(daemon_id)
+        for daemon in fleet.daemons.values():
+            await daemon.wait_ready(within=30)
+        holders = await fleet.wait_held("d1", ["d1", "d2"], within=30)
+        other = {"d1": "d2", "d2": "d1"}
+        for desk, holder in holders.items():  # each asked through the daemon not running it
+            async with fleet.daemons[other[holder]].client() as client:
+                await client.send_message(desk, "Buy now.", "ann")
+
+        # Both daemons list both held orders, whichever runs the desk.
+        for via in ("d1", "d2"):
+            listed = await _held(fleet, via)
+            assert sorted(a["desk"] for a in listed) == sorted(DESKS), (via, listed)
+            assert all(a["tool"] == "place_order" and a["outcome"] == "pending"
+                       and a["arguments"]["amount"] == "0.01" for a in listed)
+            async with fleet.daemons[via].client() as client:
+                assert [a["desk"] for a in await client.approvals("alpha")] == ["alpha"]
+        ids = {a["desk"]: a["id"] for a in listed}
+
+        approved_desk, denied_desk = DESKS
+        async with fleet.daemons[other[holders[approved_desk]]].client() as client:
+            approved = await client.approve(ids[approved_desk], "ann", "sized right")
+            assert (approved["outcome"], approved["operator"], approved["desk"]) == (
+                "approved", "ann", approved_desk)
+            # Answered once: a second click hears who answered, as on one daemon.
+            with pytest.raises(OperatorRequestError) as again:
+                await client.deny(ids[approved_desk], "bob", "too late")
+            assert again.value.status == 409 and "approved by ann" in str(again.value)
+            with pytest.raises(OperatorRequestError) as unknown:
+                await client.approve("0000beef", "ann")
+            assert unknown.value.status == 404
+        async with fleet.daemons[other[holders[denied_desk]]].client() as client:
+            denied = await client.deny(ids[denied_desk], "bob", "not today")
+            assert (denied["outcome"], denied["operator"]) == ("denied", "bob")
+
+        with anyio.fail_after(30):
+            waiting = list(DESKS)
+            while waiting:  # the books are another process's: polled
+                waiting = [desk for desk in waiting if not _answer(fleet, desk)]
+                await anyio.sleep(0.1)
+        assert "NEVER SENT" not in _answer(fleet, approved_desk)
+        assert read_fleet_books(fleet.store_url, approved_desk).orders, fleet.logs()
+        assert "Denied by operator bob: not today" in _answer(fleet, denied_desk)
+        assert not read_fleet_books(fleet.store_url, denied_desk).orders
+        for via in ("d1", "d2"):
+            async with fleet.daemons[via].client() as client:
+                assert await client.approvals() == []
+    except BaseException:
+        print(fleet.logs())
+        raise
+    finally:
+        fleet.close()
