@@ -49,6 +49,7 @@ ADAPTER_TESTS = (
     "tests/tools/test_mcp.py",                   # mcp, jsonschema (stdio and HTTP servers)
     "tests/store/test_postgres.py",              # psycopg (the machine's PostgreSQL)
     "tests/fleet/test_bus.py",                   # nats-py (the machine's NATS)
+    "tests/fleet/test_nats_auth.py",             # nats-py signing in (a nats-server's own)
 )
 """The tests of the code that leans on each dependency; each takes seconds."""
 

@@ -690,6 +690,10 @@ class Settings(BaseSettings):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
         if self.store.password_env:
             yield "store.password_env", self.store.password_env, self.store.url is not None
+        for key in ("nats_password_env", "nats_token_env"):
+            name = getattr(self.fleet, key)
+            if name:
+                yield f"fleet.{key}", name, self.in_fleet
         for desk_name, desk in self.desks.items():
             prefix = f"desks.{desk_name}"
             key_variable = provider(desk.model.provider).key_variable(desk.model)

@@ -44,7 +44,8 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No TRADING_AGENT_* variable of the machine leaks into a test."""
     for name in list(os.environ):
         if name.upper().startswith("TRADING_AGENT_") or name in (
-                "STATE_DIRECTORY", "CACHE_DIRECTORY", "TEST_DB_PASSWORD", "TEST_MODEL_KEY"):
+                "STATE_DIRECTORY", "CACHE_DIRECTORY", "TEST_DB_PASSWORD", "TEST_MODEL_KEY",
+                "TEST_NATS_PASSWORD"):
             monkeypatch.delenv(name)
 
 
@@ -122,6 +123,26 @@ def test_the_password_variable_is_a_secret_required_with_a_store_url(
     load_settings(path, check_environment=True)
 
 
+def test_the_nats_password_is_a_secret_read_from_its_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, FLEET.replace(
+        '"nats://nats.internal:4222"',
+        '"nats://trading@nats-a.internal:4222,nats://trading@nats-b.internal:4222"\n'
+        'nats_password_env = "TEST_NATS_PASSWORD"'))
+    settings = load_settings(path)
+    assert settings.secret_env_vars()["TEST_NATS_PASSWORD"] == "fleet.nats_password_env"
+    lines = missing_secrets(settings, path, environ={"TEST_MODEL_KEY": "sk-1",
+                                                    "TEST_DB_PASSWORD": "pw"})
+    assert lines == [
+        f"{path}: fleet.nats_password_env: the environment variable TEST_NATS_PASSWORD is not "
+        "set or empty (got 'TEST_NATS_PASSWORD'; allowed: the name of a variable set in the "
+        "daemon's environment, such as in /etc/trading-agent/env)"]
+    # The servers go without the user; the user and the password are given beside them.
+    assert settings.fleet.nats_credentials({"TEST_NATS_PASSWORD": "p@ss:w/rd"}) == {
+        "url": "nats://nats-a.internal:4222,nats://nats-b.internal:4222", "user": "trading",
+        "password": "p@ss:w/rd"}
+
+
 def test_a_password_variable_without_a_store_url_is_not_required(tmp_path: Path) -> None:
     path = _write(tmp_path, '[store]\npassword_env = "TEST_DB_PASSWORD"\n' + ONE_DAEMON)
     settings = load_settings(path)
@@ -180,10 +201,26 @@ def test_check_config_warns_of_the_missing_password(
          "a number >= 1, <= 600)"),
         ("lease_seconds = 20", "lease_second = 20",
          "fleet.lease_second: unknown key (got 20; did you mean lease_seconds?"),
+        ("nats://nats.internal:4222", "nats://ops:hunter2@nats.internal:4222",
+         "fleet.nats_url: must not hold a password: put it in an environment variable and "
+         "name that variable in fleet.nats_password_env (got 'nats://ops:<hidden>@"),
+        ("nats://nats.internal:4222", "nats://ops@nats.internal:4222",
+         "fleet: fleet.nats_url names a user but fleet.nats_password_env is not set (a name "
+         "alone would be sent as a token: put a token in an environment variable named by "
+         "fleet.nats_token_env)"),
+        ("lease_seconds = 20", 'lease_seconds = 20\nnats_password_env = "TEST_NATS_PASSWORD"',
+         "fleet: fleet.nats_password_env needs the user in fleet.nats_url: "
+         "nats://USER@HOST:PORT"),
+        ("lease_seconds = 20", 'lease_seconds = 20\nnats_password_env = "A"\n'
+                               'nats_token_env = "B"',
+         "fleet: give fleet.nats_password_env (a user's password) or fleet.nats_token_env "
+         "(a token), not both"),
     ],
     ids=["store-without-nats", "nats-without-store", "password-in-url", "mysql", "sqlite",
          "no-database", "empty-password-env", "http-nats", "nats-without-scheme",
-         "daemon-id-space", "daemon-id-too-long", "lease-too-short", "unknown-key"],
+         "daemon-id-space", "daemon-id-too-long", "lease-too-short", "unknown-key",
+         "password-in-nats-url", "nats-user-without-password", "nats-password-without-user",
+         "nats-password-and-token"],
 )
 def test_each_fleet_mistake_is_reported_at_its_place(tmp_path: Path, old: str, new: str,
                                                      expected: str) -> None:

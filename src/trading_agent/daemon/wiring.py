@@ -154,7 +154,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
     async with AsyncExitStack() as stack:
         stack.enter_context(hold_state_lock(state_dir))  # one daemon per state directory
         database = _store_target(settings, state_dir, environ)
-        node = (await stack.enter_async_context(open_node(settings, database))
+        node = (await stack.enter_async_context(open_node(settings, database, environ))
                 if settings.in_fleet else None)
         fence = node.member if node is not None else None
         store = await Store.open(database, fence=fence)

@@ -209,7 +209,9 @@ class FleetBus:
     @classmethod
     @asynccontextmanager
     async def connect(cls, url: str, daemon_id: str, *, prefix: str = "trading_agent",
-                      options: BusOptions | None = None) -> AsyncIterator[FleetBus]:
+                      options: BusOptions | None = None, user: str | None = None,
+                      password: str | None = None,
+                      token: str | None = None) -> AsyncIterator[FleetBus]:
         """Connects to NATS and sets the fleet's streams up; closes it all on exit.
 
         Several daemons may connect at once: the streams are created when missing and their
@@ -221,6 +223,9 @@ class FleetBus:
             daemon_id: This daemon.
             prefix: The fleet's subjects and streams start with it.
             options: Limits and timeouts.
+            user: The NATS user (``password`` with it), over any the URL names.
+            password: That user's password.
+            token: A NATS token, instead of a user.
 
         Yields:
             The bus.
@@ -236,7 +241,8 @@ class FleetBus:
             raise ValueError(f"daemon id {daemon_id!r}: printable, no surrounding spaces")
         servers = [part.strip() for part in url.split(",") if part.strip()]
         shown = ",".join(_without_password(server) for server in servers)
-        nc = await _open_connection(servers, shown, daemon_id, options)
+        nc = await _open_connection(servers, shown, daemon_id, options,
+                                    {"user": user, "password": password, "token": token})
         try:
             js = nc.jetstream(timeout=options.request_timeout)
             await _set_up_streams(js, prefix, options, shown)
@@ -899,7 +905,7 @@ async def _close_quietly(nc: Client) -> None:
 
 
 async def _open_connection(servers: list[str], shown: str, daemon_id: str,
-                           options: BusOptions) -> Client:
+                           options: BusOptions, credentials: dict[str, str | None]) -> Client:
     """Connects, failing fast when NATS is absent, then reconnects for ever once in."""
     nc = Client()
     failures: list[BaseException] = []  # before the first connection: told in the error
@@ -923,7 +929,8 @@ async def _open_connection(servers: list[str], shown: str, daemon_id: str,
             disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
             connect_timeout=max(1, math.ceil(options.connect_timeout)),
             max_reconnect_attempts=1, reconnect_time_wait=0,
-            pending_size=options.reconnect_buffer_bytes)
+            pending_size=options.reconnect_buffer_bytes, user=credentials["user"],
+            password=credentials["password"], token=credentials["token"])
     except (*_NATS_FAILURES, ValueError) as exc:
         with suppress(Exception):  # nats-py 2.9 trips over a client that never connected
             await nc.close()

@@ -7,7 +7,8 @@ Two tables of the config file, embedded by :class:`~trading_agent.settings.Setti
     password_env = "TRADING_AGENT_DB_PASSWORD"
 
     [fleet]
-    nats_url = "nats://nats.internal:4222"
+    nats_url = "nats://trading@nats.internal:4222"   # the user, if NATS asks for one
+    nats_password_env = "TRADING_AGENT_NATS_PASSWORD"   # or nats_token_env, or neither
     daemon_id = "host-a"            # default: the host name and the process id
     lease_seconds = 15              # a dead daemon's desks move within about this
 
@@ -23,9 +24,11 @@ from __future__ import annotations
 import os
 import re
 import socket
-from urllib.parse import urlsplit
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["FleetSettings", "StoreSettings", "default_daemon_id"]
 
@@ -82,6 +85,9 @@ class FleetSettings(BaseModel):
             takes them over.
         nats_prefix: The prefix of the fleet's NATS subjects and streams, so that several
             fleets can share one NATS server.
+        nats_password_env: The environment variable holding the password of the user that
+            ``nats_url`` names (``nats://USER@HOST:PORT``).
+        nats_token_env: The environment variable holding a NATS token (instead of a user).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -90,16 +96,54 @@ class FleetSettings(BaseModel):
     daemon_id: str | None = None
     lease_seconds: float = Field(default=15.0, ge=1.0, le=600.0)
     nats_prefix: str = Field(default="trading_agent", pattern=r"^[A-Za-z0-9_-]{1,32}$")
+    nats_password_env: str | None = Field(default=None, min_length=1)
+    nats_token_env: str | None = Field(default=None, min_length=1)
 
     @field_validator("nats_url")
     @classmethod
     def _nats_url(cls, url: str | None) -> str | None:
         if url is None:
             return None
-        parts = urlsplit(url)
-        if parts.scheme not in ("nats", "tls") or not parts.hostname:
-            raise ValueError("must be a NATS URL, nats://HOST:PORT")
+        for server in url.split(","):
+            parts = urlsplit(server.strip())
+            if parts.scheme not in ("nats", "tls") or not parts.hostname:
+                raise ValueError("must be a NATS URL, nats://HOST:PORT")
+            if parts.password is not None:
+                raise ValueError("must not hold a password: put it in an environment "
+                                 "variable and name that variable in fleet.nats_password_env")
         return url
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> FleetSettings:
+        if self.nats_password_env and self.nats_token_env:
+            raise ValueError("give fleet.nats_password_env (a user's password) or "
+                             "fleet.nats_token_env (a token), not both")
+        users = {urlsplit(server.strip()).username
+                 for server in (self.nats_url or "").split(",") if server.strip()}
+        if self.nats_password_env and None in users:
+            raise ValueError("fleet.nats_password_env needs the user in fleet.nats_url: "
+                             "nats://USER@HOST:PORT")
+        if users - {None} and not self.nats_password_env:
+            raise ValueError("fleet.nats_url names a user but fleet.nats_password_env is not "
+                             "set (a name alone would be sent as a token: put a token in an "
+                             "environment variable named by fleet.nats_token_env)")
+        return self
+
+    def nats_credentials(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """How this daemon signs in to NATS: the servers (without their user) and the
+        ``user`` and ``password``, or the ``token``, read from the environment now."""
+        servers, user = [], None
+        for server in (self.nats_url or "").split(","):
+            if server.strip():
+                parts = urlsplit(server.strip())
+                user = parts.username or user
+                servers.append(urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))
+        credentials: dict[str, Any] = {"url": ",".join(servers)}
+        if self.nats_password_env:
+            credentials.update(user=user, password=environ.get(self.nats_password_env, ""))
+        if self.nats_token_env:
+            credentials["token"] = environ.get(self.nats_token_env, "")
+        return credentials
 
     @field_validator("daemon_id")
     @classmethod

@@ -14,7 +14,8 @@ Every event of this daemon's desks is also published to the fleet's event stream
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -169,12 +170,14 @@ class FleetNode:
 
 
 @asynccontextmanager
-async def open_node(settings: Settings, store_target: object) -> AsyncIterator[FleetNode]:
+async def open_node(settings: Settings, store_target: object,
+                    environ: Mapping[str, str] | None = None) -> AsyncIterator[FleetNode]:
     """Joins the fleet: the leases' schema brought up to date, NATS connected.
 
     Args:
         settings: The daemon's settings (``store`` and ``fleet``).
         store_target: The shared store.
+        environ: Where NATS' password or token is read (``os.environ`` by default).
 
     Raises:
         StoreError: The store cannot be opened.
@@ -185,7 +188,10 @@ async def open_node(settings: Settings, store_target: object) -> AsyncIterator[F
     async with AsyncExitStack() as stack:
         leases = await DeskLeases.open(store_target)
         stack.push_async_callback(leases.close)
+        credentials = settings.fleet.nats_credentials(os.environ if environ is None
+                                                      else environ)
         bus = await stack.enter_async_context(FleetBus.connect(
-            settings.fleet.nats_url, daemon_id, prefix=settings.fleet.nats_prefix))
+            credentials.pop("url"), daemon_id, prefix=settings.fleet.nats_prefix,
+            **credentials))
         node = FleetNode(settings, leases, bus, daemon_id)
         yield node
