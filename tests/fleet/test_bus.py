@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
@@ -22,6 +20,7 @@ import pytest
 from anyio.abc import SocketAttribute
 from nats.js.api import RetentionPolicy
 
+from tests.fleet.own_nats import own_nats_server
 from trading_agent.errors import ConfigError
 from trading_agent.fleet.bus import (
     BusOptions,
@@ -483,26 +482,8 @@ async def test_connect_names_the_url_but_never_its_password_when_nats_is_absent(
 @pytest.fixture
 def nats_without_jetstream() -> Iterator[str]:
     """A NATS server of the test's own, on loopback, with JetStream off."""
-    binary = shutil.which("nats-server")
-    if binary is None:
-        pytest.skip("nats-server is not installed (needed to run one without JetStream)")
-    port = _free_port()
-    server = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+    with own_nats_server(jetstream=False) as port:
         yield f"nats://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=5)
 
 
 async def test_connect_says_when_jetstream_is_off(nats_without_jetstream: str) -> None:
