@@ -25,7 +25,7 @@ LEASE_SECONDS = 3.0
 
 def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
                  desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS,
-                 tables: str = "") -> Path:
+                 tables: str = "", context_window: int = 200_000) -> Path:
     """One config every daemon of the fleet reads: paper desks on a replay, the scripted
     model, the store on ``store_url``, NATS on the machine's server; ``tables``: more TOML."""
     tables += "".join(f"""
@@ -56,7 +56,8 @@ lease_seconds = {lease_seconds}
 provider = "openai"
 base_url = "{base_url}"
 model = "scripted-model"
-context_window = 200000
+context_window = {context_window}
+max_output_tokens = 64
 request_timeout = 30
 
 [exchange.replay]

@@ -15,8 +15,7 @@ stream, so every daemon shows every desk's events with the same ids (the stream'
 sequence), and a viewer can resume on any daemon.
 
 Approvals are listed and answered on any daemon (:mod:`trading_agent.fleet.approvals`).
-Outside this: ``reload`` is refused in a fleet (see the wiring), and the message limit of a
-desk held elsewhere is unknown here (None).
+Outside this: ``reload`` is refused in a fleet (see the wiring).
 """
 
 from __future__ import annotations
@@ -99,6 +98,8 @@ class FleetControl:
         self.desks = list(desks)
         self.event_bus: EventBus = local.event_bus
         self.daemon_id = member.daemon_id
+        self._limits: dict[str, int | None] = {}
+        """Each desk held elsewhere: its message limit, as its daemon last said."""
 
     # ------------------------------------------------------------------ where a desk runs
 
@@ -169,24 +170,28 @@ class FleetControl:
             return await self.local.send_message(desk, text, source, images)
         message_id = uuid.uuid4().hex
         # The holder waits for the answer from now, so that send --wait gets it even when
-        # the turn ends at once; a desk moving meanwhile: the message waits in its inbox.
+        # the turn ends at once (and says the desk's message limit); a desk moving
+        # meanwhile: the message waits in its inbox.
+        limit = None
         with contextlib.suppress(DeskUnreachableError):
-            await self.ask(desk, {"op": "expect", "message_id": message_id},
-                            timeout=_STATUS_SECONDS)
+            limit = await self.ask(desk, {"op": "expect", "message_id": message_id},
+                                   timeout=_STATUS_SECONDS)
+        self._limits[desk] = limit if type(limit) is int else None
         await self.bus.send_to_desk(desk, message_id, {
             "op": "message", "text": text, "source": source, "images": encode_images(images)})
         return message_id
 
     def message_limit(self, desk: str) -> int | None:
-        """The desk's message limit when it runs here; None (unknown) elsewhere."""
-        return self.local.message_limit(desk) if self.holds(desk) else None
+        """The desk's message limit: from this daemon when it runs here, else as its daemon
+        said when the last message was sent to it (None: unknown, or no limit)."""
+        return self.local.message_limit(desk) if self.holds(desk) else self._limits.get(desk)
 
     async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
         """The end of the turn that read a message, from whichever daemon runs the desk."""
         if self.holds(desk):
             return await self.local.wait_for_reply(desk, message_id)
         answer = await self.ask(desk, {"op": "reply", "message_id": message_id},
-                                 timeout=_REPLY_SECONDS)
+                                timeout=_REPLY_SECONDS)
         return DeskReply.model_validate(answer)
 
     async def pause(self, desk: str, by: str, reason: str) -> bool:
@@ -384,7 +389,7 @@ class DeskService:
             result = status.model_copy(update={"daemon": self.bus.daemon_id}).model_dump()
         elif op == "expect":
             self._expect(desk, str(request["message_id"]), waiting)
-            result = True
+            result = local.message_limit(desk)
         elif op == "reply":
             result = (await self._reply(desk, str(request["message_id"]))).model_dump()
         elif op == "pause":

@@ -1,4 +1,6 @@
-"""An order held for approval on one daemon of a fleet is listed and answered on another.
+"""What an operator does on any daemon of a fleet, for a desk another daemon runs.
+
+An order held for approval on one daemon of a fleet is listed and answered on another.
 
 Two real daemons share two paper desks (one each) on one PostgreSQL and one NATS; every order
 waits for an operator (``approval_notional_threshold = 1``). Each desk is asked to buy through
@@ -123,6 +125,39 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         for via in ("d1", "d2"):
             async with fleet.daemons[via].client() as client:
                 assert await client.approvals() == []
+    except BaseException:
+        print(fleet.logs())
+        raise
+    finally:
+        fleet.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
+        scripted_server: ScriptedServer, folder: Path, fleet_database: str,
+        nats_prefix: str) -> None:
+    """The desk's message limit comes from the daemon that runs it (its window, 2,048
+    tokens here), so the answer says the message was shortened, as on one daemon."""
+    scripted_server.responder = _trader
+    config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
+                          ["alpha"], context_window=2048)
+    fleet = Fleet(folder, config, fleet_database, ["alpha"])
+    try:
+        for daemon_id in ("d1", "d2"):
+            fleet.start(daemon_id)
+        for daemon in fleet.daemons.values():
+            await daemon.wait_ready(within=30)
+        holders = await fleet.wait_held("d1", ["d1", "d2"], within=30)
+        elsewhere = {"d1": "d2", "d2": "d1"}[holders["alpha"]]
+        text = "Closes: " + " ".join(["16751.3"] * 875)
+        async with fleet.daemons[elsewhere].client() as client:
+            sent = await client.send_message("alpha", text, "carol")
+            short = await client.send_message("alpha", "Closes: 16751.3", "carol")
+        shortened = sent["shortened"]
+        assert shortened["message_chars"] == len(text)
+        assert shortened["limit_chars"] < len(text)
+        assert "the middle was cut" in shortened["note"]
+        assert "shortened" not in short
     except BaseException:
         print(fleet.logs())
         raise
