@@ -18,7 +18,7 @@ import anyio.lowlevel
 import nats
 import pytest
 from anyio.abc import SocketAttribute
-from nats.js.api import RetentionPolicy
+from nats.js.api import RetentionPolicy, StreamConfig
 
 from tests.fleet.own_nats import own_nats_server
 from trading_agent.errors import ConfigError
@@ -517,3 +517,35 @@ async def test_daemons_connecting_at_once_share_the_streams_and_later_limits_app
     assert events.config.max_age == 3600.0
     assert inbox.config.max_bytes == 1 << 20
     assert inbox.config.retention == RetentionPolicy.WORK_QUEUE  # as the daemons made it
+
+
+async def test_a_stream_still_being_made_is_waited_for_and_a_real_overlap_reported(
+        nats_url: str, nats_prefix: str) -> None:
+    """Daemons starting at once race to make the streams: the loser may hear that the
+    subjects overlap with a stream still being made. A stream in the way for a moment (here
+    one of another name on the inbox's subjects, removed after 0.1 s) is waited out; one
+    that stays is reported, naming the stream."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    in_the_way = StreamConfig(name=f"{nats_prefix}_in_the_way",
+                              subjects=[f"{nats_prefix}.inbox.*"])
+    try:
+        await js.add_stream(in_the_way)
+
+        async def remove_soon() -> None:
+            await anyio.sleep(0.1)
+            await js.delete_stream(in_the_way.name)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(remove_soon)
+            async with _bus(nats_url, nats_prefix, "d1") as bus:
+                assert bus.is_connected
+
+        await js.delete_stream(f"{nats_prefix}_inbox")
+        await js.add_stream(in_the_way)
+        with pytest.raises(ConfigError, match=rf"the stream {nats_prefix}_inbox on {nats_url} "
+                                              r"cannot be set up: .*subjects overlap"):
+            async with _bus(nats_url, nats_prefix, "d2"):
+                pass
+    finally:
+        await nc.close()

@@ -85,8 +85,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MSG_ID = "Nats-Msg-Id"
 _DAEMON = "Trading-Agent-Daemon"
 _CONTROL_GROUP = "holders"
-_STREAM_NAME_IN_USE = 10058
-"""JetStream's error code for a stream that exists with other settings."""
+_STREAM_RACES = frozenset({10058, 10059, 10065})
+"""JetStream's error codes that daemons setting a stream up at once meet: the stream exists
+with other settings (name in use), is not found yet, or is being made (subjects overlap)."""
+_STREAM_ATTEMPTS = 6
 
 _NATS_FAILURES = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS call raises when NATS is down or slow (JetStream's errors are among them)."""
@@ -969,12 +971,32 @@ async def _set_up_streams(js: JetStreamContext, prefix: str, options: BusOptions
     ]
     for config in streams:
         try:
-            try:
-                await js.add_stream(config)
-            except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != _STREAM_NAME_IN_USE:
-                    raise
-                await js.update_stream(config)  # another daemon's settings, or older ones
+            await _add_or_update(js, config)
         except _NATS_FAILURES as exc:
             raise ConfigError(f"fleet: the stream {config.name} on {shown} cannot be set up: "
                               f"{_describe(exc)}") from exc
+
+
+async def _add_or_update(js: JetStreamContext, config: StreamConfig) -> None:
+    """Makes the stream, or gives the one there these settings (another daemon's, or older
+    ones). Daemons starting at once race: the loser may hear that the subjects overlap with
+    a stream still being made, or that the stream is not found when it updates it; it tries
+    again, a little later, a few times."""
+    refused: nats.js.errors.APIError | None = None
+    for attempt in range(_STREAM_ATTEMPTS):
+        try:
+            await js.add_stream(config)
+            return
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in _STREAM_RACES:
+                raise
+            refused = exc  # what is told if no attempt succeeds
+        try:
+            await js.update_stream(config)
+            return
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in _STREAM_RACES:
+                raise
+        await anyio.sleep(0.05 * (attempt + 1))
+    assert refused is not None
+    raise refused
