@@ -12,6 +12,7 @@ import pytest
 
 from trading_agent import cli
 from trading_agent.errors import ConfigError
+from trading_agent.fleet.config import NatsSignIn
 from trading_agent.settings import load_settings, missing_secrets
 
 ONE_DAEMON = """
@@ -138,9 +139,9 @@ def test_the_nats_password_is_a_secret_read_from_its_variable(
         "set or empty (got 'TEST_NATS_PASSWORD'; allowed: the name of a variable set in the "
         "daemon's environment, such as in /etc/trading-agent/env)"]
     # The servers go without the user; the user and the password are given beside them.
-    assert settings.fleet.nats_credentials({"TEST_NATS_PASSWORD": "p@ss:w/rd"}) == {
-        "url": "nats://nats-a.internal:4222,nats://nats-b.internal:4222", "user": "trading",
-        "password": "p@ss:w/rd"}
+    assert settings.fleet.nats_sign_in({"TEST_NATS_PASSWORD": "p@ss:w/rd"}) == NatsSignIn(
+        "nats://nats-a.internal:4222,nats://nats-b.internal:4222", user="trading",
+        password="p@ss:w/rd")
 
 
 def test_a_password_variable_without_a_store_url_is_not_required(tmp_path: Path) -> None:

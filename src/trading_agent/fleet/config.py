@@ -25,12 +25,12 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["FleetSettings", "StoreSettings", "default_daemon_id"]
+__all__ = ["FleetSettings", "NatsSignIn", "StoreSettings", "default_daemon_id"]
 
 _DAEMON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
@@ -70,6 +70,22 @@ class StoreSettings(BaseModel):
         if not parts.hostname or not parts.path.strip("/"):
             raise ValueError("needs a host and a database: postgresql://USER@HOST:PORT/DB")
         return url
+
+
+class NatsSignIn(NamedTuple):
+    """How a daemon signs in to NATS.
+
+    Attributes:
+        url: The servers, comma-separated, without a user (given beside them).
+        user: The user, with ``password``; None for none.
+        password: That user's password.
+        token: A token, instead of a user.
+    """
+
+    url: str
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
 
 
 class FleetSettings(BaseModel):
@@ -129,21 +145,20 @@ class FleetSettings(BaseModel):
                              "environment variable named by fleet.nats_token_env)")
         return self
 
-    def nats_credentials(self, environ: Mapping[str, str]) -> dict[str, Any]:
-        """How this daemon signs in to NATS: the servers (without their user) and the
-        ``user`` and ``password``, or the ``token``, read from the environment now."""
+    def nats_sign_in(self, environ: Mapping[str, str]) -> NatsSignIn:
+        """How this daemon signs in to NATS, the secret read from the environment now."""
         servers, user = [], None
         for server in (self.nats_url or "").split(","):
             if server.strip():
                 parts = urlsplit(server.strip())
                 user = parts.username or user
                 servers.append(urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))
-        credentials: dict[str, Any] = {"url": ",".join(servers)}
+        url = ",".join(servers)
         if self.nats_password_env:
-            credentials.update(user=user, password=environ.get(self.nats_password_env, ""))
+            return NatsSignIn(url, user=user, password=environ.get(self.nats_password_env, ""))
         if self.nats_token_env:
-            credentials["token"] = environ.get(self.nats_token_env, "")
-        return credentials
+            return NatsSignIn(url, token=environ.get(self.nats_token_env, ""))
+        return NatsSignIn(url)
 
     @field_validator("daemon_id")
     @classmethod

@@ -188,10 +188,9 @@ async def open_node(settings: Settings, store_target: object,
     async with AsyncExitStack() as stack:
         leases = await DeskLeases.open(store_target)
         stack.push_async_callback(leases.close)
-        credentials = settings.fleet.nats_credentials(os.environ if environ is None
-                                                      else environ)
+        sign_in = settings.fleet.nats_sign_in(os.environ if environ is None else environ)
         bus = await stack.enter_async_context(FleetBus.connect(
-            credentials.pop("url"), daemon_id, prefix=settings.fleet.nats_prefix,
-            **credentials))
+            sign_in.url, daemon_id, prefix=settings.fleet.nats_prefix, user=sign_in.user,
+            password=sign_in.password, token=sign_in.token))
         node = FleetNode(settings, leases, bus, daemon_id)
         yield node
