@@ -11,7 +11,8 @@ show the order placed and the order refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,26 @@ async def _held(fleet: Fleet, via: str, within: float = 30) -> list[dict[str, An
     return approvals
 
 
+@asynccontextmanager
+async def _two_daemons(folder: Path, config: Path, store_url: str,
+                       desks: Sequence[str]) -> AsyncIterator[tuple[Fleet, dict[str, str]]]:
+    """Daemons d1 and d2 on ``config``, the desks spread over both; yields the fleet and,
+    for each desk, the daemon that does not run it. Prints their logs when the test fails."""
+    fleet = Fleet(folder, config, store_url, desks)
+    try:
+        for daemon_id in ("d1", "d2"):
+            fleet.start(daemon_id)
+        for daemon in fleet.daemons.values():
+            await daemon.wait_ready(within=30)
+        holders = await fleet.wait_held("d1", ["d1", "d2"], within=30)
+        yield fleet, {desk: {"d1": "d2", "d2": "d1"}[holder] for desk, holder in holders.items()}
+    except BaseException:
+        print(fleet.logs())
+        raise
+    finally:
+        fleet.close()
+
+
 def _answer(fleet: Fleet, desk: str) -> str:
     messages = read_fleet_books(fleet.store_url, desk).messages
     last = messages[-1] if messages else None
@@ -75,16 +96,9 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
                           DESKS, tables="[operator]\napproval_notional_threshold = 1\n")
-    fleet = Fleet(folder, config, fleet_database, DESKS)
-    try:
-        for daemon_id in ("d1", "d2"):
-            fleet.start(daemon_id)
-        for daemon in fleet.daemons.values():
-            await daemon.wait_ready(within=30)
-        holders = await fleet.wait_held("d1", ["d1", "d2"], within=30)
-        other = {"d1": "d2", "d2": "d1"}
-        for desk, holder in holders.items():  # each asked through the daemon not running it
-            async with fleet.daemons[other[holder]].client() as client:
+    async with _two_daemons(folder, config, fleet_database, DESKS) as (fleet, elsewhere):
+        for desk, via in elsewhere.items():  # each asked through the daemon not running it
+            async with fleet.daemons[via].client() as client:
                 await client.send_message(desk, "Buy now.", "ann")
 
         # Both daemons list both held orders, whichever runs the desk.
@@ -98,7 +112,7 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         ids = {a["desk"]: a["id"] for a in listed}
 
         approved_desk, denied_desk = DESKS
-        async with fleet.daemons[other[holders[approved_desk]]].client() as client:
+        async with fleet.daemons[elsewhere[approved_desk]].client() as client:
             approved = await client.approve(ids[approved_desk], "ann", "sized right")
             assert (approved["outcome"], approved["operator"], approved["desk"]) == (
                 "approved", "ann", approved_desk)
@@ -109,7 +123,7 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
             with pytest.raises(OperatorRequestError) as unknown:
                 await client.approve("0000beef", "ann")
             assert unknown.value.status == 404
-        async with fleet.daemons[other[holders[denied_desk]]].client() as client:
+        async with fleet.daemons[elsewhere[denied_desk]].client() as client:
             denied = await client.deny(ids[denied_desk], "bob", "not today")
             assert (denied["outcome"], denied["operator"]) == ("denied", "bob")
 
@@ -125,11 +139,6 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         for via in ("d1", "d2"):
             async with fleet.daemons[via].client() as client:
                 assert await client.approvals() == []
-    except BaseException:
-        print(fleet.logs())
-        raise
-    finally:
-        fleet.close()
 
 
 @pytest.mark.timeout(120)
@@ -141,16 +150,9 @@ async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
                           ["alpha"], context_window=2048)
-    fleet = Fleet(folder, config, fleet_database, ["alpha"])
-    try:
-        for daemon_id in ("d1", "d2"):
-            fleet.start(daemon_id)
-        for daemon in fleet.daemons.values():
-            await daemon.wait_ready(within=30)
-        holders = await fleet.wait_held("d1", ["d1", "d2"], within=30)
-        elsewhere = {"d1": "d2", "d2": "d1"}[holders["alpha"]]
+    async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere):
         text = "Closes: " + " ".join(["16751.3"] * 875)
-        async with fleet.daemons[elsewhere].client() as client:
+        async with fleet.daemons[elsewhere["alpha"]].client() as client:
             sent = await client.send_message("alpha", text, "carol")
             short = await client.send_message("alpha", "Closes: 16751.3", "carol")
         shortened = sent["shortened"]
@@ -158,8 +160,3 @@ async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
         assert shortened["limit_chars"] < len(text)
         assert "the middle was cut" in shortened["note"]
         assert "shortened" not in short
-    except BaseException:
-        print(fleet.logs())
-        raise
-    finally:
-        fleet.close()

@@ -58,34 +58,23 @@ async def _join(path: Path, environ: dict[str, str]) -> bool:
             return node.bus.is_connected
 
 
-async def test_a_daemon_signs_in_with_the_user_and_the_password_from_its_variable(
-        tmp_path: Path) -> None:
-    with own_nats_server("--user", "trading", "--pass", PASSWORD) as port:
-        path = _config(tmp_path, STORE_URL, f"""
-            nats_url = "nats://trading@127.0.0.1:{port}"
-            nats_password_env = "TEST_NATS_PASSWORD"
-            nats_prefix = "auth"
-            """)
-        assert await _join(path, {"TEST_NATS_PASSWORD": PASSWORD})
+@pytest.mark.parametrize(("server", "fleet_table", "variable", "secret"), [
+    (("--user", "trading", "--pass", PASSWORD), 'nats_url = "nats://trading@127.0.0.1:{port}"\n'
+     'nats_password_env = "TEST_NATS_PASSWORD"', "TEST_NATS_PASSWORD", PASSWORD),
+    (("--auth", TOKEN), 'nats_url = "nats://127.0.0.1:{port}"\n'
+     'nats_token_env = "TEST_NATS_TOKEN"', "TEST_NATS_TOKEN", TOKEN),
+], ids=["user-and-password", "token"])
+async def test_a_daemon_signs_in_with_the_secret_from_its_variable(
+        tmp_path: Path, server: tuple[str, ...], fleet_table: str, variable: str,
+        secret: str) -> None:
+    with own_nats_server(*server) as port:
+        path = _config(tmp_path, STORE_URL,
+                       fleet_table.format(port=port) + '\nnats_prefix = "auth"')
+        assert await _join(path, {variable: secret})
 
         with pytest.raises(ConfigError) as refused:
-            await _join(path, {"TEST_NATS_PASSWORD": "not the password"})
+            await _join(path, {variable: "not the secret"})
         message = str(refused.value)
         assert message.startswith(f"fleet: cannot reach NATS at nats://127.0.0.1:{port}: ")
         assert "authorization" in message.lower()
-        assert "not the password" not in message and PASSWORD not in message
-
-
-async def test_a_daemon_signs_in_with_the_token_from_its_variable(tmp_path: Path) -> None:
-    with own_nats_server("--auth", TOKEN) as port:
-        path = _config(tmp_path, STORE_URL, f"""
-            nats_url = "nats://127.0.0.1:{port}"
-            nats_token_env = "TEST_NATS_TOKEN"
-            nats_prefix = "auth"
-            """)
-        assert await _join(path, {"TEST_NATS_TOKEN": TOKEN})
-
-        with pytest.raises(ConfigError) as refused:
-            await _join(path, {"TEST_NATS_TOKEN": "wrong-token"})
-        assert "authorization" in str(refused.value).lower()
-        assert "wrong-token" not in str(refused.value)
+        assert "not the secret" not in message and secret not in message
