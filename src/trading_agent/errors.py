@@ -20,6 +20,8 @@
     │   ├── FleetUnavailableError ◆      NATS cannot be reached now
     │   └── DeskUnreachable ◆            no daemon answered for a desk
     ├── DeskUnreachableError ○           the daemon holding a desk could not be asked
+    ├── RetryRefusedError                an operator's retry cannot be done now (says why)
+    ├── McpServerError ▲                 an MCP server could not be started, reached or read
     ├── ConfigError                      a configuration file or variable is wrong
     │   └── CacheFileError §             a backtest's response cache file is unreadable
     ├── ImageRejectedError ⁑             a picture an operator or tool sent cannot be used
@@ -34,7 +36,8 @@ Defined where they are raised, not here: ``*`` in :mod:`trading_agent.backends.l
 (private), ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
 :mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
 :mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
-in :mod:`trading_agent.fleet.bus`, ``○`` in :mod:`trading_agent.daemon.control`.
+in :mod:`trading_agent.fleet.bus`, ``○`` in :mod:`trading_agent.daemon.control`, ``▲`` in
+:mod:`trading_agent.tools.mcp`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and
@@ -54,6 +57,7 @@ __all__ = [
     "ExchangeError",
     "ExchangeUnavailableError",
     "OrderRejectedError",
+    "RetryRefusedError",
     "RiskLimitError",
     "StoreError",
     "ToolError",
@@ -150,7 +154,7 @@ class OrderRejectedError(ExchangeError):
 
 
 class StoreError(TradingAgentError):
-    """The SQLite store failed."""
+    """The store (SQLite or PostgreSQL) failed."""
 
 
 class RetryRefusedError(TradingAgentError):
