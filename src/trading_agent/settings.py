@@ -97,9 +97,12 @@ from trading_agent.errors import ConfigError
 from trading_agent.fleet.config import FleetSettings, StoreSettings
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
-from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
-from trading_agent.tools.mcp import McpServerConfig
-from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES
+from trading_agent.tools.config import (
+    DELEGATE_TOOL_NAME,
+    TRADING_TOOL_NAMES,
+    McpServerConfig,
+    SubagentConfig,
+)
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import timeframe_delta
 

@@ -72,7 +72,8 @@ from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
-from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
+from trading_agent.tools.config import DELEGATE_TOOL_NAME
+from trading_agent.tools.delegate import Delegator, register_delegate_tool
 from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
