@@ -89,8 +89,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from trading_agent.agent.context_compressor import ContextCompressor
-from trading_agent.agent.image_preparer import ImageLimits
+from trading_agent.agent.context_budget import context_budget
 from trading_agent.backends.config import MAX_CONTEXT_WINDOW
 from trading_agent.backends.providers import ModelTable, model_settings, provider
 from trading_agent.errors import ConfigError
@@ -272,29 +271,24 @@ class ContextSettings(_Strict):
                              f"hard_threshold ({self.hard_threshold})")
         return self
 
-    def compressor(self, context_window: int, *, key: str = "context") -> ContextCompressor:
-        """The agent core's ``ContextCompressor`` for these settings and a model's window.
+    def check_window(self, context_window: int, *, key: str = "context") -> None:
+        """Checks that these settings can work for a model's window.
 
         Args:
             context_window: The model's window, in tokens.
             key: Where these settings are in the config, for the error message
                 (``desks.alpha.context``).
 
-        Returns:
-            The compressor.
-
         Raises:
-            ConfigError: The settings cannot work for this window; the message names the
-                keys, their values and the window.
+            ConfigError: They cannot; the message names the keys, their values and the
+                window.
         """
         try:
-            return ContextCompressor(
-                context_window, flush_threshold=self.flush_threshold,
-                hard_threshold=self.hard_threshold, keep_recent_tokens=self.keep_recent_tokens,
-                summary_max_tokens=self.summary_max_tokens,
-                tool_result_max_tokens=self.tool_result_max_tokens,
-                flush_max_rounds=self.flush_max_rounds,
-                clear_keep_rounds=self.clear_keep_rounds if self.clear_tool_results else None)
+            context_budget(context_window, flush_threshold=self.flush_threshold,
+                           hard_threshold=self.hard_threshold,
+                           keep_recent_tokens=self.keep_recent_tokens,
+                           summary_max_tokens=self.summary_max_tokens,
+                           flush_max_rounds=self.flush_max_rounds)
         except ValueError as exc:
             keep = (str(self.keep_recent_tokens) if self.keep_recent_tokens is not None
                     else f"{context_window // 5} by default, a fifth of the window")
@@ -508,7 +502,7 @@ class DeskSettings(_Strict):
         model = info.data.get("model")  # absent when the model table itself is wrong
         if model is not None:
             try:
-                value.compressor(model.context_window)
+                value.check_window(model.context_window)
             except ConfigError as exc:
                 raise ValueError(str(exc).removeprefix("context: ")) from None
         return value
@@ -537,10 +531,6 @@ class DeskSettings(_Strict):
     def zone(self) -> ZoneInfo:
         """The desk's time zone."""
         return ZoneInfo(self.timezone)
-
-    def image_limits(self) -> ImageLimits:
-        """The agent core's ``ImageLimits`` for these settings."""
-        return ImageLimits(**self.images.model_dump())
 
 
 _toml_data: ContextVar[dict[str, Any] | None] = ContextVar("_toml_data", default=None)
