@@ -74,11 +74,8 @@ import anyio
 import structlog
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec, Usage
-from trading_agent.agent.context_compressor import (
-    FLUSH_NO_OP,
-    FLUSH_TRIGGER_PREFIX,
-    SUMMARY_SECTIONS,
-)
+from trading_agent.agent.context_budget import SUMMARY_SECTIONS
+from trading_agent.agent.context_compressor import FLUSH_NO_OP, FLUSH_TRIGGER_PREFIX
 from trading_agent.agent.conversation import (
     ContentBlock,
     Message,

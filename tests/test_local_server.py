@@ -19,17 +19,14 @@ import httpx
 import pytest
 
 from trading_agent.backends import llama_chat_handler, local_server
-from trading_agent.backends.local_server import (
-    TOOL_CHAT_FORMAT,
-    LocalModelConfig,
-    LocalModelServer,
-    ensure_model_file,
-)
+from trading_agent.backends.config import DEFAULT_MODEL_PACKAGE, LocalModelConfig
+from trading_agent.backends.llama_chat_handler import TOOL_CHAT_FORMAT
+from trading_agent.backends.local_server import LocalModelServer, ensure_model_file
 from trading_agent.backends.providers.local import LocalModelSettings
 from trading_agent.errors import BackendUnavailableError, ConfigError
 
 _HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-_HAS_MODEL = importlib.util.find_spec(local_server.DEFAULT_MODEL_PACKAGE) is not None
+_HAS_MODEL = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is not None
 needs_llama = pytest.mark.skipif(
     not _HAS_LLAMA, reason="llama-cpp-python is not installed (pip install -e '.[local]')")
 needs_model = pytest.mark.skipif(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from trading_agent import cli
+from trading_agent.agent.context_compressor import compressor_for
 from trading_agent.backends.providers.local import LocalModelSettings
 from trading_agent.backends.providers.openai import OpenAIModelSettings
 from trading_agent.errors import ConfigError
@@ -128,7 +129,7 @@ def test_a_valid_file_loads_with_desks_inheriting_the_defaults(tmp_path: Path) -
     assert alpha.zone.key == "Europe/Paris"
     assert beta.maximum_rounds == 3 and alpha.maximum_rounds == 20
     assert beta.tools is None  # every tool
-    assert alpha.image_limits().keep == 4
+    assert alpha.images.keep == 4
     assert settings.daemon.shutdown_timeout_seconds == 8  # the daemon exits within 10 s
     assert (alpha.context.tool_result_max_tokens, alpha.context.flush_max_rounds) == (None, 3)
     assert settings.secret_env_vars() == {
@@ -420,7 +421,7 @@ def test_images_kept_per_request_are_between_1_and_16(tmp_path: Path) -> None:
     def images(keep: int) -> str:
         return VALID + f"\n[desks.alpha.images]\nkeep = {keep}\n"
 
-    assert load_settings(_write(tmp_path, images(2))).desks["alpha"].image_limits().keep == 2
+    assert load_settings(_write(tmp_path, images(2))).desks["alpha"].images.keep == 2
     for keep in (0, 17):
         path = _write(tmp_path, images(keep))
         assert _one_error(path).startswith(f"{path}: desks.alpha.images.keep: ")
@@ -434,7 +435,7 @@ summary_max_tokens = 1000
 tool_result_max_tokens = 2000
 flush_max_rounds = 5
 """)
-    compressor = load_settings(path).desks["alpha"].context.compressor(32000)
+    compressor = compressor_for(load_settings(path).desks["alpha"].context, 32000)
     assert (compressor.keep_recent_tokens, compressor.summary_max_tokens,
             compressor.tool_result_max_tokens, compressor.flush_max_rounds) == (
         6000, 1000, 2000, 5)
@@ -452,7 +453,7 @@ def test_context_settings_that_do_not_fit_the_window_are_caught_at_load_time(
     # A small window shrinks the summary instead of refusing the desk.
     path = _write(tmp_path, VALID.replace("context_window = 32000", "context_window = 3000"))
     settings = load_settings(path)
-    compressor = settings.desks["alpha"].context.compressor(3000)
+    compressor = compressor_for(settings.desks["alpha"].context, 3000)
     assert (compressor.keep_recent_tokens, compressor.summary_max_tokens) == (600, 900)
     # Too small for even the recent messages and a short summary: refused, saying why.
     path = _write(tmp_path, VALID.replace("context_window = 32000", "context_window = 3000")

@@ -35,10 +35,10 @@ from tests.scripted_server import (
     context_overflow,
 )
 from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.context_budget import SUMMARY_SECTIONS
 from trading_agent.agent.context_compressor import (
     FLUSH_NO_OP,
     SUMMARY_HEADER,
-    SUMMARY_SECTIONS,
     ContextCompressor,
     context_tokens,
     find_cut,

@@ -11,6 +11,7 @@ import pytest
 from tests.scripted_server import Reply, ScriptedServer, SSEChunks
 from trading_agent.agent.backend import ModelRequestSpec, Pricing, Usage, desk_cache_key
 from trading_agent.agent.conversation import Message
+from trading_agent.backends import openai_compatible
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
@@ -185,4 +186,4 @@ def test_a_cached_price_needs_the_other_prices() -> None:
     config = OpenAIBackendConfig(**base, price_input_per_million=1.0,
                                  price_output_per_million=2.0,
                                  price_cached_input_per_million=0.1)
-    assert config.pricing == Pricing(1.0, 2.0, 0.1)
+    assert openai_compatible.pricing(config) == Pricing(1.0, 2.0, 0.1)

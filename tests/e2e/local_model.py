@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from trading_agent.backends.local_server import DEFAULT_MODEL_PACKAGE
+from trading_agent.backends.config import DEFAULT_MODEL_PACKAGE
 
 __all__ = ["HAS_LOCAL_MODEL", "needs_local_model"]
 

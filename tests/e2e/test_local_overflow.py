@@ -26,8 +26,8 @@ from trading_agent.agent.events import CompactionEnded, Event
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
-from trading_agent.backends.config import OpenAIBackendConfig
-from trading_agent.backends.local_server import LocalModelConfig, LocalModelServer
+from trading_agent.backends.config import LocalModelConfig, OpenAIBackendConfig
+from trading_agent.backends.local_server import LocalModelServer
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
 pytestmark = [pytest.mark.slow, needs_local_model]

@@ -52,7 +52,8 @@ from trading_agent.errors import BackendUnavailableError, ConfigError
 from trading_agent.settings import load_settings
 from trading_agent.telemetry.config import TelemetrySettings
 from trading_agent.telemetry.traces import Tracing, open_tracing
-from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig, register_delegate_tool
+from trading_agent.tools.config import DELEGATE_TOOL_NAME, SubagentConfig
+from trading_agent.tools.delegate import register_delegate_tool
 
 MODEL = "scripted-model"
 DESK = "alpha"

@@ -46,10 +46,9 @@ from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.store import Store
+from trading_agent.tools.config import DELEGATE_TOOL_NAME, SubagentConfig
 from trading_agent.tools.delegate import (
-    DELEGATE_TOOL_NAME,
     Delegator,
-    SubagentConfig,
     SubagentLink,
     SubagentTranscripts,
     register_delegate_tool,

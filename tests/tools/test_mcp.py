@@ -30,7 +30,8 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.errors import ConfigError
-from trading_agent.tools.mcp import McpServerConfig, McpServerError, McpToolSource
+from trading_agent.tools.config import McpServerConfig
+from trading_agent.tools.mcp import McpServerError, McpToolSource
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 SECRET = "s3cret-api-key-0123456789"

@@ -36,7 +36,8 @@ from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.operator.approvals import ApprovalBook, PendingApproval
 from trading_agent.operator.events import ApprovalRequested, ApprovalResolved
 from trading_agent.store.paper_books import SqlitePaperBooks
-from trading_agent.tools.delegate import SubagentConfig, register_delegate_tool
+from trading_agent.tools.config import SubagentConfig
+from trading_agent.tools.delegate import register_delegate_tool
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.config import PaperExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Candle

@@ -22,11 +22,12 @@ estimated (system prompt, tool definitions and every message as it would be sent
   half the recent budget and replays the request once.
 
 **How.** Compression replaces, in what is *sent*, the older messages by a summary with a
-fixed structure (:data:`SUMMARY_SECTIONS`). A later compaction updates the previous summary
-with the newly summarized messages instead of summarizing a summary blind. The newest
-messages (``keep_recent_tokens``) stay verbatim, and the cut never separates a tool call from
-its results. The summarizer reads the messages as plain text, in chunks small enough that
-each summary request (instructions, previous summary, chunk and answer) fits the window.
+fixed structure (:data:`~trading_agent.agent.context_budget.SUMMARY_SECTIONS`). A later
+compaction updates the previous summary with the newly summarized messages instead of
+summarizing a summary blind. The newest messages (``keep_recent_tokens``) stay verbatim, and
+the cut never separates a tool call from its results. The summarizer reads the messages as
+plain text, in chunks small enough that each summary request (instructions, previous
+summary, chunk and answer) fits the window (:mod:`~trading_agent.agent.context_budget`).
 The summarized messages leave the conversation's memory; the full transcript stays in the
 store.
 
@@ -43,9 +44,15 @@ import math
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trading_agent.agent.backend import ModelReply, ModelRequestSpec
+from trading_agent.agent.context_budget import (
+    SUMMARY_CHARS_PER_TOKEN,
+    SUMMARY_INSTRUCTIONS,
+    SUMMARY_SECTIONS,
+    context_budget,
+)
 from trading_agent.agent.conversation import (
     ContentBlock,
     Conversation,
@@ -61,13 +68,16 @@ from trading_agent.agent.events import CompactionEnded, CompactionStarted
 from trading_agent.agent.trigger import Trigger
 from trading_agent.errors import ContextOverflowError
 
+if TYPE_CHECKING:
+    from trading_agent.settings import ContextSettings
+
 __all__ = [
     "FLUSH_NO_OP",
     "FLUSH_TRIGGER_PREFIX",
     "SUMMARY_HEADER",
-    "SUMMARY_SECTIONS",
     "AskModel",
     "ContextCompressor",
+    "compressor_for",
     "context_tokens",
     "find_cut",
     "overhead_tokens",
@@ -83,29 +93,8 @@ FLUSH_NO_OP = "NO_REPLY"
 FLUSH_TRIGGER_PREFIX = "memory-flush-"
 """The id prefix of the memory-flush turn's trigger."""
 
-SUMMARY_SECTIONS = (
-    "Goal",
-    "Positions and open orders",
-    "Decisions and why",
-    "Risks",
-    "Next steps",
-)
-"""The headings of every summary, in order."""
-
 SUMMARY_HEADER = "[Summary of the earlier conversation; older messages were compacted]\n"
 """The first line of the summary message the model reads."""
-
-_SUMMARY_SYSTEM = (
-    "You maintain the running summary of a trading desk's conversation. Write it under "
-    "exactly these headings, in this order, as short bullet points: "
-    + "; ".join(f"## {name}" for name in SUMMARY_SECTIONS)
-    + ". Keep every number that matters (prices, sizes, order ids, limits, times). When a "
-    "previous summary is given, update it with the new messages: keep what still holds, "
-    "change what changed, drop what is finished. Answer with the summary only."
-)
-
-_SUMMARY_OVERHEAD_TOKENS = len(_SUMMARY_SYSTEM) // 4 + 64
-"""The summary request's fixed part: instructions, the prompt's own words, message framing."""
 
 _TOOL_RESULT_CHARS = 600
 """How much of each tool result the summarizer reads."""
@@ -119,12 +108,6 @@ _MIN_CHUNK_CHARS = 1_000
 _CLEARED_ARGUMENT_CHARS = 120
 """How much of a cleared call's arguments its stub repeats."""
 
-_MIN_SUMMARY_TOKENS = 64
-"""The shortest summary budget a window may leave (below it, the settings are refused)."""
-
-_SUMMARY_CHARS_PER_TOKEN = 5
-"""A summary longer than ``summary_max_tokens`` times this is cut (a server that ignores the
-output cap must not break the size bounds; a real model's tokens rarely run longer)."""
 
 
 def overhead_tokens(system_prompt: str, tools: Sequence[Mapping[str, Any]]) -> int:
@@ -245,36 +228,16 @@ class ContextCompressor:
                  summary_max_tokens: int = 1200, tool_result_max_tokens: int | None = None,
                  memory_tool: str = "remember", flush_max_rounds: int = 3,
                  clear_keep_rounds: int | None = 3) -> None:
-        if not 0 < flush_threshold < hard_threshold < 1:
-            raise ValueError("need 0 < flush_threshold < hard_threshold < 1")
-        keep = keep_recent_tokens if keep_recent_tokens is not None else context_window // 5
-        if keep <= 0 or summary_max_tokens <= 0 or flush_max_rounds < 1:
-            raise ValueError("keep_recent_tokens, summary_max_tokens and flush_max_rounds "
-                             "must be positive")
-        if keep + _MIN_SUMMARY_TOKENS > context_window // 2:
-            raise ValueError(
-                f"keep_recent_tokens ({keep}) plus a summary of at least "
-                f"{_MIN_SUMMARY_TOKENS} tokens must be at most half the context window "
-                f"({context_window} tokens), or a compaction could leave the conversation as "
-                "full as it found it")
-        # The summary gets what is left of half the window after the recent messages: a
-        # small window shrinks it instead of refusing the desk.
-        summary_max_tokens = min(
-            summary_max_tokens, context_window // 2 - keep,
-            # and leave a summary request room for a chunk of 256 tokens or more
-            int((context_window * 0.9 - _SUMMARY_OVERHEAD_TOKENS - 256)
-                / (1 + _SUMMARY_CHARS_PER_TOKEN / 4)))
-        chunk_tokens = (int(context_window * 0.9) - summary_max_tokens
-                        - summary_max_tokens * _SUMMARY_CHARS_PER_TOKEN // 4
-                        - _SUMMARY_OVERHEAD_TOKENS)
-        if chunk_tokens < 256:
-            raise ValueError(f"summary_max_tokens ({summary_max_tokens}) is too large for a "
-                             f"{context_window}-token window: the summary request would not fit")
+        budget = context_budget(
+            context_window, flush_threshold=flush_threshold, hard_threshold=hard_threshold,
+            keep_recent_tokens=keep_recent_tokens, summary_max_tokens=summary_max_tokens,
+            flush_max_rounds=flush_max_rounds)
+        keep = budget.keep_recent_tokens
         self.context_window = context_window
         self.flush_threshold = flush_threshold
         self.hard_threshold = hard_threshold
         self.keep_recent_tokens = keep
-        self.summary_max_tokens = summary_max_tokens
+        self.summary_max_tokens = budget.summary_max_tokens
         self.tool_result_max_tokens = max(64, tool_result_max_tokens if tool_result_max_tokens
                                           is not None else keep // 2)
         self.message_max_tokens = self.tool_result_max_tokens
@@ -284,7 +247,7 @@ class ContextCompressor:
         self.flush_max_rounds = flush_max_rounds
         self.clear_keep_rounds = clear_keep_rounds if clear_keep_rounds is None else max(
             0, clear_keep_rounds)
-        self._chunk_chars = chunk_tokens * 4
+        self._chunk_chars = budget.chunk_tokens * 4
 
     # ------------------------------------------------------------------ decisions
 
@@ -509,7 +472,7 @@ class ContextCompressor:
             chunk = pending.popleft()
             prompt = (f"Previous summary:\n{summary or '(none yet: this is the first one)'}\n\n"
                       f"New messages, oldest first:\n{chunk}\n\nWrite the updated summary.")
-            request = ModelRequestSpec(_SUMMARY_SYSTEM, [Message.user_text(prompt)], [],
+            request = ModelRequestSpec(SUMMARY_INSTRUCTIONS, [Message.user_text(prompt)], [],
                                        max_output_tokens=max_tokens)
             try:
                 reply = await ask(request)
@@ -536,7 +499,7 @@ def _normalize(text: str, max_tokens: int) -> str:
     text = text.strip()
     if not text:
         return ""
-    text = text[:max_tokens * _SUMMARY_CHARS_PER_TOKEN]
+    text = text[:max_tokens * SUMMARY_CHARS_PER_TOKEN]
     missing = [name for name in SUMMARY_SECTIONS if f"## {name}" not in text]
     return text + "".join(f"\n\n## {name}\n- (nothing noted)" for name in missing)
 
@@ -645,3 +608,30 @@ def _cleared(message: Message, calls: Mapping[str, ToolUseBlock]) -> Message:
                    id=message.id, created_at=message.created_at)
     message.cache["cleared"] = stub
     return stub
+
+
+def compressor_for(settings: ContextSettings, context_window: int, *,
+                   key: str = "context") -> ContextCompressor:
+    """The compressor a desk's ``[context]`` settings ask for, sized to its model's window.
+
+    Args:
+        settings: The desk's context settings.
+        context_window: The model's window, in tokens (as its backend reports it).
+        key: Where the settings are in the config, for the error message
+            (``desks.alpha.context``).
+
+    Returns:
+        The compressor.
+
+    Raises:
+        ConfigError: The settings cannot work for this window; the message names the keys,
+            their values and the window.
+    """
+    settings.check_window(context_window, key=key)
+    return ContextCompressor(
+        context_window, flush_threshold=settings.flush_threshold,
+        hard_threshold=settings.hard_threshold, keep_recent_tokens=settings.keep_recent_tokens,
+        summary_max_tokens=settings.summary_max_tokens,
+        tool_result_max_tokens=settings.tool_result_max_tokens,
+        flush_max_rounds=settings.flush_max_rounds,
+        clear_keep_rounds=settings.clear_keep_rounds if settings.clear_tool_results else None)

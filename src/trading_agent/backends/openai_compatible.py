@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import openai
 
-from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
+from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Pricing, Usage
 from trading_agent.agent.conversation import (
     ContentBlock,
     ImageBlock,
@@ -66,7 +66,7 @@ from trading_agent.errors import (
 )
 from trading_agent.jsontext import json_bytes as _dumps
 
-__all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatibleBackend", "encode_message"]
+__all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatibleBackend", "encode_message", "pricing"]
 
 NO_KEY_PLACEHOLDER = "no-key-needed"
 """The API key sent to a server that needs none (the SDK insists on one)."""
@@ -376,6 +376,21 @@ def _mentions_context(message: str, code: str) -> bool:
 # --------------------------------------------------------------------------- the backend
 
 
+def pricing(config: OpenAIBackendConfig) -> Pricing | None:
+    """The prices a config gives, when both the input and the output price are configured.
+
+    Args:
+        config: The backend's config.
+
+    Returns:
+        The prices, or None: the cost of a call is then not counted.
+    """
+    if config.price_input_per_million is None or config.price_output_per_million is None:
+        return None
+    return Pricing(config.price_input_per_million, config.price_output_per_million,
+                   config.price_cached_input_per_million)
+
+
 class OpenAICompatibleBackend:
     """A :class:`~trading_agent.agent.backend.ModelBackend` for OpenAI-compatible servers.
 
@@ -397,7 +412,7 @@ class OpenAICompatibleBackend:
         self.config = config
         self.model = config.model
         self.context_window = config.context_window
-        self._pricing = config.pricing
+        self._pricing = pricing(config)
         self._api_key = read_api_key(config.api_key_env, config.model,
                                      os.environ if environ is None else environ
                                      ) or NO_KEY_PLACEHOLDER

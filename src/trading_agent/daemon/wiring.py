@@ -38,9 +38,10 @@ from anyio.abc import TaskStatus
 
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
+from trading_agent.agent.context_compressor import compressor_for
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
-from trading_agent.agent.image_preparer import ImagePreparer
+from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
@@ -72,7 +73,8 @@ from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
-from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, Delegator, register_delegate_tool
+from trading_agent.tools.config import DELEGATE_TOOL_NAME
+from trading_agent.tools.delegate import Delegator, register_delegate_tool
 from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
@@ -401,11 +403,11 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         name, config, venue, backend, stack=stack, database=database, fence=fence,
         store=store, approvals=approvals, environ=environ)
     await check_fixed_part(name, config, registry.definitions(), backend)
-    preparer = ImagePreparer(config.image_limits())
+    preparer = ImagePreparer(ImageLimits(**config.images.model_dump()))
     executor = ToolCallExecutor(registry, approval_gate=approvals, image_preparer=preparer)
     # Checked when the settings were loaded, against model.context_window; checked again
     # here against the backend's window, with the same ConfigError.
-    compressor = config.context.compressor(backend.context_window, key=f"desks.{name}.context")
+    compressor = compressor_for(config.context, backend.context_window, key=f"desks.{name}.context")
     mailbox = Mailbox()
     loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
                      steering_inbox=mailbox, image_preparer=preparer)

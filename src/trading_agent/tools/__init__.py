@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trading_agent.tools.charts import render_chart_png
+    from trading_agent.tools.config import TRADING_TOOL_NAMES
     from trading_agent.tools.memory import register_memory_tools
     from trading_agent.tools.memory_store import DeskMemory, Note
-    from trading_agent.tools.trading_tools import TRADING_TOOL_NAMES, register_trading_tools
+    from trading_agent.tools.trading_tools import register_trading_tools
 
 __all__ = [
     "TRADING_TOOL_NAMES",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 _HOMES = {
-    "TRADING_TOOL_NAMES": "trading_tools",
+    "TRADING_TOOL_NAMES": "config",
     "DeskMemory": "memory_store",
     "Note": "memory_store",
     "register_memory_tools": "memory",

@@ -55,31 +55,17 @@ from trading_agent.agent.tool_registry import Tool, ToolContext, ToolOutput, Too
 from trading_agent.agent.trigger import Trigger
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.errors import BackendError, ToolError
+from trading_agent.tools.config import DELEGATE_TOOL_NAME, SubagentConfig
 
 __all__ = [
-    "DEFAULT_SUBAGENT_PROMPT",
-    "DELEGATE_TOOL_NAME",
     "DelegateArguments",
     "Delegator",
-    "SubagentConfig",
     "SubagentLink",
     "SubagentTranscripts",
     "register_delegate_tool",
 ]
 
-DELEGATE_TOOL_NAME = "delegate"
-"""The name the model calls the tool by."""
-
 PLACE_ORDER_TOOL_NAME = "place_order"
-
-DEFAULT_SUBAGENT_PROMPT = (
-    "You are a research assistant working for the trading desk {desk}. The desk gave you one "
-    "task. Do it with your tools, on your own: nobody will answer questions, and you see none "
-    "of the desk's conversation. Be economical with tool calls. End with a concise, "
-    "self-contained report of your findings, with the figures that support them; that final "
-    "answer is all the desk will read."
-)
-"""The subagent's system prompt by default; ``{desk}`` is replaced by the desk's name."""
 
 _SLOT_GRACE_SECONDS = 5.0
 """Margin of the executor's own timeout past ours, so ours (with partial text) fires first."""
@@ -89,30 +75,6 @@ _PARTIAL_LIMIT = 4000
 
 _SUBAGENT_SUMMARY_MAX_TOKENS = 1200
 """The longest summary a subagent's compaction asks for (less in windows under 9,600)."""
-
-
-class SubagentConfig(BaseModel):
-    """A desk's subagent settings (``[desks.<name>.subagents]`` in the config).
-
-    Attributes:
-        enabled: Whether the desk gets the ``delegate`` tool at all.
-        max_concurrent: The most subagents one desk runs at once; more calls wait for a slot.
-        maximum_rounds: The most model calls one subagent may make.
-        timeout_seconds: The wall-clock limit of one subagent's run (and, separately, of its
-            wait for a free slot).
-        allow_place_order: Whether a subagent may be given ``place_order`` and other tools
-            marked dangerous; their calls still pass the desk's approval gate.
-        system_prompt: The subagent's system prompt; ``{desk}`` is replaced by the desk's name.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    max_concurrent: int = Field(default=2, ge=1, le=32)
-    maximum_rounds: int = Field(default=8, ge=1, le=1000)
-    timeout_seconds: float = Field(default=180.0, gt=0, le=86_400, allow_inf_nan=False)
-    allow_place_order: bool = False
-    system_prompt: str = Field(default=DEFAULT_SUBAGENT_PROMPT, min_length=1)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Tools from MCP servers: each tool a server offers becomes one tool of the desk.
 
 A desk names its MCP servers in its config (a stdio command or a streamable HTTP URL, see
-:class:`McpServerConfig`). :class:`McpToolSource` connects to one server with the official
-``mcp`` package, lists its tools and registers each in the desk's
+:class:`~trading_agent.tools.config.McpServerConfig`). :class:`McpToolSource` connects to one
+server with the official ``mcp`` package, lists its tools and registers each in the desk's
 :class:`~trading_agent.agent.tool_registry.ToolRegistry` as ``<server>__<tool>`` (``news`` and
 ``search`` give ``news__search``), with the server's JSON schema as its arguments schema.
 What reaches the model is what our own tools give it:
@@ -36,8 +36,8 @@ task share it. Two ways to run it::
     async with McpToolSource(config, registry):
         ...
 
-The ``mcp`` package is imported when a server is first connected, so the settings can import
-:class:`McpServerConfig` without loading it.
+The ``mcp`` package is imported when a server is first connected, so building a desk without
+MCP servers does not load it.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ from collections.abc import AsyncIterator, Container, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TextIO
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.tool_registry import (
@@ -70,21 +70,20 @@ from trading_agent.agent.tool_registry import (
     ToolRegistry,
 )
 from trading_agent.errors import ConfigError, ToolError, TradingAgentError
+from trading_agent.tools.config import McpServerConfig
 
 if TYPE_CHECKING:
     import mcp.types as mcp_types
     from mcp import Client
     from mcp.client._transport import TransportStreams
 
-__all__ = ["McpServerConfig", "McpServerError", "McpToolSource"]
+__all__ = ["McpServerError", "McpToolSource"]
 
 _log = structlog.get_logger(__name__)
 
 _MAXIMUM_NAME = 64
 """The longest function name OpenAI-compatible APIs accept."""
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
-_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 _MAXIMUM_PROBLEMS = 5
 """Schema violations reported to the model for one call (the first few say enough)."""
 _MAXIMUM_PROBLEM_CHARS = 300
@@ -101,65 +100,6 @@ class McpServerError(TradingAgentError):
     Raised when a source registers its tools (the desk is being built); once the tools are
     registered, every failure reaches the model as a :class:`~trading_agent.errors.ToolError`.
     """
-
-
-class McpServerConfig(BaseModel):
-    """One MCP server of a desk (``[[desks.<name>.mcp_servers]]``).
-
-    Attributes:
-        name: Prefixes its tools' names (``news`` gives ``news__search``): lowercase letters,
-            digits and ``_``.
-        command: The stdio server to start: the program and its arguments.
-        url: The streamable HTTP endpoint (``https://host/mcp``). Exactly one of ``command``
-            and ``url``.
-        env: Names of environment variables handed to a stdio server (it gets only these and
-            a few basics such as ``PATH`` and ``HOME``).
-        headers_env: HTTP header name -> the environment variable holding its value (a
-            token); read when connecting, never logged.
-        timeout: Seconds one call may take before it is abandoned.
-        connect_timeout: Seconds starting or reaching the server may take.
-        tools: The server's tools the desk gets (their names on the server); None for all.
-        max_result_chars: A result's text is cut to this many characters.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")
-    command: list[str] | None = Field(default=None, min_length=1)
-    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
-    env: list[str] = Field(default_factory=list)
-    headers_env: dict[str, str] = Field(default_factory=dict)
-    timeout: float = Field(default=30.0, gt=0, le=3600)
-    connect_timeout: float = Field(default=15.0, gt=0, le=600)
-    tools: list[str] | None = None
-    max_result_chars: int = Field(default=20_000, ge=1_000)
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give exactly one of command (a stdio server) and url (a "
-                             "streamable HTTP server)")
-        if self.command is not None and not self.command[0]:
-            raise ValueError("command: the program's name is empty")
-        if self.headers_env and self.url is None:
-            raise ValueError("headers_env is for an HTTP server (url); a stdio server gets "
-                             "variables through env")
-        if self.env and self.command is None:
-            raise ValueError("env is for a stdio server (command); an HTTP server gets "
-                             "secrets through headers_env")
-        names = [*self.env, *self.headers_env.values()]
-        bad = [n for n in names if not _VARIABLE.fullmatch(n)]
-        if bad:
-            raise ValueError(f"not an environment variable name: {', '.join(map(repr, bad))}")
-        headers = [h for h in self.headers_env if not _HEADER.fullmatch(h)]
-        if headers:
-            raise ValueError(f"not an HTTP header name: {', '.join(map(repr, headers))}")
-        return self
-
-    @property
-    def transport(self) -> Literal["stdio", "http"]:
-        """``stdio`` or ``http``."""
-        return "stdio" if self.command is not None else "http"
 
 
 class _Secrets:

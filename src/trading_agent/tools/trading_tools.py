@@ -14,14 +14,7 @@ from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.exchange import Exchange
 from trading_agent.trading.risk import RiskPolicy
 
-__all__ = ["TRADING_TOOL_NAMES", "register_trading_tools"]
-
-TRADING_TOOL_NAMES = (
-    "get_ticker", "get_order_book", "get_candles", "render_chart", "get_balance",
-    "get_positions", "place_order", "cancel_order", "get_order", "list_open_orders",
-)
-"""The tools :func:`register_trading_tools` registers (``remember`` and ``recall`` besides,
-when a memory is given)."""
+__all__ = ["register_trading_tools"]
 
 
 def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,

@@ -4,9 +4,16 @@ A provider is what ``provider = "..."`` names in a ``[model]`` table: its settin
 pydantic model whose ``provider`` field is the name), a line saying what it is, and how its
 backend is opened. The settings' ``ModelSettings``, ``check-config``, the daemon's wiring
 and the README's list of providers (a test holds it to the registry) all read the registry,
-so a new provider is one module here (its backend may live in it, or in a module of
-``backends/`` that it imports only when a backend is opened, so that reading the settings
-loads no HTTP client) plus its tests, and a line in :data:`_BUILT_IN`.
+so a new provider is one module here, found by a scan of this package, plus its tests. A
+provider from another distribution names its module (or its :class:`Provider`) as an entry
+point in the group :data:`ENTRY_POINT_GROUP`::
+
+    [project.entry-points."trading_agent.providers"]
+    echo = "echo_provider"
+
+Reading the settings imports every provider module, so a module holds the settings and only
+refers to its backend: the backend's module (and its HTTP client) is imported when a backend
+is opened.
 
 Example::
 
@@ -23,21 +30,32 @@ Example::
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import pkgutil
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar, Union
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, Union
 
 from pydantic import BaseModel, Field
 
-from trading_agent.agent.backend import ModelBackend
 from trading_agent.errors import ConfigError
 
-__all__ = ["ModelTable", "Provider", "ProviderContext", "model_settings", "provider",
-           "providers", "register"]
+if TYPE_CHECKING:
+    from trading_agent.agent.backend import ModelBackend
 
-_BUILT_IN = ("openai", "anthropic", "local")
-"""The provider modules of this package, in the order their names are listed."""
+__all__ = ["ENTRY_POINT_GROUP", "ModelTable", "Provider", "ProviderContext", "model_settings",
+           "provider", "providers", "register"]
+
+ENTRY_POINT_GROUP = "trading_agent.providers"
+"""The entry-point group of providers from other distributions: each entry point names a
+module that registers its provider when imported, or a :class:`Provider`."""
+
+_LISTED_FIRST = ("openai", "anthropic", "local")
+"""The order in which this package's modules are listed (in ``check-config``'s messages and
+the README); any other module of the package follows them by name, then the entry points by
+name. Only the order: every module of the package is found by the scan."""
 
 T = TypeVar("T")
 
@@ -130,11 +148,59 @@ def register(provider: Provider) -> Provider:
     return provider
 
 
+def _package_modules() -> list[str]:
+    """This package's modules, those of :data:`_LISTED_FIRST` first."""
+    found = sorted(info.name for info in pkgutil.iter_modules(__path__)
+                   if not info.name.startswith("_"))
+    first = [name for name in _LISTED_FIRST if name in found]
+    return [f"{__name__}.{name}" for name in [*first, *(n for n in found if n not in first)]]
+
+
+def _load(entry_point: importlib.metadata.EntryPoint) -> None:
+    """Imports an entry point's module (which registers its provider), or registers the
+    :class:`Provider` it names."""
+    try:
+        loaded = entry_point.load()
+    except Exception as exc:  # a broken plug-in is named, whatever it raised
+        raise ConfigError(f"the model provider entry point {entry_point.name!r} "
+                          f"({entry_point.value}) cannot be loaded: {exc}") from exc
+    if isinstance(loaded, Provider):
+        register(loaded)
+    elif not isinstance(loaded, ModuleType):
+        raise ConfigError(f"the model provider entry point {entry_point.name!r} "
+                          f"({entry_point.value}) names neither a module nor a Provider")
+
+
+_ORDER: list[str] = []
+"""The modules that define providers, in the order their providers are listed; filled by
+the first :func:`providers`."""
+
+
+def _discover() -> None:
+    if _ORDER:
+        return
+    modules = _package_modules()
+    for module in modules:
+        importlib.import_module(module)
+    entry_points = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+                          key=lambda entry_point: (entry_point.name, entry_point.value))
+    for entry_point in entry_points:
+        _load(entry_point)
+    _ORDER.extend([*modules, *(entry_point.module for entry_point in entry_points)])
+
+
 def providers() -> tuple[Provider, ...]:
-    """Every provider, built-in ones first, in their order."""
-    for module in _BUILT_IN:
-        importlib.import_module(f"{__name__}.{module}")
-    return tuple(_REGISTRY.values())
+    """Every provider: this package's, then those of entry points, in a fixed order.
+
+    Raises:
+        ConfigError: An entry point of :data:`ENTRY_POINT_GROUP` cannot be loaded.
+    """
+    _discover()
+    rank = {module: index for index, module in enumerate(_ORDER)}
+    # By the module that defines the provider's settings, whichever module was imported
+    # first; a provider registered otherwise (a test's) comes last.
+    return tuple(sorted(_REGISTRY.values(),
+                        key=lambda known: rank.get(known.settings.__module__, len(rank))))
 
 
 def provider(name: str) -> Provider:

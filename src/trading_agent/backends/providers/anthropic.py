@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from trading_agent.agent.backend import ModelBackend
 from trading_agent.backends.config import AnthropicBackendConfig
 from trading_agent.backends.providers import Provider, ProviderContext, register
+
+if TYPE_CHECKING:
+    from trading_agent.agent.backend import ModelBackend
 
 __all__ = ["AnthropicModelSettings"]
 
@@ -36,6 +38,8 @@ class AnthropicModelSettings(AnthropicBackendConfig):
 
 
 async def _open(settings: AnthropicModelSettings, context: ProviderContext) -> ModelBackend:
+    # Imported here, when a backend is opened: reading the settings imports this module, and
+    # must not load the backend's HTTP client.
     from trading_agent.backends.anthropic import AnthropicBackend
 
     config = settings.backend_config()

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from trading_agent.agent.backend import ModelBackend
-from trading_agent.backends.config import MAX_CONTEXT_WINDOW, OpenAIBackendConfig
-from trading_agent.backends.local_server import LocalModelConfig
+from trading_agent.backends.config import MAX_CONTEXT_WINDOW, LocalModelConfig, OpenAIBackendConfig
 from trading_agent.backends.providers import Provider, ProviderContext, register
 from trading_agent.backends.providers.openai import open_openai_compatible
+
+if TYPE_CHECKING:
+    from trading_agent.agent.backend import ModelBackend
 
 __all__ = ["LocalModelSettings"]
 
@@ -28,7 +29,7 @@ def _default_cache_dir() -> Path:
 class LocalModelSettings(LocalModelConfig):
     """The embedded local model (``provider = "local"``).
 
-    The other keys are those of :class:`~trading_agent.backends.local_server.LocalModelConfig`;
+    The other keys are those of :class:`~trading_agent.backends.config.LocalModelConfig`;
     ``cache_dir`` defaults to ``$CACHE_DIRECTORY/models`` under systemd (the unit's home is
     not writable there), else ``~/.cache/trading-agent/models``.
 
@@ -62,6 +63,8 @@ class LocalModelSettings(LocalModelConfig):
 async def _open(settings: LocalModelSettings, context: ProviderContext) -> ModelBackend:
     """The server is started once per server config, and spoken to as any OpenAI-compatible
     one."""
+    # Imported here, when a backend is opened: reading the settings imports this module, and
+    # must not load the server's HTTP client.
     from trading_agent.backends.local_server import LocalModelServer
 
     server_config = settings.server_config()

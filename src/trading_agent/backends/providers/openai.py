@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from trading_agent.agent.backend import ModelBackend
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.providers import Provider, ProviderContext, register
+
+if TYPE_CHECKING:
+    from trading_agent.agent.backend import ModelBackend
 
 __all__ = ["OpenAIModelSettings", "open_openai_compatible"]
 
@@ -40,6 +42,8 @@ async def open_openai_compatible(config: OpenAIBackendConfig,
                                  context: ProviderContext) -> ModelBackend:
     """The backend for a config, one per distinct config, closed with the daemon (the
     ``local`` provider opens its server's through this too)."""
+    # Imported here, when a backend is opened: reading the settings imports this module, and
+    # must not load the ``openai`` package.
     from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
     async def make() -> OpenAICompatibleBackend:
