@@ -96,6 +96,7 @@ from trading_agent.backends.providers import ModelTable, model_settings, provide
 from trading_agent.errors import ConfigError
 from trading_agent.fleet.config import FleetSettings, StoreSettings
 from trading_agent.operator.config import OperatorConfig
+from trading_agent.plugins import HOOK_GROUP, find_factory
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
 from trading_agent.tools.delegate import DELEGATE_TOOL_NAME, SubagentConfig
 from trading_agent.tools.mcp import McpServerConfig
@@ -464,6 +465,20 @@ class DeskSettings(_Strict):
     triggers: TriggerSettings = Field(default_factory=TriggerSettings)
     controls: ControlSettings = Field(default_factory=ControlSettings)
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+
+    # Hooks: each ``package.module:factory`` or an entry point of group trading_agent.hooks,
+    # made in order when the desk is built, before the approval gate (desks/hooks.py).
+    hooks: list[str] = Field(default_factory=list)
+
+    @field_validator("hooks")
+    @classmethod
+    def _check_hooks(cls, value: list[str]) -> list[str]:
+        for index, name in enumerate(value):
+            try:
+                find_factory(name, HOOK_GROUP)
+            except ValueError as exc:
+                raise ValueError(f"[{index}] {name!r}: {exc}") from None
+        return value
 
     @field_validator("mcp_servers")
     @classmethod
