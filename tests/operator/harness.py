@@ -42,7 +42,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
-from trading_agent.daemon.wiring import Daemon, open_daemon
+from trading_agent.app.services import Daemon, open_daemon
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.client import StreamEvent, parse_sse
 from trading_agent.operator.config import OperatorConfig
