@@ -22,9 +22,9 @@ build the desks (AgentLoop, mailbox, Desk, as ``bench/desks_scale.py`` builds th
 them until each has read its hold, restored its conversation (the latest summary and the
 messages after it, pictures included; a cut-off turn repaired, answered and a notice stored)
 and queued its undelivered operator messages. The exchanges, feeds and model servers the
-the application layer also opens are left out. A desk owed a turn (a resume, an operator's message) starts it
-once every desk has restored, as in the daemon, against the scripted OpenAI-compatible server
-(its own process, answering after 50 ms).
+application layer also opens are left out. A desk owed a turn (a resume, an operator's
+message) starts it once every desk has restored, as in the daemon, against the scripted
+OpenAI-compatible server (its own process, answering after 50 ms).
 
 Each run restores a fresh copy of the same file (a restore stores what it repairs). The first
 is cold-ish: the copy's pages are written out and dropped from the page cache

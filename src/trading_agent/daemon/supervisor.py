@@ -27,6 +27,7 @@ from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
+from trading_agent.daemon.mailbox import Delivery
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.errors import ConfigError
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
@@ -196,6 +197,14 @@ class Supervisor:
             ImageRejectedError: A picture cannot be used; nothing was stored.
         """
         return await self._runtime(desk).desk.send_message(text, source, images)
+
+    def message_delivery(self, desk: str, message_id: str) -> Delivery:
+        """How desk ``desk``'s mailbox took a message just sent: ``steering`` or ``turn``.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk).desk.message_delivery(message_id)
 
     def message_limit(self, desk: str) -> int | None:
         """The most characters of one message desk ``desk``'s model reads whole.
