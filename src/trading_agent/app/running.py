@@ -31,8 +31,8 @@ import structlog
 
 from trading_agent.agent.event_bus import Subscription
 from trading_agent.app.services import open_daemon
+from trading_agent.app.systemd import SystemdNotifier
 from trading_agent.daemon.supervisor import Supervisor
-from trading_agent.daemon.systemd import SystemdNotifier
 from trading_agent.errors import ConfigError
 from trading_agent.logging_setup import log_events
 from trading_agent.operator.config import SOCKET_NAME

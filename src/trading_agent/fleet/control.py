@@ -15,7 +15,7 @@ stream, so every daemon shows every desk's events with the same ids (the stream'
 sequence), and a viewer can resume on any daemon.
 
 Approvals are listed and answered on any daemon (:mod:`trading_agent.fleet.approvals`).
-Outside this: ``reload`` is refused in a fleet (see the wiring).
+Outside this: ``reload`` is refused in a fleet (see :mod:`trading_agent.app.services`).
 """
 
 from __future__ import annotations
