@@ -131,6 +131,9 @@ class _BenchControl:
     async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
         return "unused"
 
+    def message_delivery(self, desk: str, message_id: str) -> str:
+        return "turn"
+
     async def compact(self, desk: str) -> bool:
         return False
 

@@ -16,15 +16,15 @@ them, but they make the file the size it is). A ``kill -9`` also leaves its mark
 in twenty was cut off in the middle of a tool round, one in twenty had a trigger nobody
 answered, and one in ten has operator messages that never reached it (one with a picture).
 
-Timed: what the daemon does at start for those desks (``wiring.open_daemon``, then
+Timed: what the daemon does at start for those desks (``app.services.open_daemon``, then
 ``Supervisor.run`` until every desk is ready): open the store, read the highest event id,
 build the desks (AgentLoop, mailbox, Desk, as ``bench/desks_scale.py`` builds them) and run
 them until each has read its hold, restored its conversation (the latest summary and the
 messages after it, pictures included; a cut-off turn repaired, answered and a notice stored)
 and queued its undelivered operator messages. The exchanges, feeds and model servers the
-wiring also opens are left out. A desk owed a turn (a resume, an operator's message) starts it
-once every desk has restored, as in the daemon, against the scripted OpenAI-compatible server
-(its own process, answering after 50 ms).
+application layer also opens are left out. A desk owed a turn (a resume, an operator's
+message) starts it once every desk has restored, as in the daemon, against the scripted
+OpenAI-compatible server (its own process, answering after 50 ms).
 
 Each run restores a fresh copy of the same file (a restore stores what it repairs). The first
 is cold-ish: the copy's pages are written out and dropped from the page cache

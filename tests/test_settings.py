@@ -549,7 +549,7 @@ class _Started(list[Settings]):
 
 @pytest.fixture
 def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> _Started:
-    """Stands in for the supervisor module: records what ``run`` would start."""
+    """Stands in for the daemon's process module: records what ``run`` would start."""
     started = _Started()
     started.paths = []
 
@@ -557,9 +557,9 @@ def fake_daemon(monkeypatch: pytest.MonkeyPatch) -> _Started:
         started.append(settings)
         started.paths.append(config_path)
 
-    module: Any = types.ModuleType("trading_agent.daemon.supervisor")
+    module: Any = types.ModuleType("trading_agent.app.running")
     module.run_daemon = run_daemon
-    monkeypatch.setitem(sys.modules, "trading_agent.daemon.supervisor", module)
+    monkeypatch.setitem(sys.modules, "trading_agent.app.running", module)
     monkeypatch.setattr(cli, "configure_logging", lambda *args, **kwargs: None)
     return started
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trading_agent.daemon.systemd import SystemdNotifier
+from trading_agent.app.systemd import SystemdNotifier
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "trading-agent.service"

@@ -2,9 +2,10 @@
 
 - ``trading-agent check-config FILE``: validates a config file (with the ``TRADING_AGENT_*``
   variables over it); prints ``OK: ...`` and exits 0, or prints every problem and exits 2.
-- ``trading-agent run --config FILE``: starts the daemon; a bad config is refused the same
-  way (exit 2), before anything starts. The daemon runs with the umask 0077: what it writes
-  (the state directory, the SQLite files, the lock, the socket) is its user's alone.
+- ``trading-agent run --config FILE``: starts the daemon (:mod:`trading_agent.app`); a bad
+  config is refused the same way (exit 2), before anything starts. The daemon runs with the
+  umask 0077: what it writes (the state directory, the SQLite files, the lock, the socket)
+  is its user's alone.
 - The operator's commands (chat, status, ...) come from :mod:`trading_agent.operator.cli`.
 - ``trading-agent backtest`` and ``trading-agent data fetch`` come from
   :mod:`trading_agent.backtest.cli` and :mod:`trading_agent.backtest.fetch`.
@@ -61,9 +62,11 @@ def _check_windows(settings: Settings) -> None:
     Raises:
         ConfigError: A desk does not fit, naming the numbers.
     """
+    # Imported here: building a desk loads its tools, the agent loop and the model
+    # clients, which the operator's commands never need.
     import anyio
 
-    from trading_agent.daemon.wiring import check_fixed_part, offline_tool_definitions
+    from trading_agent.desks.building import check_fixed_part, offline_tool_definitions
 
     async def check() -> None:
         for name, desk in settings.desks.items():
@@ -106,10 +109,11 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     configure_logging(settings.daemon.log_level, settings.daemon.log_format,
                       secret_env_names=settings.secret_env_vars())
-    # Imported here: check-config and the operator's commands need none of the daemon.
+    # Imported here: check-config and the operator's commands need none of the daemon's
+    # services (the fleet's NATS client, telemetry, the API server).
     import anyio
 
-    from trading_agent.daemon.supervisor import run_daemon
+    from trading_agent.app.running import run_daemon
 
     previous_umask = os.umask(_DAEMON_UMASK)
     try:

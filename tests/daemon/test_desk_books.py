@@ -17,8 +17,8 @@ import pytest
 
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.trigger import Trigger
+from trading_agent.app.services import open_daemon
 from trading_agent.daemon.triggers import MarketWatcher
-from trading_agent.daemon.wiring import open_daemon
 from trading_agent.errors import RiskLimitError
 from trading_agent.settings import Settings, load_settings
 from trading_agent.store.paper_books import SqlitePaperBooks

@@ -65,3 +65,17 @@ def test_after_a_failure_every_waiting_message_queues_a_turn_of_its_own() -> Non
 
     assert [t.text for t in _taken(mailbox)] == ["One.", "Two."]
     assert mailbox.take_all() == []
+
+
+def test_the_mailbox_says_how_it_took_each_message_and_keeps_the_first_answer() -> None:
+    mailbox = Mailbox()
+    idle, busy = SteeringMessage("While idle."), SteeringMessage("During the turn.")
+
+    mailbox.put_message(idle)
+    mailbox.in_turn = True
+    mailbox.put_message(busy)
+    mailbox.put_message(idle)  # found again by a restore during the turn: still its turn
+
+    assert mailbox.delivery(idle.id) == "turn"
+    assert mailbox.delivery(busy.id) == "steering"
+    assert mailbox.delivery(SteeringMessage("Never sent.").id) is None

@@ -8,7 +8,7 @@ import pytest
 
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.events import ErrorEvent
-from trading_agent.daemon.wiring import _STORE_BUFFER, open_daemon
+from trading_agent.app.services import _STORE_BUFFER, open_daemon
 from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
 

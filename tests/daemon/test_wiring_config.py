@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from tests.scripted_server import ScriptedServer
-from trading_agent.daemon.wiring import open_daemon
+from trading_agent.app.services import open_daemon
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DESK_TOOL_NAMES, load_settings
 

@@ -11,6 +11,7 @@ show the order placed and the order refused.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -155,8 +156,31 @@ async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
         async with fleet.daemons[elsewhere["alpha"]].client() as client:
             sent = await client.send_message("alpha", text, "carol")
             short = await client.send_message("alpha", "Closes: 16751.3", "carol")
+        assert sent["delivery"] == "turn"  # the idle desk's daemon said so when asked
         shortened = sent["shortened"]
         assert shortened["message_chars"] == len(text)
         assert shortened["limit_chars"] < len(text)
         assert "the middle was cut" in shortened["note"]
         assert "shortened" not in short
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_to_a_working_desk_elsewhere_steers_as_its_daemon_says(
+        scripted_server: ScriptedServer, folder: Path, fleet_database: str,
+        nats_prefix: str) -> None:
+    """Whether a message steers is the desk's mailbox's word, from the daemon that runs it:
+    while its turn waits for the model, a second message steers it."""
+    release = threading.Event()
+    scripted_server.add(Reply("Thinking it over.", hold_until=release), Reply("Noted."))
+    config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
+                          ["alpha"])
+    async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere):
+        try:
+            async with fleet.daemons[elsewhere["alpha"]].client() as client:
+                first = await client.send_message("alpha", "Look at BTC.", "carol")
+                with anyio.fail_after(30):
+                    await scripted_server.wait_for_requests(1)  # the turn waits for the model
+                second = await client.send_message("alpha", "And ETH too.", "carol")
+        finally:
+            release.set()
+    assert (first["delivery"], second["delivery"]) == ("turn", "steering")

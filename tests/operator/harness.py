@@ -39,10 +39,11 @@ from trading_agent.agent.steering_inbox import SteeringInbox, SteeringMessage
 from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.agent.trigger import Trigger
+from trading_agent.app.services import Daemon, open_daemon
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
-from trading_agent.daemon.wiring import Daemon, open_daemon
+from trading_agent.daemon.mailbox import Delivery
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.client import StreamEvent, parse_sse
 from trading_agent.operator.config import OperatorConfig
@@ -156,6 +157,7 @@ class LoopDeskControl:
         self.desks = {desk.name: desk for desk in desks}
         self.stored: list[dict[str, Any]] = []
         self.sent: list[tuple[str, str, str]] = []
+        self._deliveries: dict[str, Delivery] = {}
         self._store_subscription = bus.subscribe("test-store")
 
     def _desk(self, desk: str) -> LoopDesk:
@@ -186,11 +188,17 @@ class LoopDeskControl:
         if d.state == "working":
             message = SteeringMessage(text, source, images=tuple(images))
             d.inbox.put(message)
+            self._deliveries[message.id] = "steering"
             return message.id
         trigger = Trigger(kind="operator", text=text, source=source, images=tuple(images))
         d.queue.append(trigger)
         d.wakeup.set()
+        self._deliveries[trigger.id] = "turn"
         return trigger.id
+
+    def message_delivery(self, desk: str, message_id: str) -> Delivery:
+        self._desk(desk)
+        return self._deliveries[message_id]
 
     async def compact(self, desk: str) -> bool:
         d = self._desk(desk)

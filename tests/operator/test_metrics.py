@@ -23,7 +23,7 @@ from trading_agent.agent.events import (
     TurnStarted,
     UsageReported,
 )
-from trading_agent.daemon.wiring import open_daemon
+from trading_agent.app.services import open_daemon
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.metrics import DaemonMetrics, order_state, refused_limit
 from trading_agent.settings import load_settings

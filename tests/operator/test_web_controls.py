@@ -21,8 +21,8 @@ from playwright.async_api import expect
 from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.test_web_page import _screenshot_dir, _type
 from tests.scripted_server import Reply, ScriptedServer
+from trading_agent.app.services import Daemon, open_daemon
 from trading_agent.daemon.events import ConfigReloaded
-from trading_agent.daemon.wiring import Daemon, open_daemon
 from trading_agent.operator.config import DEFAULT_TOKEN_ENV
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.settings import load_settings

@@ -44,10 +44,10 @@ from trading_agent.agent.events import (
     TurnEnded,
     TurnStarted,
 )
+from trading_agent.app.services import open_daemon
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.events import TurnCancelled
-from trading_agent.daemon.wiring import open_daemon
 from trading_agent.errors import BackendUnavailableError, ConfigError
 from trading_agent.settings import load_settings
 from trading_agent.telemetry.config import TelemetrySettings

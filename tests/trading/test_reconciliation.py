@@ -13,7 +13,7 @@ import anyio
 
 from tests.scripted_server import Reply, ScriptedServer, daemon_tables
 from trading_agent.agent.events import Event
-from trading_agent.daemon.wiring import open_daemon
+from trading_agent.app.services import open_daemon
 from trading_agent.jsontext import json_text
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.settings import Settings, load_settings

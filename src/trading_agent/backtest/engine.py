@@ -1,6 +1,6 @@
 """A backtest: one desk run over historical candles, exactly as the daemon runs it.
 
-The desk is built by the daemon's own wiring (:func:`~trading_agent.daemon.wiring.build_desk`):
+The desk is built as the daemon builds it (:func:`~trading_agent.desks.building.build_desk`):
 the same :class:`~trading_agent.agent.agent_loop.AgentLoop`, tools, risk policy, compressor,
 image preparer, market watcher and schedules, on the paper exchange with its fees and
 slippage. What differs is only who moves time:
@@ -74,7 +74,7 @@ from trading_agent.backtest.record import (
     TranscriptSpool,
 )
 from trading_agent.blocking import blocking_inline
-from trading_agent.daemon.wiring import DeskParts, ModelBackends, build_desk
+from trading_agent.desks.building import DeskParts, ModelBackends, build_desk
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.store import Store

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus
+from trading_agent.daemon.mailbox import Delivery
 from trading_agent.errors import TradingAgentError
 
 __all__ = ["DeskControl", "DeskReply", "DeskState", "DeskStatus", "UnknownDeskError"]
@@ -131,6 +132,16 @@ class DeskControl(Protocol):
             UnknownDeskError: No such desk.
             ImageRejectedError: A picture is not one, not a PNG, JPEG, GIF or WebP, or too
                 large; nothing was stored.
+        """
+        ...
+
+    def message_delivery(self, desk: str, message_id: str) -> Delivery:
+        """How the desk took a message :meth:`send_message` just gave it (call it right
+        after, with no await between): ``steering`` a running turn, or a ``turn`` of its own.
+        The desk's mailbox decides; this only tells.
+
+        Raises:
+            UnknownDeskError: No such desk.
         """
         ...
 

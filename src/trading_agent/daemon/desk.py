@@ -59,7 +59,7 @@ from trading_agent.agent.trigger import Trigger, TriggerKind
 from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
 from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled, TurnRetried
-from trading_agent.daemon.mailbox import Mailbox
+from trading_agent.daemon.mailbox import Delivery, Mailbox
 from trading_agent.errors import (
     BackendError,
     BackendUnavailableError,
@@ -355,6 +355,11 @@ class Desk:
                 and self._nap is not None):
             self._nap.cancel()  # a person is there: try again now
         return message.id
+
+    def message_delivery(self, message_id: str) -> Delivery:
+        """How the desk's mailbox took a message :meth:`send_message` gave it: steering the
+        running turn, or a turn of its own (ask right after, with no await between)."""
+        return self.mailbox.delivery(message_id) or "turn"
 
     def message_limit(self) -> int | None:
         """The most characters of an operator's message the model reads whole (the longer

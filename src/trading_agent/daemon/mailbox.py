@@ -8,17 +8,23 @@ waits to be delivered before the turn's next model call (the loop takes it throu
 a turn ends with messages still waiting (they came while the model wrote its final answer),
 the oldest opens the next turn, ahead of every other trigger, and the others are delivered
 before its first model call. Each message is taken once, by its id, whichever way it came
-(sent, or found undelivered in the store by a restore).
+(sent, or found undelivered in the store by a restore), and the mailbox is the one that
+says how it was taken (:meth:`Mailbox.delivery`): the operator API answers with that.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
 
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.daemon.trigger_queue import TriggerQueue
 
-__all__ = ["Mailbox"]
+__all__ = ["Delivery", "Mailbox"]
+
+Delivery = Literal["steering", "turn"]
+"""How a message was taken: for the running turn (``steering``, read before its next model
+call) or as a trigger of a turn of its own (``turn``)."""
 
 
 class Mailbox:
@@ -33,7 +39,7 @@ class Mailbox:
         self.triggers = TriggerQueue()
         self.in_turn = False
         self._steering: deque[SteeringMessage] = deque()
-        self._seen: set[str] = set()
+        self._taken: dict[str, Delivery] = {}
 
     def put_message(self, message: SteeringMessage) -> bool:
         """Takes an operator's message: for the running turn, else as a trigger.
@@ -41,14 +47,20 @@ class Mailbox:
         Returns:
             False when the message was taken before (its id seen since :meth:`forget`).
         """
-        if message.id in self._seen:
+        if message.id in self._taken:
             return False
-        self._seen.add(message.id)
         if self.in_turn:
             self._steering.append(message)
+            self._taken[message.id] = "steering"
         else:
             self.triggers.put(message.to_trigger())
+            self._taken[message.id] = "turn"
         return True
+
+    def delivery(self, message_id: str) -> Delivery | None:
+        """How a message was taken when it was put; None when it was not (or before the
+        last :meth:`forget`)."""
+        return self._taken.get(message_id)
 
     def take_all(self) -> list[SteeringMessage]:
         """Removes and returns the messages to deliver now, oldest first."""
@@ -71,4 +83,4 @@ class Mailbox:
 
     def forget(self) -> None:
         """Forgets which messages were taken (a restore reads them back from the store)."""
-        self._seen.clear()
+        self._taken.clear()

@@ -20,16 +20,27 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 import structlog
 
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.daemon.events import SpendAlert
-from trading_agent.settings import SpendCaps
 
-__all__ = ["ALERT_SHARE", "SPEND_CAP", "SpendGuard"]
+__all__ = ["ALERT_SHARE", "SPEND_CAP", "SpendCaps", "SpendGuard"]
+
+
+class SpendCaps(Protocol):
+    """A daily cap as the guard reads it (the settings' ``[daemon.spend]`` and each desk's
+    ``controls`` are ones): None for no cap."""
+
+    @property
+    def max_tokens_per_day(self) -> int | None: ...
+
+    @property
+    def max_cost_per_day(self) -> float | None: ...
+
 
 _log = structlog.get_logger(__name__)
 

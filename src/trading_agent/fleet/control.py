@@ -15,7 +15,7 @@ stream, so every daemon shows every desk's events with the same ids (the stream'
 sequence), and a viewer can resume on any daemon.
 
 Approvals are listed and answered on any daemon (:mod:`trading_agent.fleet.approvals`).
-Outside this: ``reload`` is refused in a fleet (see the wiring).
+Outside this: ``reload`` is refused in a fleet (see :mod:`trading_agent.app.services`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from trading_agent.daemon.control import (
     DeskUnreachableError,
     UnknownDeskError,
 )
+from trading_agent.daemon.mailbox import Delivery
 from trading_agent.fleet.approvals import answer_approval
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class FleetControl:
         self.event_bus: EventBus = local.event_bus
         self.daemon_id = member.daemon_id
         self._limits: dict[str, int | None] = {}
+        self._deliveries: dict[str, Delivery] = {}
         """Each desk held elsewhere: its message limit, as its daemon last said."""
 
     # ------------------------------------------------------------------ where a desk runs
@@ -172,14 +174,26 @@ class FleetControl:
         # The holder waits for the answer from now, so that send --wait gets it even when
         # the turn ends at once (and says the desk's message limit); a desk moving
         # meanwhile: the message waits in its inbox.
-        limit = None
+        expected: Any = None
         with contextlib.suppress(DeskUnreachableError):
-            limit = await self.ask(desk, {"op": "expect", "message_id": message_id},
-                                   timeout=_STATUS_SECONDS)
+            expected = await self.ask(desk, {"op": "expect", "message_id": message_id},
+                                      timeout=_STATUS_SECONDS)
+        expected = expected if isinstance(expected, dict) else {}
+        limit = expected.get("limit")
         self._limits[desk] = limit if type(limit) is int else None
+        # Its holder's mailbox takes it later, from the inbox: steering if that desk was in
+        # a turn when asked (a desk that did not answer: a turn of its own).
+        self._deliveries[desk] = "steering" if expected.get("in_turn") is True else "turn"
         await self.bus.send_to_desk(desk, message_id, {
             "op": "message", "text": text, "source": source, "images": encode_images(images)})
         return message_id
+
+    def message_delivery(self, desk: str, message_id: str) -> Delivery:
+        """How the desk took the message just sent: from its mailbox when it runs here,
+        else as its daemon said when it was sent."""
+        if self.holds(desk):
+            return self.local.message_delivery(desk, message_id)
+        return self._deliveries.get(desk, "turn")
 
     def message_limit(self, desk: str) -> int | None:
         """The desk's message limit: from this daemon when it runs here, else as its daemon
@@ -389,7 +403,8 @@ class DeskService:
             result = status.model_copy(update={"daemon": self.bus.daemon_id}).model_dump()
         elif op == "expect":
             self._expect(desk, str(request["message_id"]), waiting)
-            result = local.message_limit(desk)
+            result = {"limit": local.message_limit(desk),
+                      "in_turn": local.desk(desk).mailbox.in_turn}
         elif op == "reply":
             result = (await self._reply(desk, str(request["message_id"]))).model_dump()
         elif op == "pause":

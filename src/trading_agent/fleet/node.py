@@ -1,7 +1,7 @@
 """A daemon as one node of a fleet: what it opens, runs beside its desks, and gives up.
 
 :func:`open_node` connects to the fleet (the leases on the shared PostgreSQL store, NATS)
-and yields a :class:`FleetNode`. The daemon's wiring then builds no desk up front: the
+and yields a :class:`FleetNode`. The application layer then builds no desk up front: the
 node's :class:`~trading_agent.fleet.member.FleetMember` takes this daemon's share of the
 desks and, for each desk it takes, the node builds it (it restores its transcript and
 resumes a cut-off turn, as after a restart), starts it under the supervisor and serves its

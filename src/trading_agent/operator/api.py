@@ -456,13 +456,13 @@ async def _post_message(request: Request) -> Response:
         raise ApiError(400, "message_too_long",
                        f"the message is {len(body.text)} characters; the limit is {limit} "
                        "(operator.max_message_chars)")
-    # From the stream, not desk_status: a status values the account, which may be slow.
     images = await _images(body, service.config.max_image_bytes)
-    delivery = "steering" if service.hub.is_working(desk) else "turn"
     # Without pictures, called as before: a DeskControl that takes none still serves text.
     pictures = {"images": images} if images else {}
     message_id = await service.control.send_message(desk, body.text, source=body.source,
                                                     **pictures)
+    # The desk's mailbox decided how it took the message; asked with no await between.
+    delivery = service.control.message_delivery(desk, message_id)
     answer: dict[str, Any] = {"id": message_id, "desk": desk, "delivery": delivery}
     shortened = _shortened(service.control, desk, body.text)
     if shortened is not None:

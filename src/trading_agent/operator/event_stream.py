@@ -102,7 +102,6 @@ class EventHub:
         self._floor: int | None = None
         self._changed = anyio.Event()
         self._closed = False
-        self._working: set[str] = set()
         self.dropped_total = 0
         """Events the bus dropped before the hub read them (should stay 0)."""
 
@@ -148,8 +147,7 @@ class EventHub:
         async for event_id, data in feed(self.last_id):
             if self._closed:
                 return
-            self._add_item(event_id, str(data.get("desk", "*")), str(data.get("type", "")),
-                           data.get("subagent"), bool(data.get("silent")), data)
+            self._add_item(event_id, str(data.get("desk", "*")), data)
             self._wake()
 
     def publish_directly(self, event: Event) -> None:
@@ -157,25 +155,14 @@ class EventHub:
         self._add(event)
         self._wake()
 
-    def is_working(self, desk: str) -> bool:
-        """Whether a turn of the desk runs now, as its events tell (no call into the desk)."""
-        return desk in self._working
-
     def _add(self, event: Event) -> None:
         if isinstance(event, EventsDropped):
             self.dropped_total += event.count
             _log.warning("operator_stream_events_dropped", count=event.count)
             return
-        self._add_item(event.id, event.desk, event.type, event.subagent,
-                       bool(getattr(event, "silent", False)), event)
+        self._add_item(event.id, event.desk, event)
 
-    def _add_item(self, event_id: int, desk: str, kind: str, subagent: Any, silent: bool,
-                  data: Event | dict[str, Any]) -> None:
-        if subagent is None and not silent:
-            if kind == "turn_start":
-                self._working.add(desk)
-            elif kind == "turn_end":
-                self._working.discard(desk)
+    def _add_item(self, event_id: int, desk: str, data: Event | dict[str, Any]) -> None:
         items = self._items
         if items and event_id <= items[-1].id:
             return  # never out of order: ids are the cursor

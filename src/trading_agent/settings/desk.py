@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from trading_agent.errors import ConfigError
+from trading_agent.plugins import HOOK_GROUP, find_factory
 from trading_agent.settings.context import ContextSettings
 from trading_agent.settings.daemon import SpendCaps
 from trading_agent.settings.model import ModelSettings, priced
@@ -97,6 +98,20 @@ class DeskSettings(Table):
     triggers: TriggerSettings = Field(default_factory=TriggerSettings)
     controls: ControlSettings = Field(default_factory=ControlSettings)
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+
+    # Hooks: each ``package.module:factory`` or an entry point of group trading_agent.hooks,
+    # made in order when the desk is built, before the approval gate (desks/hooks.py).
+    hooks: list[str] = Field(default_factory=list)
+
+    @field_validator("hooks")
+    @classmethod
+    def _check_hooks(cls, value: list[str]) -> list[str]:
+        for index, name in enumerate(value):
+            try:
+                find_factory(name, HOOK_GROUP)
+            except ValueError as exc:
+                raise ValueError(f"[{index}] {name!r}: {exc}") from None
+        return value
 
     @field_validator("mcp_servers")
     @classmethod

@@ -26,16 +26,17 @@ gives (the store's ``TradingStateFile``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
-from trading_agent.trading.exchange import Exchange
+from trading_agent.trading.exchange import Exchange, Fill
 from trading_agent.trading.feed import PriceFeed
 from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.ledger import PaperBooks
@@ -45,6 +46,9 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
 from trading_agent.trading.timing import Sleep
+
+if TYPE_CHECKING:  # ccxt takes a second to import: only a live venue loads it
+    from trading_agent.trading.reconciliation import ReconciliationReport
 
 __all__ = ["SharedFeeds", "TradingState", "TradingVenue", "open_exchange", "open_feed",
            "order_seconds"]
@@ -77,12 +81,39 @@ class TradingVenue:
         feed: Prices, candles and the clock (a replay's clock is replayed time); subscribe
             to it for tick triggers.
         risk: The desk's risk policy on ``exchange``, when limits were given.
+        matcher: Matches the resting orders this venue simulates (a paper exchange's
+            :meth:`~trading_agent.trading.paper.PaperExchange.sync`); None when the venue
+            holds its orders itself (a live exchange fills them on its own).
+        reconciler: Compares a live exchange with its order journal (see
+            :func:`~trading_agent.trading.reconciliation.reconcile`); None when there is
+            nothing to compare (paper, or no journal).
     """
 
     mode: Literal["paper", "live"]
     exchange: Exchange
     feed: PriceFeed
     risk: RiskPolicy | None
+    matcher: Callable[[], Awaitable[list[Fill]]] | None = field(default=None, repr=False)
+    reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = field(
+        default=None, repr=False)
+
+    async def match_resting_orders(self) -> list[Fill]:
+        """Matches the resting orders this venue simulates against the candles completed
+        since the last match; called on each new candle of its feed.
+
+        Returns:
+            The fills this produced, oldest first (none on a venue that fills its own).
+        """
+        return [] if self.matcher is None else await self.matcher()
+
+    async def reconcile(self) -> ReconciliationReport | None:
+        """Compares the exchange with what this venue's journal says it sent, before a
+        desk's first turn.
+
+        Returns:
+            What was found; None when the venue keeps no journal to compare (paper).
+        """
+        return None if self.reconciler is None else await self.reconciler()
 
 
 @asynccontextmanager
@@ -122,11 +153,14 @@ async def open_exchange(
     wanted = _wanted_symbols(symbols, risk_limits)
     async with AsyncExitStack() as stack:
         exchange: Exchange
+        matcher: Callable[[], Awaitable[list[Fill]]] | None = None
+        reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = None
         if config.mode == "live":
             # Imported here: ccxt takes a second to import, and paper desks on a replay
             # never need it.
             from trading_agent.trading.ccxt_exchange import CcxtExchange
             from trading_agent.trading.ccxt_feed import CcxtPriceFeed
+            from trading_agent.trading.reconciliation import reconcile
             assert config.ccxt is not None  # ExchangeConfig validates this
             journal = await state.order_journal()
             stack.push_async_callback(journal.close)
@@ -134,6 +168,8 @@ async def open_exchange(
                                            environ=environ, sleep=sleep)
             stack.push_async_callback(live.close)
             exchange = live
+            if live.order_journal is not None:
+                reconciler = functools.partial(reconcile, live)
             if feed is None:
                 feed = CcxtPriceFeed(live, wanted, sleep=sleep)
                 stack.push_async_callback(feed.close)
@@ -144,6 +180,7 @@ async def open_exchange(
                                              await state.paper_books(account))
             stack.push_async_callback(paper.close)
             exchange = paper
+            matcher = paper.sync  # resting paper orders fill only when matched on a candle
         risk = None
         if risk_limits is not None:
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,
@@ -151,7 +188,7 @@ async def open_exchange(
             stack.push_async_callback(risk_journal.close)
             risk = RiskPolicy(risk_limits, exchange, journal=risk_journal,
                               order_seconds=order_seconds(config), kill_switch=kill_switch)
-        yield TradingVenue(config.mode, exchange, feed, risk)
+        yield TradingVenue(config.mode, exchange, feed, risk, matcher, reconciler)
 
 
 @asynccontextmanager

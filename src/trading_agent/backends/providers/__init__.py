@@ -2,7 +2,7 @@
 
 A provider is what ``provider = "..."`` names in a ``[model]`` table: its settings (a
 pydantic model whose ``provider`` field is the name), a line saying what it is, and how its
-backend is opened. The settings' ``ModelSettings``, ``check-config``, the daemon's wiring
+backend is opened. The settings' ``ModelSettings``, ``check-config``, the desk building
 and the README's list of providers (a test holds it to the registry) all read the registry,
 so a new provider is one module here, found by a scan of this package, plus its tests. A
 provider from another distribution names its module (or its :class:`Provider`) as an entry
