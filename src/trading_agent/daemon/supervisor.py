@@ -54,7 +54,7 @@ from trading_agent.operator.config import SOCKET_NAME
 
 if TYPE_CHECKING:
     from trading_agent.settings import Settings
-    from trading_agent.store.store import DailyUsage
+    from trading_agent.store.daily_usage import DailyUsage
     from trading_agent.trading.risk import RiskPolicy
 
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
@@ -86,16 +86,29 @@ SIGTERM budget of 10 s: the desks' ``shutdown_timeout_seconds`` (8 by default), 
 the local model server's grace (at most 1 s)."""
 
 
-class _History(Protocol):
-    """What the supervisor reads back from the store for operators."""
-
+class _Transcripts(Protocol):
     async def transcript(self, desk: str, before_seq: int | None = None,
                          limit: int = 50) -> list[dict[str, Any]]: ...
 
+
+class _EventLog(Protocol):
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]: ...
 
+
+class _Usage(Protocol):
     async def usage_on(self, desk: str) -> DailyUsage: ...
+
+
+class _History(Protocol):
+    """What the supervisor reads back from the store for operators."""
+
+    @property
+    def transcripts(self) -> _Transcripts: ...
+    @property
+    def events(self) -> _EventLog: ...
+    @property
+    def usage(self) -> _Usage: ...
 
 
 class _Approvals(Protocol):
@@ -197,7 +210,7 @@ class Supervisor:
         runtime = self._runtime(desk)
         status = runtime.desk.status()
         update: dict[str, Any] = {}
-        usage = await self._history.usage_on(desk)
+        usage = await self._history.usage.usage_on(desk)
         update["tokens_today"], update["cost_today"] = usage.total_tokens, usage.cost
         update["prompt_tokens_today"] = usage.input_tokens
         update["cached_tokens_today"] = usage.cached_input_tokens
@@ -253,12 +266,12 @@ class Supervisor:
             UnknownDeskError: No such desk.
         """
         self._runtime(desk)
-        return await self._history.transcript(desk, before_seq=before, limit=limit)
+        return await self._history.transcripts.transcript(desk, before_seq=before, limit=limit)
 
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]:
         """Stored events with an id above ``after_id``."""
-        return await self._history.events_since(after_id, desk, limit)
+        return await self._history.events.events_since(after_id, desk, limit)
 
     async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
         """Waits for the end of the turn that read an operator's message.
@@ -560,7 +573,7 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
         supervisor = daemon.supervisor
         async with anyio.create_task_group() as recorders:
             # These end once their subscriptions close and what they hold is written.
-            recorders.start_soon(daemon.store.persist_events, daemon.store_subscription)
+            recorders.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
             recorders.start_soon(log_events, daemon.log_subscription)
             try:
                 async with anyio.create_task_group() as group:
