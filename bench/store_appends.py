@@ -70,14 +70,14 @@ async def _bench(folder: Path) -> None:
     for i in range(ROUNDS):
         message = _message(i)
         start = time.perf_counter()
-        await store.append_message("alpha", message)
+        await store.transcripts.append_message("alpha", message)
         samples.append(time.perf_counter() - start)
     timings["Store.append_message (FULL, worker thread)"] = samples
-    await store.append_message("alpha", Message.user_text("[tick]"))
+    await store.transcripts.append_message("alpha", Message.user_text("[tick]"))
     restores = []
     for _ in range(5):
         start = time.perf_counter()
-        conversation = await store.restore_conversation("alpha", "prompt")
+        conversation = await store.transcripts.restore_conversation("alpha", "prompt")
         restores.append(time.perf_counter() - start)
 
     concurrent: dict[str, list[float]] = {"one after another": [], "all at once": []}
@@ -85,17 +85,17 @@ async def _bench(folder: Path) -> None:
     for _ in range(REPEATS):
         for name in concurrent:
             messages = [(f"desk{number}", _message(number)) for number in range(DESKS)]
-            before = store._db.commits
+            before = store.database.commits
             start = time.perf_counter()
             if name == "all at once":
                 async with anyio.create_task_group() as group:
                     for desk, message in messages:
-                        group.start_soon(store.append_message, desk, message)
+                        group.start_soon(store.transcripts.append_message, desk, message)
             else:
                 for desk, message in messages:
-                    await store.append_message(desk, message)
+                    await store.transcripts.append_message(desk, message)
             concurrent[name].append(time.perf_counter() - start)
-            commits[name] = store._db.commits - before
+            commits[name] = store.database.commits - before
     await store.close()
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
