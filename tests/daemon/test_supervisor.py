@@ -34,6 +34,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.daemon.desk import Backoff
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+from trading_agent.store.store import Store
 
 
 def _desk_of(request: RecordedRequest) -> str:
@@ -230,18 +231,30 @@ async def test_status_adds_usage_approvals_and_the_account(
 class _SlowRestoreStore:
     """A store whose restores wait until the test lets them go on."""
 
-    def __init__(self, store: object) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
+        self.transcripts = _SlowRestoreTranscripts(store.transcripts, self)
         self.restoring = anyio.Event()
         self.go_on = anyio.Event()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
+
+class _SlowRestoreTranscripts:
+    """The transcripts of a :class:`_SlowRestoreStore`."""
+
+    def __init__(self, transcripts: object, gate: _SlowRestoreStore) -> None:
+        self._transcripts = transcripts
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transcripts, name)
+
     async def restore_conversation(self, *args: object, **kwargs: object) -> object:
-        self.restoring.set()
-        await self.go_on.wait()
-        return await self._store.transcripts.restore_conversation(*args, **kwargs)  # type: ignore[attr-defined]
+        self._gate.restoring.set()
+        await self._gate.go_on.wait()
+        return await self._transcripts.restore_conversation(*args, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_the_turns_desks_owe_start_once_every_desk_has_restored(

@@ -17,6 +17,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "SteeringMessage",
     "Subscription",
     "TextBlock",
+    "ThinkingBlock",
     "Tool",
     "ToolCallExecutor",
     "ToolContext",

@@ -38,7 +38,7 @@ import structlog
 
 from trading_agent.agent.conversation import Conversation, ConversationObserver, Message
 from trading_agent.jsontext import json_loads
-from trading_agent.store.codec import decode_content, encode_content, image_refs
+from trading_agent.store.codec import decode_content, encode_content, image_refs, public_blocks
 from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
 from trading_agent.store.images import get_images, put_images
@@ -553,7 +553,8 @@ def _public_message(row: _StoredRow) -> dict[str, Any]:
     text = "\n".join(str(b["text"]) for b in row.blocks if b.get("type") == "text")
     return {"seq": row.seq, "id": row.message_id, "desk": row.desk, "role": row.role,
             "kind": row.kind, "created_at": row.created_at, "subagent": row.subagent_id,
-            "parent_call": row.parent_call_id, "text": text, "content": row.blocks}
+            "parent_call": row.parent_call_id, "text": text,
+            "content": public_blocks(row.blocks)}
 
 
 class DeskConversationStore:
