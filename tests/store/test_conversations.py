@@ -13,6 +13,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     repair,
@@ -325,3 +326,24 @@ async def test_the_migrations_are_recorded_and_applied_once(target: StoreTarget)
     async with await Store.open(target):
         pass
     assert await versions() == [("store", version) for version in range(1, 7)]
+
+
+async def test_thinking_is_kept_with_its_answer_and_never_shown_to_operators(
+        store: Store, clock: FakeClock) -> None:
+    thinking = (ThinkingBlock("BTC is flat; look first.", "sig-1", "anthropic"),
+                ThinkingBlock("", source="anthropic", redacted="opaque"))
+    answer = Message(role="assistant", content=(*thinking, *_call().content))
+    conversation = Conversation("You trade.", observer=store.transcripts.observer("alpha"))
+    for message in (Message.user_text("[tick]"), answer):
+        await conversation.append(message)
+
+    [_, row] = await store.transcripts.transcript("alpha")
+    assert [block["type"] for block in row["content"]] == ["text", "tool_use"]
+    assert row["text"] == "Let me look."
+    store = await _reopen(store, clock)
+    try:
+        restored = await store.transcripts.restore_conversation("alpha", "You trade.")
+        assert restored.messages[1].content[:2] == thinking
+        assert restored.messages[1].content[2:] == answer.content[2:]
+    finally:
+        await store.close()
