@@ -13,7 +13,7 @@ import pytest
 
 from tests.daemon.process import DaemonProcess, short_dir
 from tests.operator.harness import in_process_daemon, uds_client
-from tests.scripted_anthropic_server import AnthropicScriptedServer, Answer, unauthorized
+from tests.scripted_anthropic_server import Answer, AnthropicScriptedServer, unauthorized
 from tests.scripted_server import Reply, ToolCall
 from trading_agent.backends.providers.anthropic import AnthropicModelSettings
 from trading_agent.errors import ConfigError
