@@ -18,7 +18,7 @@ TABLES = ("equity_samples",)
 
 MIGRATIONS: tuple[Migration, ...] = ((4, (
     # Each desk's equity over time, for the web page's chart: sampled on a timer and on
-    # every fill, and thinned as it grows (Store.record_equity_sample keeps it bounded).
+    # every fill, and thinned as it grows (record_equity_sample keeps it bounded).
     """CREATE TABLE equity_samples (
             desk TEXT NOT NULL,
             at REAL NOT NULL,
