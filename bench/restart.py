@@ -1,8 +1,9 @@
 """How long a restarting daemon takes to restore its desks: 100 desks of 1,000 messages each.
 
 The store is filled first, out of the timing, through its own write API, as the daemon fills
-it: messages appended to a ``Conversation`` whose observer is ``Store.observer`` (so each is
-stored with its turn, and a compaction through ``Conversation.compact``), operator messages
+it: messages appended to a ``Conversation`` whose observer is
+``store.transcripts.observer`` (so each is stored with its turn, and a compaction through
+``Conversation.compact``), operator messages
 with ``add_operator_message`` before they are delivered, events with ``append_events``; the
 desks are written side by side, so the group commit batches them. What is written is what
 desks that ran for weeks leave behind. Each desk's turns open with ticks, candle closes,

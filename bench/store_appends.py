@@ -1,7 +1,7 @@
 """What ``synchronous=FULL`` costs the store: one message append, FULL against NORMAL.
 
 The store commits every message before the conversation goes on (an operator's message is
-kept before the model is called). This times ``Store.append_message`` (FULL, through a
+kept before the model is called). This times ``store.transcripts.append_message`` (FULL, through a
 worker thread) against the same INSERT on a plain connection with ``synchronous=NORMAL``
 and against one with FULL, all on the same disk in the same process, then restoring the
 300-message conversation.
@@ -72,7 +72,7 @@ async def _bench(folder: Path) -> None:
         start = time.perf_counter()
         await store.transcripts.append_message("alpha", message)
         samples.append(time.perf_counter() - start)
-    timings["Store.append_message (FULL, worker thread)"] = samples
+    timings["transcripts.append_message (FULL, worker thread)"] = samples
     await store.transcripts.append_message("alpha", Message.user_text("[tick]"))
     restores = []
     for _ in range(5):
@@ -107,7 +107,7 @@ async def _bench(folder: Path) -> None:
         print(f"  {name:45s} {median * 1e3:7.3f} ms  ({median / reference:5.1f}x NORMAL)")
     print(f"restore of {len(conversation.messages)} messages: "
           f"{statistics.median(restores) * 1e3:.1f} ms (median of {len(restores)})")
-    print(f"{DESKS} desks appending one message each (Store.append_message, FULL); "
+    print(f"{DESKS} desks appending one message each (transcripts.append_message, FULL); "
           f"medians of {REPEATS}:")
     sequential = statistics.median(concurrent["one after another"])
     for name, values in concurrent.items():
