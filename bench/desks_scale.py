@@ -142,7 +142,7 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figur
     throughput: list[float] = []
     delays: list[float] = []
     async with anyio.create_task_group() as group:
-        group.start_soon(store.persist_events, recorded)
+        group.start_soon(store.events.persist_events, recorded)
         await group.start(supervisor.run)
         await anyio.sleep(0.2)  # idle
         memory = tracemalloc.get_traced_memory()[0] / count

@@ -1,8 +1,9 @@
 """How long a restarting daemon takes to restore its desks: 100 desks of 1,000 messages each.
 
 The store is filled first, out of the timing, through its own write API, as the daemon fills
-it: messages appended to a ``Conversation`` whose observer is ``Store.observer`` (so each is
-stored with its turn, and a compaction through ``Conversation.compact``), operator messages
+it: messages appended to a ``Conversation`` whose observer is
+``store.transcripts.observer`` (so each is stored with its turn, and a compaction through
+``Conversation.compact``), operator messages
 with ``add_operator_message`` before they are delivered, events with ``append_events``; the
 desks are written side by side, so the group commit batches them. What is written is what
 desks that ran for weeks leave behind. Each desk's turns open with ticks, candle closes,
@@ -457,21 +458,22 @@ async def build_store(path: Path, shape: Shape, candles: list[Candle],
         name = desk_name(index)
         history = _DeskHistory(name, index, candles, rows, charts, start)
         # Written as the loop writes it: appended to a conversation the store observes.
-        conversation = Conversation(f"You are the desk {name}.", observer=store.observer(name))
+        conversation = Conversation(f"You are the desk {name}.",
+                                    observer=store.transcripts.observer(name))
         written: deque[_Turn] = deque(maxlen=2)  # a compaction keeps the last two turns
         events: list[Event] = []
 
         async def next_turn(turn: _Turn | None = None) -> _Turn:
             turn = turn or history.turn(history.next_kind())
             for kept in turn.operator:
-                await store.add_operator_message(name, kept)  # as the API does, first
+                await store.inbox.add_operator_message(name, kept)  # as the API does, first
             conversation.turn_id = turn.turn_id  # as the loop sets it: stored with each message
             for message in turn.messages:
                 await conversation.append(message)
             built.messages += len(turn.messages)
             events.extend(turn.events)
             if len(events) >= _EVENT_BATCH:  # as the store's subscription writes them
-                await store.append_events(events)
+                await store.events.append_events(events)
                 built.events += len(events)
                 events.clear()
             written.append(turn)
@@ -503,7 +505,7 @@ async def build_store(path: Path, shape: Shape, candles: list[Candle],
         if cut is not None:
             in_window += len((await next_turn(_cut(history.turn("tick"), cut))).messages)
             built.cut_off += 1
-        await store.append_events(events)
+        await store.events.append_events(events)
         built.events += len(events)
         built.window += in_window
         built.pictures += history.pictures
@@ -512,7 +514,7 @@ async def build_store(path: Path, shape: Shape, candles: list[Candle],
             for number in range(1 + index % 2):
                 images = ((history.picture("operator's screenshot"),)
                           if index == 3 and number == 0 else ())
-                await store.add_operator_message(name, SteeringMessage(
+                await store.inbox.add_operator_message(name, SteeringMessage(
                     "Flatten the position before the US open, please." if number == 0 else
                     "And report the day's result when done.", source="alice",
                     images=images, queued_at=history.at + 60 * (number + 1),
@@ -557,7 +559,7 @@ async def restore(path: Path, desks: int, base_url: str) -> Restore:
     """Starts the desks on the file as a restarting daemon does, until every one is ready."""
     started, cpu_started = time.perf_counter(), time.process_time()
     store = await Store.open(path)
-    bus = EventBus(first_id=await store.last_event_id() + 1)
+    bus = EventBus(first_id=await store.events.last_event_id() + 1)
     opened = time.perf_counter()
     recorded = bus.subscribe("store", max_buffer=50_000)
     backend = OpenAICompatibleBackend(OpenAIBackendConfig(
@@ -566,7 +568,7 @@ async def restore(path: Path, desks: int, base_url: str) -> Restore:
                                  context_window=CONTEXT_WINDOW) for i in range(desks)]
     supervisor = Supervisor([DeskRuntime(desk) for desk in started_desks], bus, store)
     async with anyio.create_task_group() as group:
-        group.start_soon(store.persist_events, recorded)
+        group.start_soon(store.events.persist_events, recorded)
         await group.start(supervisor.run)  # returns once every desk has restored
         ready, cpu_ready = time.perf_counter(), time.process_time()
         messages = sum(len(desk.conversation.messages) for desk in started_desks

@@ -1,7 +1,7 @@
 """What ``synchronous=FULL`` costs the store: one message append, FULL against NORMAL.
 
 The store commits every message before the conversation goes on (an operator's message is
-kept before the model is called). This times ``Store.append_message`` (FULL, through a
+kept before the model is called). This times ``store.transcripts.append_message`` (FULL, through a
 worker thread) against the same INSERT on a plain connection with ``synchronous=NORMAL``
 and against one with FULL, all on the same disk in the same process, then restoring the
 300-message conversation.
@@ -70,14 +70,14 @@ async def _bench(folder: Path) -> None:
     for i in range(ROUNDS):
         message = _message(i)
         start = time.perf_counter()
-        await store.append_message("alpha", message)
+        await store.transcripts.append_message("alpha", message)
         samples.append(time.perf_counter() - start)
-    timings["Store.append_message (FULL, worker thread)"] = samples
-    await store.append_message("alpha", Message.user_text("[tick]"))
+    timings["transcripts.append_message (FULL, worker thread)"] = samples
+    await store.transcripts.append_message("alpha", Message.user_text("[tick]"))
     restores = []
     for _ in range(5):
         start = time.perf_counter()
-        conversation = await store.restore_conversation("alpha", "prompt")
+        conversation = await store.transcripts.restore_conversation("alpha", "prompt")
         restores.append(time.perf_counter() - start)
 
     concurrent: dict[str, list[float]] = {"one after another": [], "all at once": []}
@@ -85,17 +85,17 @@ async def _bench(folder: Path) -> None:
     for _ in range(REPEATS):
         for name in concurrent:
             messages = [(f"desk{number}", _message(number)) for number in range(DESKS)]
-            before = store._db.commits
+            before = store.database.commits
             start = time.perf_counter()
             if name == "all at once":
                 async with anyio.create_task_group() as group:
                     for desk, message in messages:
-                        group.start_soon(store.append_message, desk, message)
+                        group.start_soon(store.transcripts.append_message, desk, message)
             else:
                 for desk, message in messages:
-                    await store.append_message(desk, message)
+                    await store.transcripts.append_message(desk, message)
             concurrent[name].append(time.perf_counter() - start)
-            commits[name] = store._db.commits - before
+            commits[name] = store.database.commits - before
     await store.close()
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
@@ -107,7 +107,7 @@ async def _bench(folder: Path) -> None:
         print(f"  {name:45s} {median * 1e3:7.3f} ms  ({median / reference:5.1f}x NORMAL)")
     print(f"restore of {len(conversation.messages)} messages: "
           f"{statistics.median(restores) * 1e3:.1f} ms (median of {len(restores)})")
-    print(f"{DESKS} desks appending one message each (Store.append_message, FULL); "
+    print(f"{DESKS} desks appending one message each (transcripts.append_message, FULL); "
           f"medians of {REPEATS}:")
     sequential = statistics.median(concurrent["one after another"])
     for name, values in concurrent.items():

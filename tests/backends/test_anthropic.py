@@ -54,11 +54,13 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from trading_agent.backends import anthropic
 from trading_agent.backends.anthropic import (
+    THINKING_SOURCE,
     AnthropicBackend,
     AnthropicBackendConfig,
     encode_message,
@@ -486,9 +488,15 @@ async def test_thinking_is_streamed_kept_and_sent_back_within_the_turn(
                                         on_thinking=thoughts.append)
 
     assert thoughts == ["The move is ", "small; check the book.", "Nothing to do."]
-    assert first.content == (TextBlock("Let me look."),
-                             ToolUseBlock("toolu_t1", "get_ticker", '{"symbol": "BTC/USDT"}'))
+    # The answer carries its thinking, first, for the conversation (and the store) to keep.
+    assert first.content == (
+        ThinkingBlock("The move is small; check the book.", "sig-abc", THINKING_SOURCE),
+        ThinkingBlock("", source=THINKING_SOURCE, redacted="opaque-bytes"),
+        TextBlock("Let me look."),
+        ToolUseBlock("toolu_t1", "get_ticker", '{"symbol": "BTC/USDT"}'))
+    assert first.text == "Let me look."
     assert second.text == "No trade."
+    assert second.content == (TextBlock("No trade."),)  # no call: nothing to send back
     sent_first, sent_second = (request.json for request in server.requests)
     assert sent_first["thinking"] == {"type": "enabled", "budget_tokens": 2048}
     assert sent_second["thinking"] == {"type": "enabled", "budget_tokens": 2048}
@@ -522,6 +530,27 @@ async def test_a_tool_loop_whose_thinking_is_lost_goes_on_without_thinking(
     continued, fresh_turn = (request.json for request in server.requests)
     assert "thinking" not in continued
     assert fresh_turn["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+
+
+async def test_another_providers_thinking_is_never_sent(
+        server: AnthropicScriptedServer) -> None:
+    # The desk's provider changed on reload: the tool loop it continues thought elsewhere.
+    config = make_config(server, max_output_tokens=8192, thinking_budget_tokens=2048)
+    call = Message(role="assistant", content=(
+        ThinkingBlock("elsewhere", "their-signature", "another-provider"),
+        ToolUseBlock("toolu_old", "get_ticker", "{}")))
+    result = Message(role="user", kind="tool_results",
+                     content=(ToolResultBlock("toolu_old", (TextBlock("64000"),)),))
+    server.add(Reply("ok"))
+
+    async with AnthropicBackend(config, environ=ENVIRON) as backend:
+        await backend.complete(ModelRequestSpec("s", [Message.user_text("t"), call, result],
+                                                TOOLS))
+
+    [sent] = server.requests
+    assert "thinking" not in sent.json  # a tool loop without thinking of its own goes without
+    assert "elsewhere" not in sent.body.decode() and "their-signature" not in sent.body.decode()
+    assert [b["type"] for b in sent.messages[1]["content"]] == ["tool_use"]
 
 
 async def test_thinking_is_never_sent_by_a_backend_without_it(

@@ -36,6 +36,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     estimate_tokens,
@@ -809,3 +810,21 @@ async def test_reasoning_the_server_streams_goes_to_on_thinking_and_never_into_t
     assert thoughts == ["The tick is ", "small.", " Wait."]
     assert texts == ["No trade."]
     assert reply.content == (TextBlock("No trade."),)
+
+
+async def test_another_providers_thinking_is_never_sent(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
+    # A desk that thought on Anthropic's API and was moved to this provider on reload.
+    scripted_server.add(Reply("No trade."))
+    call = Message(role="assistant", content=(
+        ThinkingBlock("The tick is small.", "sig-abc", "anthropic"),
+        TextBlock("Let me look."), ToolUseBlock("call_1", "get_ticker", "{}")))
+    results = Message(role="user", kind="tool_results",
+                      content=(ToolResultBlock("call_1", (TextBlock("64000"),)),))
+
+    await backend.complete(ModelRequestSpec("s", [Message.user_text("t"), call, results], []))
+
+    [sent] = scripted_server.requests
+    assert "The tick is small." not in sent.body.decode() and "sig-abc" not in sent.body.decode()
+    assert sent.json["messages"][2]["content"] == "Let me look."
+    assert [c["id"] for c in sent.json["messages"][2]["tool_calls"]] == ["call_1"]

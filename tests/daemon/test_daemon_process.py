@@ -105,8 +105,9 @@ async def _transcript_has(daemon: DaemonProcess, text: str) -> bool:
 async def _stored(state_dir: Path) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """The desk's transcript and events, read from the file after the daemon ended."""
     async with await Store.open(state_dir / "trading-agent.sqlite3") as store:
-        transcript = await store.transcript("alpha", limit=1000, include_subagents=False)
-        events = await store.events_since(0, "alpha", limit=100_000)
+        transcript = await store.transcripts.transcript("alpha", limit=1000,
+                                                        include_subagents=False)
+        events = await store.events.events_since(0, "alpha", limit=100_000)
     return transcript, events
 
 
@@ -153,8 +154,8 @@ async def test_kill_9_mid_turn_loses_no_message_repeats_none_and_the_desk_resume
     interrupted = next(row for row in transcript if row["kind"] == "tool_results")
     assert "interrupted" in json.dumps(interrupted["content"])
     async with await Store.open(folder / "state" / "trading-agent.sqlite3") as store:
-        assert await store.undelivered_operator_messages("alpha") == []
-        restored = await store.restore_conversation("alpha", "x")
+        assert await store.inbox.undelivered_operator_messages("alpha") == []
+        restored = await store.transcripts.restore_conversation("alpha", "x")
     assert is_valid_transcript(restored.messages)
     assert await paper_books(folder / "state") == books_at_kill
     assert len(books_at_kill["open_orders"]) == 2 and resting in books_at_kill["open_orders"]

@@ -30,7 +30,7 @@ from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.desk import RESUME_TEXT, Backoff
 from trading_agent.store import INTERRUPTED_NOTICE
-from trading_agent.store.store import Store
+from trading_agent.store.operator_inbox import SqliteOperatorInbox
 
 
 async def test_a_trigger_runs_one_turn_stored_as_it_goes(
@@ -47,13 +47,13 @@ async def test_a_trigger_runs_one_turn_stored_as_it_goes(
         await wait_for(lambda: desk.turns == 1)
 
         status = desk.status()
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         assert status.state == "idle"
         assert status.last_turn_text == "All quiet on BTC."
         assert [row["kind"] for row in transcript] == ["trigger", "assistant"]
         assert "Morning review." in transcript[0]["text"]
         # The slot is recorded once its trigger reached the conversation.
-        assert await store.schedule_last_fired("alpha") == {"morning": slot}
+        assert await store.schedules.schedule_last_fired("alpha") == {"morning": slot}
         await stop_desk(desk, group)
     scripted_server.assert_complete()
 
@@ -100,11 +100,11 @@ async def test_an_operator_message_steers_the_running_turn_and_is_stored_first(
 
         message_id = await desk.send_message("Do not buy more today.", source="ann")
 
-        pending = await store.undelivered_operator_messages("alpha")
+        pending = await store.inbox.undelivered_operator_messages("alpha")
         assert [(m.id, m.text) for m in pending] == [(message_id, "Do not buy more today.")]
         gate.release.set()
         await wait_for(lambda: desk.turns == 1)
-        assert await store.undelivered_operator_messages("alpha") == []
+        assert await store.inbox.undelivered_operator_messages("alpha") == []
         await stop_desk(desk, group)
 
     assert "Do not buy more today." in last_user_text(scripted_server.requests[1])
@@ -126,7 +126,7 @@ async def test_a_message_that_comes_during_the_final_answer_starts_the_next_turn
         message_id = await desk.send_message("What about ETH?", source="ann")
         hold.set()
         await wait_for(lambda: len(scripted_server.requests) == 2 and desk.state == "idle")
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     assert last_user_text(scripted_server.requests[1]) == (
@@ -181,7 +181,7 @@ async def test_a_turn_that_raises_is_logged_evented_and_the_desk_restarts(
         group.start_soon(desk.run)
         desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
         await wait_for(lambda: desk.turns == 1)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     errors = events.of_type("error")
@@ -212,7 +212,7 @@ async def test_a_failure_in_the_desk_itself_is_evented_and_restarted(
         group.start_soon(desk.run)
         desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
         await wait_for(lambda: desk.turns == 1)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     assert [(e.error_type, e.message) for e in events.of_type("error")] == [  # type: ignore[attr-defined]
@@ -238,7 +238,7 @@ async def test_stop_ends_the_running_turn_after_its_tool_round(
         assert desk.state == "working"
         gate.release.set()
         await stop_desk(desk)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         group.cancel_scope.cancel()
 
     ended = events.of_type("turn_end")
@@ -255,11 +255,11 @@ async def test_a_restart_repairs_the_interrupted_turn_resumes_and_delivers_each_
     async with open_store(tmp_path) as store:
         # What a killed daemon leaves: a tool call without its result, and a message that
         # was acknowledged but never delivered.
-        before = await store.restore_conversation("alpha", "You trade.")
+        before = await store.transcripts.restore_conversation("alpha", "You trade.")
         await before.append(Trigger(kind="schedule", text="Check.", source="s").to_message())
         await before.append(Message(role="assistant", content=(
             TextBlock("Placing."), ToolUseBlock("call_1", "wait_for_release", "{}"))))
-        await store.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
+        await store.inbox.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
 
         async with anyio.create_task_group() as group:
             desk = build_desk("alpha", store, scripted_server.base_url, bus)
@@ -267,7 +267,7 @@ async def test_a_restart_repairs_the_interrupted_turn_resumes_and_delivers_each_
             await wait_for(lambda: desk.turns == 2)
             conversation = desk.conversation
             await stop_desk(desk, group)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
 
     assert conversation is not None and is_valid_transcript(conversation.messages)
     assert [row["kind"] for row in transcript] == [
@@ -362,19 +362,20 @@ async def test_a_trigger_compacted_away_mid_turn_is_not_run_again_after_a_failur
     scripted_server.assert_complete()
 
 
-class _SlowAddStore:
-    """A store whose ``add_operator_message`` commits, then waits for the test to go on."""
+class _SlowAddInbox:
+    """An operator inbox whose ``add_operator_message`` commits, then waits for the test to
+    go on."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, inbox: SqliteOperatorInbox) -> None:
+        self._inbox = inbox
         self.committed = anyio.Event()
         self.go_on = anyio.Event()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+        return getattr(self._inbox, name)
 
     async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
-        await self._store.add_operator_message(desk, message)
+        await self._inbox.add_operator_message(desk, message)
         self.committed.set()
         await self.go_on.wait()
 
@@ -385,9 +386,9 @@ async def test_a_message_sent_while_the_desk_restores_is_delivered_once(
     scripted_server.add(Reply("Hello Ann.", hold_until=hold))
     bus = EventBus()
     async with open_store(tmp_path) as real_store, anyio.create_task_group() as group:
-        store = _SlowAddStore(real_store)
         desk = build_desk("alpha", real_store, scripted_server.base_url, bus)
-        desk.store = store
+        store = _SlowAddInbox(real_store.inbox)
+        real_store.inbox = store
         sent: list[str] = []
 
         async def send() -> None:
@@ -404,7 +405,7 @@ async def test_a_message_sent_while_the_desk_restores_is_delivered_once(
         hold.set()
         await wait_for(lambda: desk.turns == 1)
         await anyio.sleep(0.05)
-        transcript = await real_store.transcript("alpha")
+        transcript = await real_store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     assert [row["kind"] for row in transcript] == ["operator", "assistant"]
@@ -436,12 +437,12 @@ async def test_an_outage_over_many_pauses_adds_no_message_per_retry(
             opening = "Sell half."
             await desk.send_message(opening, source="ann")
         await wait_for(lambda: desk.turns == 1)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         conversation = desk.conversation
         assert conversation is not None
         assert is_valid_transcript(conversation.messages)
         assert [m.id for m in conversation.messages] == [row["id"] for row in transcript]
-        assert await store.undelivered_operator_messages("alpha") == []
+        assert await store.inbox.undelivered_operator_messages("alpha") == []
         await stop_desk(desk, group)
 
     assert delays == [15, 30, 60, 120]
@@ -473,7 +474,7 @@ async def test_an_outage_after_a_tool_round_adds_one_resume_notice_however_long(
         group.start_soon(desk.run)
         desk.fire(Trigger(kind="schedule", text="Check the book.", source="s"))
         await wait_for(lambda: desk.turns == 1)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     assert [row["kind"] for row in transcript] == [
@@ -507,7 +508,7 @@ async def test_after_an_outage_the_model_reads_why_once_in_the_first_notice(
         await desk.ready.wait()
         desk.fire(Trigger(kind="tick", text="BTC +5%", source="BTC/USDT"))
         await wait_for(lambda: desk.turns == 1)
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await stop_desk(desk, group)
 
     first_reason = ("the model was unavailable: the model is unavailable after 2 attempts: the "

@@ -151,8 +151,8 @@ class _Desk:
         self.running.signal(signal.SIGTERM)
         assert await self.running.wait_exit(10) == 0, self.running.log()[-3000:]
         async with await Store.open(self.database) as store:
-            assert await store.undelivered_operator_messages(_DESK) == []
-            restored = await store.restore_conversation(_DESK, "x")
+            assert await store.inbox.undelivered_operator_messages(_DESK) == []
+            restored = await store.transcripts.restore_conversation(_DESK, "x")
         assert is_valid_transcript(restored.messages)
         assert restored.messages[-1].text == f"Turn {last_turn} done.", "left cut off"
 

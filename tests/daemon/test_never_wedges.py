@@ -108,7 +108,7 @@ async def test_an_8kb_operator_message_on_a_2048_token_window_is_answered(
             await wait_for(lambda: desk.turns == 1)
             await desk.send_message("And now, in one word?")
             await wait_for(lambda: desk.turns == 2)
-            transcript = await store.transcript("small")
+            transcript = await store.transcripts.transcript("small")
             await stop_desk(desk, group)
 
         overflows = [r for r in server.requests if server_tokens(r) > WINDOW]

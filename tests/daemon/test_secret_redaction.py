@@ -85,7 +85,7 @@ async def test_a_pasted_api_key_is_redacted_in_events_the_stream_the_store_and_t
 
     state = folder / "state"
     async with await Store.open(state / "trading-agent.sqlite3") as store:
-        stored = await store.events_since(0, "alpha", limit=10_000)
+        stored = await store.events.events_since(0, "alpha", limit=10_000)
     assert {"turn_start", "desk_paused"} <= {event["type"] for event in stored}
     assert KEY not in json.dumps(stored)
     for path in state.iterdir():  # nowhere on disk

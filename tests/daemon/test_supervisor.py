@@ -34,6 +34,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.daemon.desk import Backoff
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+from trading_agent.store.store import Store
 
 
 def _desk_of(request: RecordedRequest) -> str:
@@ -81,7 +82,7 @@ async def test_two_desks_run_at_once_and_one_failing_never_disturbs_the_other(
             beta_status = await supervisor.desk_status("beta")
             supervisor.shutdown()
             await supervisor.stopped.wait()
-        alpha_transcript = await store.transcript("alpha")
+        alpha_transcript = await store.transcripts.transcript("alpha")
         await close_backend(alpha)
         await close_backend(beta)
 
@@ -115,7 +116,7 @@ async def test_shutdown_lets_the_tool_round_finish_then_stops(
             gate.release.set()
             with anyio.fail_after(2):
                 await supervisor.stopped.wait()
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await close_backend(desk)
 
     assert [e.stopped for e in events.of_type("turn_end")] == [True]  # type: ignore[attr-defined]
@@ -141,7 +142,7 @@ async def test_a_tool_that_outlives_the_shutdown_timeout_is_cancelled_with_its_r
             with anyio.fail_after(3):
                 await supervisor.stopped.wait()
             took = time.monotonic() - started
-        transcript = await store.transcript("alpha")
+        transcript = await store.transcripts.transcript("alpha")
         await close_backend(desk)
 
     assert 0.25 < took < 2
@@ -202,7 +203,7 @@ async def test_status_adds_usage_approvals_and_the_account(
         async with anyio.create_task_group() as group:
             await group.start(supervisor.run)
             async with anyio.create_task_group() as recorder:
-                recorder.start_soon(store.persist_events, subscription)
+                recorder.start_soon(store.events.persist_events, subscription)
                 message_id = await control.send_message("alpha", "How is it going?", "ann")
                 await wait_for(lambda: desk.turns == 1)
                 subscription.close()  # the recorder writes what it holds, then ends
@@ -230,18 +231,30 @@ async def test_status_adds_usage_approvals_and_the_account(
 class _SlowRestoreStore:
     """A store whose restores wait until the test lets them go on."""
 
-    def __init__(self, store: object) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
+        self.transcripts = _SlowRestoreTranscripts(store.transcripts, self)
         self.restoring = anyio.Event()
         self.go_on = anyio.Event()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
+
+class _SlowRestoreTranscripts:
+    """The transcripts of a :class:`_SlowRestoreStore`."""
+
+    def __init__(self, transcripts: object, gate: _SlowRestoreStore) -> None:
+        self._transcripts = transcripts
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transcripts, name)
+
     async def restore_conversation(self, *args: object, **kwargs: object) -> object:
-        self.restoring.set()
-        await self.go_on.wait()
-        return await self._store.restore_conversation(*args, **kwargs)  # type: ignore[attr-defined]
+        self._gate.restoring.set()
+        await self._gate.go_on.wait()
+        return await self._transcripts.restore_conversation(*args, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_the_turns_desks_owe_start_once_every_desk_has_restored(
@@ -250,7 +263,7 @@ async def test_the_turns_desks_owe_start_once_every_desk_has_restored(
     bus = EventBus()
     async with open_store(tmp_path) as store:
         # Alpha owes a turn: an operator's message stored before the restart.
-        await store.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
+        await store.inbox.add_operator_message("alpha", SteeringMessage("Are you there?", "ann"))
         alpha = build_desk("alpha", store, scripted_server.base_url, bus)
         beta = build_desk("beta", store, scripted_server.base_url, bus)
         slow = _SlowRestoreStore(store)
@@ -265,6 +278,6 @@ async def test_the_turns_desks_owe_start_once_every_desk_has_restored(
             slow.go_on.set()
             await wait_for(lambda: alpha.turns == 1)
             supervisor.shutdown()
-        assert (await store.transcript("alpha"))[-1]["text"] == "Here, Ann."
+        assert (await store.transcripts.transcript("alpha"))[-1]["text"] == "Here, Ann."
         await close_backend(alpha)
         await close_backend(beta)

@@ -86,9 +86,9 @@ async def test_event_ids_after_a_kill_never_repeat_ids_a_stream_may_have_sent(
         # is behind. Killed now: the store holds 10 of the 60 events an operator has seen.
         sent = [daemon.event_bus.publish(
             ErrorEvent(desk="alpha", message=str(n), error_type="E")) for n in range(60)]
-        await daemon.store.append_events(sent[:10])
+        await daemon.store.events.append_events(sent[:10])
     async with open_daemon(settings) as daemon:
-        assert await daemon.store.last_event_id() == sent[9].id
+        assert await daemon.store.events.last_event_id() == sent[9].id
         first = daemon.event_bus.publish(ErrorEvent(desk="alpha", message="new", error_type="E"))
     assert first.id > sent[-1].id
     # Past whatever the store's subscription could hold and a batch being written.

@@ -95,11 +95,12 @@ async def test_a_configured_hook_refuses_an_order_in_the_daemon_before_the_appro
         balances = await exchange.fetch_balances()
         assert balances["USDT"].total == Decimal("100000")
         assert "BTC" not in balances or balances["BTC"].total == 0
+        events = running.daemon.store.events
         with anyio.fail_after(10):
             while not any(event["type"] == "turn_end" for event in  # noqa: ASYNC110
-                          await running.daemon.store.events_since(0, "alpha")):
+                          await events.events_since(0, "alpha")):
                 await anyio.sleep(0.01)
-        kinds = [event["type"] for event in await running.daemon.store.events_since(0, "alpha")]
+        kinds = [event["type"] for event in await events.events_since(0, "alpha")]
     # The model read the hook's refusal as the call's result; the gate never asked anyone.
     assert _tool_results(scripted_server) == [REFUSAL]
     assert "approval_requested" not in kinds

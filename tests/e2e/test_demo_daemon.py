@@ -176,10 +176,10 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
 
         # Everything the operator saw is in the store, after the daemon is gone.
         async with await Store.open(database_path(folder / "state")) as store:
-            stored = await store.events_since(0, DESK, limit=100_000)
+            stored = await store.events.events_since(0, DESK, limit=100_000)
             stored_kinds = [e["type"] for e in stored if e.get("turn") == turn]
             assert {"turn_start", "model_request", "usage", "turn_end"} <= set(stored_kinds)
             assert stored_kinds.count("tool_call") == stored_kinds.count("tool_result") == len(
                 calls)
-            kept = await store.transcript(DESK, limit=1000)
+            kept = await store.transcripts.transcript(DESK, limit=1000)
             assert sent["id"] in [message["id"] for message in kept]

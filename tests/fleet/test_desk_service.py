@@ -38,7 +38,7 @@ async def _holder(store: Store, scripted_server: ScriptedServer, bus: FleetBus
     try:
         async with anyio.create_task_group() as group:
             await group.start(supervisor.run)
-            group.start_soon(DeskService(supervisor, bus, store).run, "alpha")
+            group.start_soon(DeskService(supervisor, bus, store.inbox).run, "alpha")
             yield desk, group
             supervisor.shutdown()
             await supervisor.stopped.wait()
@@ -61,7 +61,7 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
                     "source": "ann", "images": []})
                 inbox = await bus.inbox("alpha")
                 first = await anext(inbox)
-                await store.add_operator_message(
+                await store.inbox.add_operator_message(
                     "alpha", SteeringMessage("Stored by the daemon that died.", "ann",
                                              id="m-old"))
                 await inbox.close()  # given back unacknowledged: delivered again
@@ -77,7 +77,7 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
                     await wait_for(lambda: desk.turns >= 2, within=10)
                     await anyio.sleep(1.5)  # room for a second turn, which must not come
                     turns = desk.turns
-                transcript = await store.transcript("alpha")
+                transcript = await store.transcripts.transcript("alpha")
         finally:
             await store.close()
 

@@ -338,9 +338,10 @@ async def test_a_daemon_that_lost_a_desk_cannot_write_for_it(database: PostgresT
         store_b = await Store.open(_as(database, "b"), fence=b.member)
         stack.push_async_callback(store_b.close)
 
-        await store_a.append_message("desk-0", Message.user_text("from a"))
+        await store_a.transcripts.append_message("desk-0", Message.user_text("from a"))
         with pytest.raises(FencedError, match="desk-0"):
-            await store_b.append_message("desk-0", Message.user_text("from b, too early"))
+            await store_b.transcripts.append_message("desk-0",
+                                                     Message.user_text("from b, too early"))
 
         # a is paused: it renews nothing, and believes it still holds the desks. Once they
         # run out, b takes them.
@@ -350,10 +351,11 @@ async def test_a_daemon_that_lost_a_desk_cannot_write_for_it(database: PostgresT
                 await anyio.sleep(0.1)
         assert (a.member.held["desk-0"], b.member.held["desk-0"]) == (1, 2)
         with pytest.raises(FencedError) as refused:
-            await store_a.append_message("desk-0", Message.user_text("from a, too late"))
+            await store_a.transcripts.append_message("desk-0",
+                                                     Message.user_text("from a, too late"))
         assert (refused.value.desk, refused.value.epoch) == ("desk-0", 1)
-        await store_b.append_message("desk-0", Message.user_text("from b"))
-        assert [row["text"] for row in await store_b.transcript("desk-0")] == [
+        await store_b.transcripts.append_message("desk-0", Message.user_text("from b"))
+        assert [row["text"] for row in await store_b.transcripts.transcript("desk-0")] == [
             "from a", "from b"]
 
 

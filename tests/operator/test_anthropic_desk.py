@@ -1,18 +1,24 @@
 """A desk whose model is ``provider = "anthropic"``: the daemon's wiring builds the native
-backend, and a turn with a tool call runs through it to the scripted Anthropic server."""
+backend, and a turn with a tool call runs through it to the scripted Anthropic server; its
+thinking, kept in the store, goes back to the API when a restarted daemon resumes the tool
+loop."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
+from tests.daemon.process import DaemonProcess, short_dir
 from tests.operator.harness import in_process_daemon, uds_client
-from tests.scripted_anthropic_server import AnthropicScriptedServer, unauthorized
+from tests.scripted_anthropic_server import Answer, AnthropicScriptedServer, unauthorized
 from tests.scripted_server import Reply, ToolCall
 from trading_agent.backends.providers.anthropic import AnthropicModelSettings
 from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
+from trading_agent.store.store import Store, database_path
 
 
 def _config(folder: Path, base_url: str, model_extra: str = "") -> Path:
@@ -67,6 +73,65 @@ async def test_a_desk_on_the_anthropic_api_answers_an_operator_with_a_tool_call(
         assert tool_result["type"] == "tool_result"
         assert "BTC/USDT" in tool_result["content"]  # one text: the short string form
         server.assert_complete()
+
+
+async def test_a_tool_loop_cut_by_kill_9_resumes_with_its_signed_thinking() -> None:
+    environ = {"DESK_ANTHROPIC_KEY": "sk-ant-test"}
+    thought = "BTC barely moved; read the ticker before deciding."
+    never = threading.Event()
+    with AnthropicScriptedServer() as server, short_dir() as folder:
+        server.add(
+            Answer("Let me look.", thinking=thought, thinking_chunks=3, signature="sig-r1",
+                   tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"}, id="toolu_r1")]),
+            # The tool loop's next request: held, and the daemon killed while it waits.
+            Reply("never sent", hold_until=never),
+            Reply("BTC/USDT is quiet; no trade."))
+        config = _config(folder, server.base_url,
+                         "max_output_tokens = 4096\nthinking_budget_tokens = 1024")
+        daemon = DaemonProcess(config, environ)
+        try:
+            await daemon.wait_ready()
+            async with daemon.client() as client:
+                await client.send_message("alpha", "How is BTC?", "ann")
+            await server.wait_for_requests(2)  # the tool ran; its result is stored
+            daemon.kill()
+        finally:
+            daemon.close()
+            never.set()
+
+        # The thinking is in the state file, with the answer that called the tool.
+        async with await Store.open(database_path(folder / "state")) as store:
+            page = await store.transcripts.transcript("alpha")
+            restored = await store.transcripts.restore_conversation("alpha", "x")
+        call = next(m for m in restored.messages if m.tool_uses)
+        assert [(b.text, b.signature) for b in call.content if b.type == "thinking"] == [
+            (thought, "sig-r1")]
+        assert all(b["type"] != "thinking" for row in page for b in row["content"])
+
+        daemon = DaemonProcess(config, environ)
+        try:
+            await daemon.wait_ready()
+            [*_, resumed] = await server.wait_for_requests(3)
+            with anyio.fail_after(20):
+                while True:
+                    async with daemon.client() as client:
+                        rows = await client.transcript("alpha")
+                    if rows[-1]["text"] == "BTC/USDT is quiet; no trade.":
+                        break
+                    await anyio.sleep(0.05)
+        finally:
+            daemon.close()
+
+    # The resumed loop sends the answer that called the tool with its thinking, signed,
+    # first: the API would refuse a tool loop whose thinking went missing.
+    assert resumed.json["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    answer = resumed.json["messages"][1]
+    assert answer["role"] == "assistant"
+    assert answer["content"][0] == {"type": "thinking", "thinking": thought,
+                                    "signature": "sig-r1"}
+    assert [block["type"] for block in answer["content"]] == ["thinking", "text", "tool_use"]
+    tool_result = resumed.json["messages"][2]["content"][0]
+    assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == "toolu_r1"
 
 
 async def test_a_refused_key_names_its_variable_and_never_the_key(

@@ -401,12 +401,12 @@ async def test_a_held_order_cut_off_at_once_is_told_it_never_ran_and_the_hold_is
         assert response.status_code == 200
         store = running.daemon.store
         with anyio.fail_after(5):
-            while (await store.transcript("alpha"))[-1]["kind"] != "notice":  # noqa: ASYNC110
+            while (await store.transcripts.transcript("alpha"))[-1]["kind"] != "notice":  # noqa: ASYNC110
                 await anyio.sleep(0.02)
-        rows = await store.transcript("alpha")
-        turn = await store.turn_of("alpha", rows[-3]["id"])
+        rows = await store.transcripts.transcript("alpha")
+        turn = await store.transcripts.turn_of("alpha", rows[-3]["id"])
         assert turn is not None
-        held = await store.held_calls("alpha", turn)
+        held = await store.held_calls.held_calls("alpha", turn)
         books = await running.daemon.venues["alpha"].exchange.fetch_open_orders()
     (result,) = rows[-2]["content"]
     assert result["tool_use_id"] == "call_held"

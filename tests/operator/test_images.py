@@ -184,7 +184,7 @@ async def test_bad_pictures_are_refused_with_the_limit_named_and_nothing_is_stor
                 response = await http.post("/api/desks/alpha/messages", json=body)
                 answers.append((case, response.status_code, response.json()["error"]))
         store = running.daemon.store
-        undelivered = await store.undelivered_operator_messages("alpha")
+        undelivered = await store.inbox.undelivered_operator_messages("alpha")
         async with OperatorClient(socket_path=socket_path) as client:
             transcript = await client.transcript("alpha")
             desk = await client.desk("alpha")
@@ -279,7 +279,7 @@ async def test_chat_sends_a_picture_with_image_and_prints_refusals(
             if process.returncode is None:
                 process.kill()
                 await process.wait()
-        transcript = await running.daemon.store.undelivered_operator_messages("alpha")
+        transcript = await running.daemon.store.inbox.undelivered_operator_messages("alpha")
 
     assert "you › [picture double bottom.png, " in output
     assert f"the limit is {MAX_UPLOAD:,} bytes (operator.max_image_bytes)" in output

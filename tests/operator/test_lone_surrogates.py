@@ -30,7 +30,7 @@ async def test_an_event_with_a_lone_surrogate_is_streamed_and_stored(
                                state_dir) as (endpoints, group), \
                 uds_client(endpoints.socket_path) as client:
             subscription = bus.subscribe("store", max_buffer=10_000)
-            group.start_soon(store.persist_events, subscription)
+            group.start_soon(store.events.persist_events, subscription)
             bus.publish(TurnStarted(desk="alpha", turn="t1", trigger_kind="operator",
                                     trigger_text=f"hi {HALF_EMOJI}"))
             bus.publish(TextDelta(desk="alpha", turn="t1", text=HALF_EMOJI))
@@ -45,12 +45,12 @@ async def test_an_event_with_a_lone_surrogate_is_streamed_and_stored(
             assert (await client.get("/api/health")).status_code == 200
             bus.publish(ErrorEvent(desk="alpha", message="later", error_type="E"))
             with anyio.fail_after(5):
-                while len(await store.events_since(0)) < 3:  # noqa: ASYNC110
+                while len(await store.events.events_since(0)) < 3:  # noqa: ASYNC110
                     await anyio.sleep(0.005)
-        stored = await store.events_since(0)
+        stored = await store.events.events_since(0)
         assert [e["type"] for e in stored] == ["turn_start", "error", "error"]
         assert stored[0]["trigger_text"] == f"hi {HALF_EMOJI}"
-        assert store.events_not_stored == 0
+        assert store.events.events_not_stored == 0
     finally:
         await store.close()
 

@@ -63,7 +63,7 @@ async def _running_daemon(config: Path) -> AsyncIterator[InProcessDaemon]:
     environ = {"TRADING_AGENT_OPERATOR_TOKEN": TOKEN}
     async with open_daemon(load_settings(config), environ=environ, config_path=config) \
             as daemon, anyio.create_task_group() as group:
-        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+        group.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
         assert daemon.serve_api is not None
         endpoints = await group.start(daemon.serve_api)
         await group.start(daemon.supervisor.run)

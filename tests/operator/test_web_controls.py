@@ -81,7 +81,7 @@ async def _running(folder: Path, model_url: str) -> AsyncIterator[tuple[Daemon, 
     async with open_daemon(load_settings(path), environ={DEFAULT_TOKEN_ENV: TOKEN},
                            config_path=path) as daemon, \
             anyio.create_task_group() as group:
-        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+        group.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
         assert daemon.serve_api is not None
         endpoints = await group.start(daemon.serve_api)
         await group.start(daemon.supervisor.run)

@@ -24,24 +24,24 @@ def _usage(desk: str, prompt: int, cached: int) -> UsageReported:
 async def test_cached_tokens_add_up_per_desk_and_give_the_share(store: Store,
                                                                 clock: FakeClock) -> None:
     bus = EventBus(first_id=1)
-    await store.append_events([bus.publish(event) for event in (
+    await store.events.append_events([bus.publish(event) for event in (
         _usage("alpha", 4000, 0),       # the first request of the day: nothing cached yet
         _usage("alpha", 4200, 3968),
         _usage("alpha", 4400, 4096),
         _usage("beta", 1000, 0),
     )])
 
-    alpha = await store.usage_on("alpha", date(2025, 6, 1))
+    alpha = await store.usage.usage_on("alpha", date(2025, 6, 1))
     assert (alpha.requests, alpha.input_tokens, alpha.cached_input_tokens) == (3, 12_600, 8064)
     assert alpha.cache_share == 8064 / 12_600
-    beta = await store.usage_on("beta", date(2025, 6, 1))
+    beta = await store.usage.usage_on("beta", date(2025, 6, 1))
     assert (beta.cached_input_tokens, beta.cache_share) == (0, 0.0)
-    assert (await store.usage_on("nobody")).cache_share is None  # no prompt, no share
+    assert (await store.usage.usage_on("nobody")).cache_share is None  # no prompt, no share
 
     clock.now = DAY
-    await store.add_usage("beta", input_tokens=2000, output_tokens=10, cost=None,
+    await store.usage.add_usage("beta", input_tokens=2000, output_tokens=10, cost=None,
                           cached_input_tokens=1024)
-    beta = await store.usage_on("beta", date(2025, 6, 1))
+    beta = await store.usage.usage_on("beta", date(2025, 6, 1))
     assert (beta.input_tokens, beta.cached_input_tokens) == (3000, 1024)
 
 
@@ -56,11 +56,12 @@ async def test_a_store_from_before_cached_tokens_is_migrated_and_keeps_its_days(
 
     store = await Store.open(target)
     try:
-        before = await store.usage_on("alpha", date(2025, 6, 1))
+        before = await store.usage.usage_on("alpha", date(2025, 6, 1))
         assert (before.requests, before.input_tokens, before.output_tokens, before.cost,
                 before.cached_input_tokens) == (7, 9000, 700, 0.5, 0)
-        await store.append_events([EventBus(first_id=1).publish(_usage("alpha", 3000, 2048))])
-        after = await store.usage_on("alpha", date(2025, 6, 1))
+        await store.events.append_events(
+            [EventBus(first_id=1).publish(_usage("alpha", 3000, 2048))])
+        after = await store.usage.usage_on("alpha", date(2025, 6, 1))
         assert (after.requests, after.input_tokens, after.cached_input_tokens) == (
             8, 12_000, 2048)
     finally:

@@ -193,12 +193,12 @@ async def test_store_appends_from_many_desks_take_few_commits(target: StoreTarge
     try:
         async with anyio.create_task_group() as group:
             for number in range(200):
-                group.start_soon(store.append_message, f"desk{number}",
+                group.start_soon(store.transcripts.append_message, f"desk{number}",
                                  Message.user_text(f"tick {number}"))
-        assert store._db.writes == 200
-        assert store._db.commits <= 10
+        assert store.database.writes == 200
+        assert store.database.commits <= 10
         for number in (0, 199):
-            [stored] = await store.transcript(f"desk{number}")
+            [stored] = await store.transcripts.transcript(f"desk{number}")
             assert stored["text"] == f"tick {number}"
     finally:
         await store.close()

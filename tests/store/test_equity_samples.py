@@ -16,32 +16,32 @@ from trading_agent.store.schema import COMPONENT, MIGRATIONS
 
 async def test_samples_are_kept_per_desk_in_time_order_across_a_reopen(
         store: Store, target: StoreTarget, clock: FakeClock) -> None:
-    await store.record_equity_sample("alpha", 10_000.0)  # now, from the store's clock
-    await store.record_equity_sample("beta", 5_000.0, at=clock.now + 1)
-    await store.record_equity_sample("alpha", 9_999.17, at=clock.now + 60)
-    await store.record_equity_sample("alpha", 9_998.5, at=clock.now + 30)  # late but earlier
+    await store.equity.record_equity_sample("alpha", 10_000.0)  # now, from the store's clock
+    await store.equity.record_equity_sample("beta", 5_000.0, at=clock.now + 1)
+    await store.equity.record_equity_sample("alpha", 9_999.17, at=clock.now + 60)
+    await store.equity.record_equity_sample("alpha", 9_998.5, at=clock.now + 30)  # late but earlier
 
     expected = [(clock.now, 10_000.0), (clock.now + 30, 9_998.5), (clock.now + 60, 9_999.17)]
-    assert await store.equity_samples("alpha") == expected
-    assert await store.equity_samples("beta") == [(clock.now + 1, 5_000.0)]
-    assert await store.equity_samples("gamma") == []
+    assert await store.equity.equity_samples("alpha") == expected
+    assert await store.equity.equity_samples("beta") == [(clock.now + 1, 5_000.0)]
+    assert await store.equity.equity_samples("gamma") == []
 
     await store.close()
     async with await Store.open(target) as again:
-        assert await again.equity_samples("alpha") == expected
+        assert await again.equity.equity_samples("alpha") == expected
 
 
 async def test_a_long_history_stays_bounded_whole_recently_and_even_before(
         store: Store) -> None:
     keep, life = 40, 60.0 * 999
     for minute in range(1000):
-        await store.record_equity_sample("alpha", 10_000.0 + minute, at=60.0 * minute,
+        await store.equity.record_equity_sample("alpha", 10_000.0 + minute, at=60.0 * minute,
                                          keep=keep)
         if minute % 97 == 0:
-            assert len(await store.equity_samples("alpha")) <= keep
-    await store.record_equity_sample("beta", 1.0, at=0.0, keep=keep)
+            assert len(await store.equity.equity_samples("alpha")) <= keep
+    await store.equity.record_equity_sample("beta", 1.0, at=0.0, keep=keep)
 
-    samples = await store.equity_samples("alpha")
+    samples = await store.equity.equity_samples("alpha")
     assert len(samples) <= keep
     times = [at for at, _ in samples]
     # The desk's first sample and its newest stay: the chart spans its whole life.
@@ -51,15 +51,15 @@ async def test_a_long_history_stays_bounded_whole_recently_and_even_before(
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert gaps[-keep // 2:] == [60.0] * (keep // 2)
     assert max(gaps) <= 2 * life / (keep // 4)
-    assert await store.equity_samples("beta") == [(0.0, 1.0)]  # another desk is untouched
+    assert await store.equity.equity_samples("beta") == [(0.0, 1.0)]  # another desk is untouched
 
 
 @pytest.mark.parametrize("equity", [math.nan, math.inf, -math.inf])
 async def test_a_sample_that_is_no_number_is_refused_with_the_desk_named(
         store: Store, equity: float) -> None:
     with pytest.raises(ValueError, match="desk alpha: an equity sample must be a finite "):
-        await store.record_equity_sample("alpha", equity)
-    assert await store.equity_samples("alpha") == []
+        await store.equity.record_equity_sample("alpha", equity)
+    assert await store.equity.equity_samples("alpha") == []
 
 
 async def test_a_store_from_before_equity_samples_is_migrated(target: StoreTarget) -> None:
@@ -71,7 +71,7 @@ async def test_a_store_from_before_equity_samples_is_migrated(target: StoreTarge
     await old.close()
 
     async with await Store.open(target) as store:
-        hold = await store.desk_hold("alpha")
+        hold = await store.holds.desk_hold("alpha")
         assert hold is not None and hold.reason == "FOMC"
-        await store.record_equity_sample("alpha", 10_000.0, at=5.0)
-        assert await store.equity_samples("alpha") == [(5.0, 10_000.0)]
+        await store.equity.record_equity_sample("alpha", 10_000.0, at=5.0)
+        assert await store.equity.equity_samples("alpha") == [(5.0, 10_000.0)]

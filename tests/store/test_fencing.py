@@ -61,35 +61,35 @@ async def fenced(target: StoreTarget, fence: LostDeskB) -> AsyncIterator[Store]:
 
 async def test_writes_for_a_held_desk_land_and_for_a_lost_one_change_nothing(
         fenced: Store, fence: LostDeskB) -> None:
-    await fenced.append_message("a", Message.user_text("kept"))
+    await fenced.transcripts.append_message("a", Message.user_text("kept"))
     with pytest.raises(FencedError) as refused:
-        await fenced.append_message("b", Message.user_text("late"))
+        await fenced.transcripts.append_message("b", Message.user_text("late"))
     assert str(refused.value) == REFUSAL
     assert (refused.value.desk, refused.value.epoch) == ("b", 7)
-    assert [row["text"] for row in await fenced.transcript("a")] == ["kept"]
-    assert await fenced.transcript("b") == []
+    assert [row["text"] for row in await fenced.transcripts.transcript("a")] == ["kept"]
+    assert await fenced.transcripts.transcript("b") == []
 
     refused_writes = {
-        "operator message": fenced.add_operator_message("b", SteeringMessage(text="sell")),
-        "turn end": fenced.record_turn_end("b", "t1", "answered"),
-        "approval": fenced.record_approval("b", "t1", "c1", "ap1", None),
-        "schedule": fenced.record_schedule_fired("b", "hourly", AT),
-        "usage": fenced.add_usage("b", input_tokens=1, output_tokens=1, cost=None),
-        "equity": fenced.record_equity_sample("b", 100.0),
-        "compaction": fenced.record_compaction("b", Message.user_text("summary"), None),
-        "spend resume": fenced.record_spend_resume("b", AT.date()),
+        "operator message": fenced.inbox.add_operator_message("b", SteeringMessage(text="sell")),
+        "turn end": fenced.transcripts.record_turn_end("b", "t1", "answered"),
+        "approval": fenced.held_calls.record_approval("b", "t1", "c1", "ap1", None),
+        "schedule": fenced.schedules.record_schedule_fired("b", "hourly", AT),
+        "usage": fenced.usage.add_usage("b", input_tokens=1, output_tokens=1, cost=None),
+        "equity": fenced.equity.record_equity_sample("b", 100.0),
+        "compaction": fenced.transcripts.record_compaction("b", Message.user_text("summary"), None),
+        "spend resume": fenced.spend.record_spend_resume("b", AT.date()),
     }
     for name, write in refused_writes.items():
         with pytest.raises(FencedError, match="desk b"):
             await write
         assert fence.checked[-1] == "b", name
-    assert await fenced.undelivered_operator_messages("b") == []
-    assert await fenced.turn_end("b", "t1") is None
-    assert await fenced.held_calls("b", "t1") == {}
-    assert await fenced.schedule_last_fired("b") == {}
-    assert (await fenced.usage_on("b", AT.date())).requests == 0
-    assert await fenced.equity_samples("b") == []
-    assert await fenced.spend_resumes(AT.date()) == set()
+    assert await fenced.inbox.undelivered_operator_messages("b") == []
+    assert await fenced.transcripts.turn_end("b", "t1") is None
+    assert await fenced.held_calls.held_calls("b", "t1") == {}
+    assert await fenced.schedules.schedule_last_fired("b") == {}
+    assert (await fenced.usage.usage_on("b", AT.date())).requests == 0
+    assert await fenced.equity.equity_samples("b") == []
+    assert await fenced.spend.spend_resumes(AT.date()) == set()
 
 
 async def test_in_one_group_commit_only_the_lost_desks_writes_are_refused(
@@ -98,19 +98,19 @@ async def test_in_one_group_commit_only_the_lost_desks_writes_are_refused(
 
     async def append(desk: str, text: str) -> None:
         try:
-            outcomes[text] = await fenced.append_message(desk, Message.user_text(text))
+            outcomes[text] = await fenced.transcripts.append_message(desk, Message.user_text(text))
         except FencedError as exc:
             outcomes[text] = exc
 
     async with anyio.create_task_group() as group:
         for number in range(10):
             group.start_soon(append, "a" if number % 2 else "b", f"m{number}")
-    assert fenced._db.commits < 10  # they shared commits
+    assert fenced.database.commits < 10  # they shared commits
     assert sorted(text for text, outcome in outcomes.items()
                   if isinstance(outcome, FencedError)) == ["m0", "m2", "m4", "m6", "m8"]
-    assert [row["text"] for row in await fenced.transcript("a")] == [
+    assert [row["text"] for row in await fenced.transcripts.transcript("a")] == [
         "m1", "m3", "m5", "m7", "m9"]
-    assert await fenced.transcript("b") == []
+    assert await fenced.transcripts.transcript("b") == []
 
 
 async def test_events_of_a_lost_desk_are_left_out_and_the_others_stored(
@@ -122,20 +122,20 @@ async def test_events_of_a_lost_desk_are_left_out_and_the_others_stored(
     events = [bus.publish(event) for event in (
         ErrorEvent(desk="a", message="one", error_type="E"),
         ErrorEvent(desk="b", message="two", error_type="E"), *usage)]
-    assert await fenced.append_events(events) == 2
-    assert [(event["desk"], event["type"]) for event in await fenced.events_since(0)] == [
+    assert await fenced.events.append_events(events) == 2
+    assert [(event["desk"], event["type"]) for event in await fenced.events.events_since(0)] == [
         ("a", "error"), ("a", "usage")]
-    assert (await fenced.usage_on("a", AT.date())).requests == 1
-    assert (await fenced.usage_on("b", AT.date())).requests == 0
+    assert (await fenced.usage.usage_on("a", AT.date())).requests == 1
+    assert (await fenced.usage.usage_on("b", AT.date())).requests == 0
     # A fenced store is a fleet's: each daemon numbers its events from a block of its own,
     # so no high water is kept (a row every daemon wrote would make them wait on each other).
-    assert await fenced.last_event_id() == 3
+    assert await fenced.events.last_event_id() == 3
 
 
 async def test_a_hold_without_a_fence_is_not_fenced(fenced: Store, target: StoreTarget) -> None:
     async with await Store.open(target) as unfenced:
-        await unfenced.append_message("b", Message.user_text("one daemon"))
-    assert [row["text"] for row in await fenced.transcript("b")] == ["one daemon"]
+        await unfenced.transcripts.append_message("b", Message.user_text("one daemon"))
+    assert [row["text"] for row in await fenced.transcripts.transcript("b")] == ["one daemon"]
 
 
 async def test_the_trading_parts_fence_every_write(target: StoreTarget,

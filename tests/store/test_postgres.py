@@ -71,7 +71,7 @@ async def test_errors_and_reprs_name_the_database_without_its_password(
     assert missing.url in str(refused.value)
     shown = [str(refused.value), repr(refused.value), str(refused.value.__cause__)]
     async with await Store.open(target) as store:
-        shown += [repr(store._db), repr(store.target)]
+        shown += [repr(store.database), repr(store.target)]
         with pytest.raises(StoreError, match="not in a file"):
             _ = store.path
         broken = await Database.open(target)
@@ -87,7 +87,7 @@ async def test_errors_and_reprs_name_the_database_without_its_password(
 
 async def test_a_connection_the_server_dropped_is_opened_again(target: PostgresTarget) -> None:
     async with await Store.open(target) as store:
-        await store.append_message("alpha", Message.user_text("before"))
+        await store.transcripts.append_message("alpha", Message.user_text("before"))
         with psycopg.connect(host=HOST, port=PORT, user="postgres", dbname="postgres",
                              autocommit=True) as admin:
             dropped = admin.execute(
@@ -96,9 +96,9 @@ async def test_a_connection_the_server_dropped_is_opened_again(target: PostgresT
         assert len(dropped) == 2  # the writer and the reader
         # The call that finds its connection gone fails; the next ones reconnect.
         with contextlib.suppress(StoreError):
-            await store.append_message("alpha", Message.user_text("lost"))
+            await store.transcripts.append_message("alpha", Message.user_text("lost"))
         with contextlib.suppress(StoreError):
-            await store.transcript("alpha")
-        await store.append_message("alpha", Message.user_text("after"))
-        texts = [row["text"] for row in await store.transcript("alpha")]
+            await store.transcripts.transcript("alpha")
+        await store.transcripts.append_message("alpha", Message.user_text("after"))
+        texts = [row["text"] for row in await store.transcripts.transcript("alpha")]
         assert texts[0] == "before" and texts[-1] == "after"

@@ -45,16 +45,16 @@ async def _daemon_run(path: Path, server: ScriptedServer, trigger: Trigger, *,
                       stop_when_tool_starts: bool) -> Store:
     """One life of the daemon: restore, run one turn (maybe stopped), persist events."""
     store = await Store.open(path)
-    bus = EventBus(first_id=await store.last_event_id() + 1)
+    bus = EventBus(first_id=await store.events.last_event_id() + 1)
     config = OpenAIBackendConfig(base_url=server.base_url, model="scripted-model",
                                  context_window=8192)
     async with OpenAICompatibleBackend(config, environ={}) as backend:
         loop = AgentLoop("alpha", backend, ToolCallExecutor(_registry()), bus, maximum_rounds=4)
-        conversation = await store.restore_conversation("alpha", PROMPT)
+        conversation = await store.transcripts.restore_conversation("alpha", PROMPT)
         watch = bus.subscribe("test")
         store_subscription = bus.subscribe("store")
         async with anyio.create_task_group() as daemon:
-            daemon.start_soon(store.persist_events, store_subscription)
+            daemon.start_soon(store.events.persist_events, store_subscription)
             async with anyio.create_task_group() as desk:
 
                 async def turn() -> None:
@@ -96,10 +96,10 @@ async def test_a_turn_stopped_during_a_tool_call_is_told_and_the_next_request_is
         assert "BTC +1%" in str(sent[5]["content"])
 
         # Everything is in the file: both turns' messages, and the events of both lives.
-        kinds = [row["kind"] for row in await second.transcript("alpha")]
+        kinds = [row["kind"] for row in await second.transcripts.transcript("alpha")]
         assert kinds == ["operator", "assistant", "tool_results", "notice", "trigger",
                          "assistant"]
-        types = [event["type"] for event in await second.events_since(0, desk="alpha")]
+        types = [event["type"] for event in await second.events.events_since(0, desk="alpha")]
         assert types.count("turn_start") == 2 and types.count("turn_end") == 1
         assert "tool_call" in types and "text_delta" not in types
     finally:

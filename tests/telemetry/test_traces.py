@@ -452,7 +452,7 @@ symbols = ["BTC/USDT"]
 """)
     async with open_daemon(load_settings(config), environ={}) as daemon, \
             anyio.create_task_group() as group:
-        group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+        group.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
         await group.start(daemon.supervisor.run)
         await daemon.supervisor.send_message("alpha", "How is BTC?")
         with anyio.fail_after(10):

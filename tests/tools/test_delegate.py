@@ -593,11 +593,11 @@ async def test_the_sqlite_store_keeps_the_transcript_linked_to_the_parent_call(
 
     server.responder = Model(_desk_delegating("BTC?"), sub)
     async with await Store.open(tmp_path / "state.sqlite3") as store:
-        desk = make_desk(transcripts=store)
-        desk.conversation = Conversation(DESK_PROMPT, observer=store.observer(DESK))
+        desk = make_desk(transcripts=store.transcripts)
+        desk.conversation = Conversation(DESK_PROMPT, observer=store.transcripts.observer(DESK))
         result = await desk.turn()
-        stored = await store.transcript(DESK)
-        restored = await store.restore_conversation(DESK, DESK_PROMPT)
+        stored = await store.transcripts.transcript(DESK)
+        restored = await store.transcripts.restore_conversation(DESK, DESK_PROMPT)
 
     subagent = [m for m in stored if m["subagent"] is not None]
     assert [m["kind"] for m in subagent] == ["trigger", "assistant", "tool_results", "assistant"]

@@ -35,7 +35,7 @@ from trading_agent.errors import ToolError
 from trading_agent.store import INTERRUPTED_NOTICE, Store, database_path
 from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.store.paper_books import SqlitePaperBooks
-from trading_agent.store.store import LOOKED_UP_NOTE
+from trading_agent.store.recovery import LOOKED_UP_NOTE
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import (
@@ -76,23 +76,23 @@ class Transcript:
         return self.at
 
     async def turn(self, turn: str = TURN, *, text: str = "Buy 0.01 BTC.") -> None:
-        await self.store.append_message(DESK, Message(
+        await self.store.transcripts.append_message(DESK, Message(
             role="user", kind="operator", content=(TextBlock(text),), created_at=self.tick()),
             turn=turn)
 
     async def calls(self, *calls: tuple[str, str, dict[str, Any]], turn: str | None = TURN
                     ) -> None:
         """The model's tool calls (id, tool, arguments)."""
-        await self.store.append_message(DESK, Message(role="assistant", created_at=self.tick(),
-                                                      content=tuple(
+        await self.store.transcripts.append_message(DESK, Message(
+            role="assistant", created_at=self.tick(), content=tuple(
             ToolUseBlock(call_id, name, json.dumps(arguments))
             for call_id, name, arguments in calls)), turn=turn)
 
     async def held(self, call_id: str, outcome: str | None = None, *, turn: str = TURN) -> None:
         """The call waited for an operator's approval (and, with ``outcome``, got it)."""
-        await self.store.record_approval(DESK, turn, call_id, "ab12cd34", None)
+        await self.store.held_calls.record_approval(DESK, turn, call_id, "ab12cd34", None)
         if outcome is not None:
-            await self.store.record_approval(DESK, turn, call_id, "ab12cd34", outcome)
+            await self.store.held_calls.record_approval(DESK, turn, call_id, "ab12cd34", outcome)
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ async def place(exchange: Exchange, call_id: str, arguments: dict[str, Any],
 
 async def restored_results(store: Store, exchange: Exchange) -> tuple[ToolResultBlock, ...]:
     """The tool results the desk reads after a restore with order outcomes."""
-    conversation = await store.restore_conversation(DESK, "You trade.",
+    conversation = await store.transcripts.restore_conversation(DESK, "You trade.",
                                                     outcomes=OrderOutcomes(exchange))
     assert is_valid_transcript(conversation.messages)
     assert conversation.messages[-1].kind == "notice"
@@ -156,7 +156,7 @@ async def test_an_order_that_filled_is_told_filled_with_amount_price_and_fee(
         "BTC on BTC/USDT at 16,628.61 (market), fee 0.16628612 USDT. It is done: do not place it "
         "again.")
     assert not result.is_error
-    transcript_rows = await store.transcript(DESK)
+    transcript_rows = await store.transcripts.transcript(DESK)
     assert transcript_rows[-2]["content"][0]["content"][0]["text"] == result.text  # stored
     assert transcript_rows[-1]["text"] == f"{INTERRUPTED_NOTICE}\n{LOOKED_UP_NOTE}"
 
@@ -202,7 +202,7 @@ async def test_a_cancel_that_took_effect_is_told_canceled_and_one_that_did_not_r
     await transcript.turn()
     await transcript.calls(("call_1", "place_order", RESTING_BUY))
     await place(paper, "call_1", RESTING_BUY)
-    await store.append_message(DESK, Message(
+    await store.transcripts.append_message(DESK, Message(
         role="user", kind="tool_results", created_at=transcript.tick(),
         content=(ToolResultBlock("call_1", (TextBlock("Order P1 rests."),)),)), turn=TURN)
     await transcript.calls(("call_2", "cancel_order", {"order_id": "P1", "symbol": "BTC/USDT"}))
@@ -254,7 +254,7 @@ async def test_without_a_resolver_a_held_call_is_still_told_it_never_ran(
     await transcript.calls(("call_1", "place_order", MARKET_BUY))
     await transcript.held("call_1")
 
-    conversation = await store.restore_conversation(DESK, "You trade.")
+    conversation = await store.transcripts.restore_conversation(DESK, "You trade.")
 
     (result,) = conversation.messages[-2].tool_results
     assert result.text == (
@@ -267,7 +267,7 @@ async def test_without_a_resolver_a_held_call_is_still_told_it_never_ran(
 async def test_the_turn_is_read_from_the_calls_own_message(
         store: Store, paper: PaperExchange) -> None:
     # The trigger was stored before turns were (an older file); the calls carry their turn.
-    await store.append_message(DESK, Message.user_text("Buy.", kind="operator"))
+    await store.transcripts.append_message(DESK, Message.user_text("Buy.", kind="operator"))
     await Transcript(store).calls(("call_1", "place_order", MARKET_BUY))
     await place(paper, "call_1", MARKET_BUY)
 
@@ -282,11 +282,11 @@ async def test_an_earlier_turn_reusing_the_call_id_is_not_mistaken_for_this_one(
     await transcript.turn("turn-1")
     await transcript.calls(("call_0", "place_order", MARKET_BUY), turn="turn-1")
     await place(paper, "call_0", MARKET_BUY, turn="turn-1")
-    await store.append_message(DESK, Message(
+    await store.transcripts.append_message(DESK, Message(
         role="user", kind="tool_results", created_at=transcript.tick(),
         content=(ToolResultBlock("call_0", (TextBlock("Order P1 filled."),)),)))
-    await store.append_message(DESK, Message(role="assistant", content=(TextBlock("Done."),),
-                                              created_at=transcript.tick()))
+    await store.transcripts.append_message(DESK, Message(
+        role="assistant", content=(TextBlock("Done."),), created_at=transcript.tick()))
     # The next turn's call has the same id; the daemon died before its order was sent.
     await transcript.turn("turn-2")
     await transcript.calls(("call_0", "place_order", MARKET_BUY), turn="turn-2")
@@ -303,10 +303,10 @@ async def test_a_held_call_of_an_earlier_turn_reusing_the_id_is_not_this_ones(
     await transcript.turn("turn-1")
     await transcript.calls(("call_1", "place_order", MARKET_BUY), turn="turn-1")
     await transcript.held("call_1", "denied", turn="turn-1")
-    await store.append_message(DESK, Message(
+    await store.transcripts.append_message(DESK, Message(
         role="user", kind="tool_results", created_at=transcript.tick(),
         content=(ToolResultBlock("call_1", (TextBlock("Denied."),)),)), turn="turn-1")
-    await store.record_turn_end(DESK, "turn-1", "answered")
+    await store.transcripts.record_turn_end(DESK, "turn-1", "answered")
     # turn-2 reuses the call id; it was never held, and its order went out before the kill.
     await transcript.turn("turn-2")
     await transcript.calls(("call_1", "place_order", MARKET_BUY), turn="turn-2")
@@ -319,14 +319,14 @@ async def test_a_held_call_of_an_earlier_turn_reusing_the_id_is_not_this_ones(
 
 async def test_with_no_turn_stored_the_default_answer_stands(
         store: Store, paper: PaperExchange) -> None:
-    await store.append_message(DESK, Message.user_text("Buy.", kind="operator"))
-    await store.append_message(DESK, Message(role="assistant", content=(
+    await store.transcripts.append_message(DESK, Message.user_text("Buy.", kind="operator"))
+    await store.transcripts.append_message(DESK, Message(role="assistant", content=(
         ToolUseBlock("call_1", "place_order", json.dumps(MARKET_BUY)),)))
 
     (result,) = await restored_results(store, paper)
 
     assert "may or may not have taken effect" in result.text
-    assert (await store.transcript(DESK))[-1]["text"] == INTERRUPTED_NOTICE
+    assert (await store.transcripts.transcript(DESK))[-1]["text"] == INTERRUPTED_NOTICE
 
 
 async def test_a_registered_resolver_is_used_and_a_second_restore_adds_nothing(
@@ -335,14 +335,14 @@ async def test_a_registered_resolver_is_used_and_a_second_restore_adds_nothing(
     await transcript.turn()
     await transcript.calls(("call_1", "place_order", MARKET_BUY))
     await place(paper, "call_1", MARKET_BUY)
-    store.set_call_outcomes(DESK, OrderOutcomes(paper))
+    store.transcripts.set_call_outcomes(DESK, OrderOutcomes(paper))
 
-    first = await store.restore_conversation(DESK, "You trade.")
-    second = await store.restore_conversation(DESK, "You trade.")
+    first = await store.transcripts.restore_conversation(DESK, "You trade.")
+    second = await store.transcripts.restore_conversation(DESK, "You trade.")
 
     assert "order P1 FILLED" in first.messages[-2].tool_results[0].text
     assert [m.id for m in second.messages] == [m.id for m in first.messages]
-    assert len(await store.transcript(DESK)) == 4  # trigger, calls, results, notice
+    assert len(await store.transcripts.transcript(DESK)) == 4  # trigger, calls, results, notice
 
 
 async def test_a_resolver_that_raises_leaves_the_default_answer(store: Store) -> None:
@@ -353,7 +353,7 @@ async def test_a_resolver_that_raises_leaves_the_default_answer(store: Store) ->
     async def broken(call: object) -> None:
         raise RuntimeError("bug")
 
-    conversation = await store.restore_conversation(DESK, "You trade.", outcomes=broken)
+    conversation = await store.transcripts.restore_conversation(DESK, "You trade.", outcomes=broken)
 
     assert "may or may not" in conversation.messages[-2].tool_results[0].text
 
@@ -535,7 +535,7 @@ async def test_kill_9_while_an_order_waits_for_approval_then_restore_says_never_
                                         await SqlitePaperBooks.open(database_path(state), DESK))
     try:
         async with await Store.open(database_path(state)) as store:
-            conversation = await store.restore_conversation(DESK, "x",
+            conversation = await store.transcripts.restore_conversation(DESK, "x",
                                                             outcomes=OrderOutcomes(exchange))
     finally:
         await exchange.close()

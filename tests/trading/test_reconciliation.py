@@ -265,7 +265,7 @@ async def _run_once(settings: Settings,
     async with open_daemon(settings, environ=ENVIRON) as daemon, \
             anyio.create_task_group() as group:
         with daemon.event_bus.subscribe("test") as events:
-            group.start_soon(daemon.store.persist_events, daemon.store_subscription)
+            group.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
             await group.start(daemon.supervisor.run)
             with anyio.fail_after(10):
                 while (event := events.get_nowait()) is not None or until is not None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ImageBlock,
         Message,
         TextBlock,
+        ThinkingBlock,
         ToolResultBlock,
         ToolUseBlock,
     )
@@ -69,6 +70,7 @@ __all__ = [
     "SteeringMessage",
     "Subscription",
     "TextBlock",
+    "ThinkingBlock",
     "Tool",
     "ToolCallExecutor",
     "ToolContext",
@@ -106,6 +108,7 @@ _HOMES = {
     "SteeringMessage": "steering_inbox",
     "Subscription": "event_bus",
     "TextBlock": "conversation",
+    "ThinkingBlock": "conversation",
     "Tool": "tool_registry",
     "ToolCallExecutor": "tool_call_executor",
     "ToolContext": "tool_registry",

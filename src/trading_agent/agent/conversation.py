@@ -1,7 +1,8 @@
 """A desk's conversation: messages made of content blocks.
 
-The internal shape is the richest one (text, image, tool_use, tool_result blocks, as in
-Anthropic's API); each backend translates it to its own wire format. What is sent is a
+The internal shape is the richest one (text, image, tool_use, tool_result and thinking
+blocks, as in Anthropic's API); each backend translates it to its own wire format, and a
+thinking block goes back only to the provider that made it. What is sent is a
 summary message followed by the newest messages. The full transcript is kept by the store
 (the observer), not in memory: a compaction drops the summarized messages (with their images
 and cached encodings) from :attr:`Conversation.messages`, so a desk that runs for months
@@ -26,6 +27,7 @@ __all__ = [
     "Message",
     "MessageKind",
     "TextBlock",
+    "ThinkingBlock",
     "ToolResultBlock",
     "ToolUseBlock",
     "estimate_tokens",
@@ -112,7 +114,31 @@ class ToolResultBlock:
         return "\n".join(b.text for b in self.content if isinstance(b, TextBlock))
 
 
-ContentBlock = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
+@dataclass(frozen=True, slots=True)
+class ThinkingBlock:
+    """The model's reasoning before an answer, kept with the answer's message (and stored
+    with it) so that the provider that made it can be sent it back unchanged: some want the
+    reasoning of an answer that called tools, signed, while the tool loop goes on, a
+    restart included.
+
+    Opaque to the agent: it is no part of the answer's text, and only the backend of the
+    provider named by ``source`` sends it; every other backend leaves it out.
+
+    Attributes:
+        text: The reasoning as the model wrote it (empty when the provider redacted it).
+        signature: What the provider signed it with (it checks it when sent back).
+        source: The provider that made it, as its backend names itself.
+        redacted: The provider's opaque data for reasoning it redacted; else empty.
+    """
+
+    text: str
+    signature: str = ""
+    source: str = ""
+    redacted: str = ""
+    type: Literal["thinking"] = "thinking"
+
+
+ContentBlock = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
 def _new_id() -> str:
@@ -184,6 +210,8 @@ def _block_chars(block: ContentBlock) -> tuple[int, int]:
         return 0, 1
     if isinstance(block, ToolUseBlock):
         return len(block.name) + len(block.arguments) + 16, 0
+    if isinstance(block, ThinkingBlock):
+        return len(block.text) + len(block.redacted) // 4 + 16, 0
     chars, images = 16, 0
     for inner in block.content:
         c, i = _block_chars(inner)

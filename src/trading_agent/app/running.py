@@ -85,7 +85,7 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
         supervisor = daemon.supervisor
         async with anyio.create_task_group() as recorders:
             # These end once their subscriptions close and what they hold is written.
-            recorders.start_soon(daemon.store.persist_events, daemon.store_subscription)
+            recorders.start_soon(daemon.store.events.persist_events, daemon.store_subscription)
             recorders.start_soon(log_events, daemon.log_subscription)
             try:
                 async with anyio.create_task_group() as group:

@@ -92,7 +92,7 @@ class Daemon:
         store: The SQLite store.
         event_bus: The daemon's bus.
         supervisor: The desks.
-        store_subscription: What the store writes (run ``store.persist_events`` on it).
+        store_subscription: What the store writes (run ``store.events.persist_events`` on it).
         log_subscription: What is logged (run ``log_events`` on it).
         serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``).
         venues: Each desk's exchange, feed and risk policy, by desk name.
@@ -140,7 +140,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         # Past any id a stream may have sent before a kill (see _EVENT_ID_MARGIN); in a
         # fleet, ids of this daemon's own that no other daemon uses.
         bus = EventBus(first_id=await node.first_event_id() if node is not None
-                       else await store.last_event_id() + 1 + _EVENT_ID_MARGIN)
+                       else await store.events.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
@@ -151,7 +151,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             settings.operator,
             # The venue in force (a reload may rebuild it); a desk unknown here: ask.
             is_live=lambda desk: desk not in venues or venues[desk].mode == "live",
-            price_lookup=functools.partial(_last_price, venues), records=store)
+            price_lookup=functools.partial(_last_price, venues), records=store.held_calls)
         backends = ModelBackends(stack, environ)
         feeds = await stack.enter_async_context(SharedFeeds())
 
@@ -166,7 +166,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 feed=feed, kill_switch=kill_switch))
             venues[name] = venue
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
-            store.set_call_outcomes(name, OrderOutcomes(venue.exchange))
+            store.transcripts.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
             return await _build_desk(
                 name, desk_settings, venue, backend, stack=desk_stack, database=database,
@@ -200,7 +200,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 return runtime
 
             control = node.attach(supervisor, store, build_taken, approvals)
-            api_approvals = FleetApprovals(approvals, control, store)
+            api_approvals = FleetApprovals(approvals, control, store.held_calls)
             shared = bus.subscribe("fleet", max_buffer=_STORE_BUFFER)
             supervisor.services += [("fleet", node.run),
                                     ("fleet events", functools.partial(node.share_events, shared))]
@@ -226,7 +226,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                             = anyio.TASK_STATUS_IGNORED) -> None:
             await serve_operator_api(control, api_approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
-                                     equity_samples=store, task_status=task_status)
+                                     equity_samples=store.equity, task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues, node)
@@ -278,14 +278,15 @@ async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus
             await supervisor.desk(desk).pause(SPEND_CAP, reason, until=until)
 
     async def usage_today(desk: str) -> tuple[int, float | None]:
-        usage = await store.usage_on(desk)
+        usage = await store.usage.usage_on(desk)
         return usage.total_tokens, usage.cost
 
     guard = SpendGuard({name: desk.controls for name, desk in settings.desks.items()},
-                       settings.daemon.spend, bus, pause, record_resume=store.record_spend_resume)
+                       settings.daemon.spend, bus, pause,
+                       record_resume=store.spend.record_spend_resume)
     if guard.active:
         today = datetime.now(UTC).date()
-        await guard.load(usage_today, await store.spend_resumes(today))
+        await guard.load(usage_today, await store.spend.spend_resumes(today))
     return guard
 
 

@@ -29,11 +29,14 @@ the speed of ``bytes.join``.
 
 Extended thinking (``thinking_budget_tokens``): the API wants the thinking blocks of an
 assistant message that called tools sent back, signed and unchanged, while the tool loop
-goes on. The conversation has no block type for thinking yet, so this backend keeps the
-thinking blocks of each answer that called tools, keyed by the ids of those calls, and puts
-them first when it encodes the assistant message holding those calls. When they are gone (a
-restart mid-turn) thinking is left off for that request rather than refused by the API.
-Thinking text also goes, delta by delta, to the request's ``on_thinking``.
+goes on. An answer that called tools carries its thinking as
+:class:`~trading_agent.agent.conversation.ThinkingBlock` s (``source`` ``"anthropic"``),
+first in its content, so the conversation and the store keep them: a desk restarted in the
+middle of a tool loop sends them back. Only this backend's own thinking is sent, first in
+the assistant message holding those calls; an answer whose thinking is missing (made by
+another provider, or before thinking was kept) makes the request go without thinking
+rather than be refused by the API. Thinking text also goes, delta by delta, to the
+request's ``on_thinking``.
 
 Third-party errors stop here (``raise ... from exc``):
 
@@ -67,6 +70,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolUseBlock,
     estimate_tokens,
 )
@@ -86,9 +90,13 @@ from trading_agent.errors import (
 )
 from trading_agent.jsontext import json_bytes as _dumps
 
-__all__ = ["AnthropicBackend", "AnthropicBackendConfig", "WireMessage", "encode_message"]
+__all__ = ["THINKING_SOURCE", "AnthropicBackend", "AnthropicBackendConfig", "WireMessage",
+           "encode_message"]
 
 # --------------------------------------------------------------------------- encoding
+
+THINKING_SOURCE = "anthropic"
+"""The ``source`` of the thinking blocks this backend makes, and the only ones it sends."""
 
 _CACHE_KEY = "anthropic_wire"
 _THINKING_CACHE_KEY = "anthropic_wire_thinking"
@@ -134,9 +142,12 @@ def _part(block: TextBlock | ImageBlock) -> dict[str, Any] | None:
 
 
 def _wire_block(block: ContentBlock) -> dict[str, Any] | None:
-    """One internal block as the API's, or None for one it would refuse (blank text)."""
+    """One internal block as the API's, or None for one it would refuse (blank text) or
+    that goes in only with thinking on (see :meth:`AnthropicBackend._with_thinking`)."""
     if isinstance(block, TextBlock | ImageBlock):
         return _part(block)
+    if isinstance(block, ThinkingBlock):
+        return None
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": _wire_id(block.id), "name": block.name,
                 "input": _input(block.arguments)}
@@ -152,6 +163,13 @@ def _wire_block(block: ContentBlock) -> dict[str, Any] | None:
     if block.is_error:
         wire["is_error"] = True
     return wire
+
+
+def _thinking_wire(block: ThinkingBlock) -> bytes:
+    """A thinking block as the API gave it, to send back unchanged."""
+    if block.redacted:
+        return _dumps({"type": "redacted_thinking", "data": block.redacted})
+    return _dumps({"type": "thinking", "thinking": block.text, "signature": block.signature})
 
 
 class WireMessage(NamedTuple):
@@ -391,17 +409,17 @@ class _ReplyBuilder:
                                             draft.name, _arguments_text(draft)))
         return content
 
-    def thinking(self) -> tuple[bytes, ...]:
-        """The thinking blocks as wire JSON, exactly as the API must get them back."""
-        blocks: list[bytes] = []
+    def thinking(self) -> list[ThinkingBlock]:
+        """The thinking blocks, in order, with what the API must get back unchanged."""
+        blocks: list[ThinkingBlock] = []
         for index in sorted(self.blocks):
             draft = self.blocks[index]
             if draft.type == "thinking":
-                blocks.append(_dumps({"type": "thinking", "thinking": "".join(draft.text),
-                                      "signature": draft.signature}))
+                blocks.append(ThinkingBlock("".join(draft.text), draft.signature,
+                                            THINKING_SOURCE))
             elif draft.type == "redacted_thinking":
-                blocks.append(_dumps({"type": "redacted_thinking", "data": draft.data}))
-        return tuple(blocks)
+                blocks.append(ThinkingBlock("", source=THINKING_SOURCE, redacted=draft.data))
+        return blocks
 
     def output_chars(self) -> int:
         """Characters of output, for an estimate when the server reports no usage."""
@@ -481,10 +499,6 @@ class AnthropicBackend:
             reply = await backend.complete(request, on_text=print)
     """
 
-    _THINKING_KEPT = 256
-    """Answers whose thinking is kept for the tool loop (several desks share one backend;
-    each needs only its newest)."""
-
     def __init__(self, config: AnthropicBackendConfig,
                  environ: Mapping[str, str] | None = None) -> None:
         self.config = config
@@ -507,7 +521,6 @@ class AnthropicBackend:
         if config.thinking_budget_tokens is not None:
             self._thinking_field = b',"thinking":' + _dumps(
                 {"type": "enabled", "budget_tokens": config.thinking_budget_tokens})
-        self._thinking: OrderedDict[tuple[str, ...], tuple[bytes, ...]] = OrderedDict()
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
         self._joined: OrderedDict[str | None, _Joined] = OrderedDict()
@@ -654,19 +667,18 @@ class AnthropicBackend:
             self._joined.popitem(last=False)
 
     def _with_thinking(self, message: Message, wire: _Encoded) -> tuple[_Encoded, bool]:
-        """An assistant message with its kept thinking first; and whether it is a
-        tool-calling message whose thinking is lost (then a request continuing it must go
+        """An assistant message with its thinking first; and whether it is a tool-calling
+        message without thinking of this backend's (then a request continuing it must go
         without thinking: the API refuses a tool loop that starts thinking halfway)."""
         kept: _Encoded | None = message.cache.get(_THINKING_CACHE_KEY)
         if kept is not None:
             return kept, False
-        calls = message.tool_uses
-        if not calls:
+        if not message.tool_uses:
             return wire, False
-        thinking = self._thinking.get(tuple(call.id for call in calls))
+        thinking = [_thinking_wire(block) for block in message.content
+                    if isinstance(block, ThinkingBlock) and block.source == THINKING_SOURCE]
         if not thinking:
             return wire, True
-        # Found once, kept with the message: it outlives the backend's bounded store.
         blocks = b",".join((*thinking, wire[0]))
         kept = message.cache[_THINKING_CACHE_KEY] = (blocks, _listed(message.role, blocks))
         return kept, False
@@ -749,13 +761,9 @@ class AnthropicBackend:
 
     def _reply(self, request: ModelRequestSpec, builder: _ReplyBuilder) -> ModelReply:
         content = builder.content()
-        calls = tuple(b.id for b in content if isinstance(b, ToolUseBlock))
-        thinking = builder.thinking()
-        if calls and thinking:
-            self._thinking[calls] = thinking
-            self._thinking.move_to_end(calls)
-            while len(self._thinking) > self._THINKING_KEPT:
-                self._thinking.popitem(last=False)
+        if any(isinstance(block, ToolUseBlock) for block in content):
+            # Kept with the answer (and stored with it) for the tool loop that follows.
+            content[:0] = builder.thinking()
         reason = builder.stop_reason or "stop"
         reason = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}.get(
             reason, reason)

@@ -130,7 +130,10 @@ def _user_content(blocks: Sequence[TextBlock | ImageBlock]) -> str | list[dict[s
 
 
 def _wire_messages(message: Message) -> list[dict[str, Any]]:
-    """The OpenAI wire messages one internal message becomes (a tool_results one: several)."""
+    """The OpenAI wire messages one internal message becomes (a tool_results one: several).
+
+    A thinking block is left out: it is another provider's, for that provider only.
+    """
     if message.role == "assistant":
         text = message.text
         calls = message.tool_uses

@@ -79,6 +79,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -145,6 +146,9 @@ def _request_block(block: ContentBlock) -> dict[str, Any]:
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name,
                 "input": block.arguments}
+    if isinstance(block, ThinkingBlock):
+        return {"type": "thinking", "text": block.text, "signature": block.signature,
+                "source": block.source, "redacted": block.redacted}
     return {"type": "tool_result", "tool_use_id": block.tool_use_id,
             "content": [_request_block(inner) for inner in block.content],
             "is_error": block.is_error}
@@ -300,6 +304,9 @@ def _read_block(data: Any, *, nested: bool = False) -> ContentBlock:
             raise _BadLine("an image's data is not base64") from exc
         return ImageBlock(raw, _field(data, "media_type", str),
                           _field(data, "description", str))
+    if kind == "thinking" and not nested:
+        return ThinkingBlock(_field(data, "text", str), _field(data, "signature", str),
+                             _field(data, "source", str), _field(data, "redacted", str))
     if kind == "tool_result" and not nested:
         inner = tuple(_read_block(b, nested=True) for b in _field(data, "content", list))
         return ToolResultBlock(_field(data, "tool_use_id", str),

@@ -67,10 +67,21 @@ from trading_agent.errors import (
     RetryRefusedError,
 )
 from trading_agent.logging_setup import redact_secrets
+from trading_agent.store.desk_holds import HoldFields
 from trading_agent.store.fencing import FencedError
-from trading_agent.store.store import HoldFields
 
-__all__ = ["RESUME_TEXT", "Backoff", "Desk", "DeskProfile", "DeskStore", "Hold"]
+__all__ = [
+    "RESUME_TEXT",
+    "Backoff",
+    "Desk",
+    "DeskHolds",
+    "DeskInbox",
+    "DeskProfile",
+    "DeskSchedules",
+    "DeskStore",
+    "DeskTranscripts",
+    "Hold",
+]
 
 _log = structlog.get_logger(__name__)
 
@@ -81,8 +92,9 @@ RESUME_TEXT = ("Carry on from where your previous turn stopped (see the notice a
 """What a desk is told in the turn it runs after an interrupted one."""
 
 
-class DeskStore(Protocol):
-    """What a desk needs of the store (:class:`trading_agent.store.store.Store` has it)."""
+class DeskTranscripts(Protocol):
+    """What a desk needs of its stored conversation
+    (:class:`trading_agent.store.transcripts.SqliteTranscripts` has it)."""
 
     async def restore_conversation(self, desk: str, system_prompt: str,
                                    reason: str | None = None) -> Conversation:
@@ -91,30 +103,9 @@ class DeskStore(Protocol):
         a notice), with the store as its observer."""
         ...
 
-    async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
-        """Operator messages stored and not yet in the conversation, oldest first."""
-        ...
-
-    async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
-        """Stores an operator message before it is acknowledged; it counts as delivered
-        once a conversation message with its id is appended."""
-        ...
-
-    async def record_schedule_fired(self, desk: str, schedule: str, slot: datetime) -> None:
-        """Records the slot a schedule last fired for."""
-        ...
-
     async def has_message(self, desk: str, message_id: str) -> bool:
         """Whether the desk's conversation ever held a message of this id (compacted or
         not)."""
-        ...
-
-    async def desk_hold(self, desk: str) -> HoldFields | None:
-        """Why the desk is paused, as last recorded, or None."""
-        ...
-
-    async def record_desk_hold(self, desk: str, hold: HoldFields | None) -> None:
-        """Records that the desk is paused, or (None) no longer is."""
         ...
 
     async def record_turn_end(self, desk: str, turn: str, how: str) -> None:
@@ -125,6 +116,67 @@ class DeskStore(Protocol):
     async def retract_messages(self, desk: str, message_ids: Sequence[str], by: str) -> None:
         """Takes messages out of what a restored conversation holds; the transcript keeps
         them, marked."""
+        ...
+
+
+class DeskInbox(Protocol):
+    """What a desk needs of its stored operator messages
+    (:class:`trading_agent.store.operator_inbox.SqliteOperatorInbox` has it)."""
+
+    async def undelivered_operator_messages(self, desk: str) -> list[SteeringMessage]:
+        """Operator messages stored and not yet in the conversation, oldest first."""
+        ...
+
+    async def add_operator_message(self, desk: str, message: SteeringMessage) -> None:
+        """Stores an operator message before it is acknowledged; it counts as delivered
+        once a conversation message with its id is appended."""
+        ...
+
+
+class DeskSchedules(Protocol):
+    """Where a desk records its schedules' slots
+    (:class:`trading_agent.store.schedule_state.SqliteScheduleState` has it)."""
+
+    async def record_schedule_fired(self, desk: str, schedule: str, slot: datetime) -> None:
+        """Records the slot a schedule last fired for."""
+        ...
+
+
+class DeskHolds(Protocol):
+    """Where a desk records its pause
+    (:class:`trading_agent.store.desk_holds.SqliteDeskHolds` has it)."""
+
+    async def desk_hold(self, desk: str) -> HoldFields | None:
+        """Why the desk is paused, as last recorded, or None."""
+        ...
+
+    async def record_desk_hold(self, desk: str, hold: HoldFields | None) -> None:
+        """Records that the desk is paused, or (None) no longer is."""
+        ...
+
+
+class DeskStore(Protocol):
+    """The parts of the store a desk uses (:class:`trading_agent.store.store.Store` hands
+    them out)."""
+
+    @property
+    def transcripts(self) -> DeskTranscripts:
+        """Its conversation."""
+        ...
+
+    @property
+    def inbox(self) -> DeskInbox:
+        """Its operator messages."""
+        ...
+
+    @property
+    def schedules(self) -> DeskSchedules:
+        """Its schedules' slots."""
+        ...
+
+    @property
+    def holds(self) -> DeskHolds:
+        """Its pause."""
         ...
 
 
@@ -349,7 +401,7 @@ class Desk:
                                   images=tuple(prepared))
         if message_id is not None:
             message = dataclasses.replace(message, id=message_id)
-        await self.store.add_operator_message(self.name, message)
+        await self.store.inbox.add_operator_message(self.name, message)
         # A restore during the await may have taken it already: the mailbox takes it once.
         if (self.mailbox.put_message(message) and not self.mailbox.in_turn and self._paused
                 and self._nap is not None):
@@ -391,7 +443,7 @@ class Desk:
             return False
         hold = self._hold = Hold(by, self._redact(reason), self._clock(), until)
         self._dropped = 0
-        await self.store.record_desk_hold(self.name, hold)
+        await self.store.holds.record_desk_hold(self.name, hold)
         self._log.info("desk_held", by=by, reason=hold.reason, until=until)
         self.event_bus.publish(DeskPaused(desk=self.name, by=by, reason=hold.reason,
                                           until=until))
@@ -409,7 +461,7 @@ class Desk:
             return None
         self._hold, waiting = None, len(self.queue)
         self.queue.wake()
-        await self.store.record_desk_hold(self.name, None)
+        await self.store.holds.record_desk_hold(self.name, None)
         self._log.info("desk_resumed", by=by, waiting=waiting, dropped=self._dropped)
         self.event_bus.publish(DeskResumed(desk=self.name, by=by, waiting=waiting))
         return waiting
@@ -475,7 +527,8 @@ class Desk:
                                         "while it worked, which a retry would lose; send "
                                         "your correction as a new message instead")
             trigger = messages[opening]
-            await self.store.retract_messages(self.name, [m.id for m in dropped], by)
+            await self.store.transcripts.retract_messages(self.name, [m.id for m in dropped],
+                                                          by)
             del messages[opening + 1:]
             self.queue.put_first(_Replay(kind=_replayed_kind(trigger), text=trigger.text,
                                          source=by, id=trigger.id, at=trigger.created_at,
@@ -579,11 +632,11 @@ class Desk:
 
     async def _load_hold(self) -> None:
         """A desk paused before a restart stays paused (until its hold's end, if it has one)."""
-        stored = await self.store.desk_hold(self.name)
+        stored = await self.store.holds.desk_hold(self.name)
         if stored is None or self._hold is not None:
             return
         if stored.until is not None and stored.until <= self._clock():
-            await self.store.record_desk_hold(self.name, None)
+            await self.store.holds.record_desk_hold(self.name, None)
             return
         self._hold = Hold(stored.by, stored.reason, stored.at, stored.until)
         self._log.info("desk_still_held", by=stored.by, reason=stored.reason)
@@ -711,7 +764,7 @@ class Desk:
                 self.mailbox.turn_ended()
             if result is not None and result.turn_id:
                 with anyio.CancelScope(shield=True):  # a fact recovery reads: never half-said
-                    await self.store.record_turn_end(self.name, result.turn_id,
+                    await self.store.transcripts.record_turn_end(self.name, result.turn_id,
                                                      _turn_end(result))
             return result
 
@@ -792,8 +845,8 @@ class Desk:
         self.mailbox.forget()
         # Used once: a later restore (after a restart or a success) has no reason to give.
         cause, self._outcome.cause = self._outcome.cause, None
-        conversation = await self.store.restore_conversation(self.name, self.system_prompt,
-                                                             reason=cause)
+        conversation = await self.store.transcripts.restore_conversation(
+            self.name, self.system_prompt, reason=cause)
         conversation.observer = _ScheduleObserver(conversation.observer, self)
         self.conversation = conversation
         last = conversation.messages[-1] if conversation.messages else None
@@ -804,7 +857,7 @@ class Desk:
             self.queue.put_first(unfinished)  # it never reached the conversation: run it again
         elif interrupted and resume:
             self.queue.put_first(_resume_for(conversation.messages))
-        for message in await self.store.undelivered_operator_messages(self.name):
+        for message in await self.store.inbox.undelivered_operator_messages(self.name):
             if message.id not in delivered:
                 self.mailbox.put_message(message)
         if self._outcome.at is None and last is not None and last.role == "assistant":
@@ -815,7 +868,7 @@ class Desk:
         compaction during the turn may have summarised the trigger away."""
         if self._outcome.unfinished_appended or trigger.id in window:
             return True
-        return await self.store.has_message(self.name, trigger.id)
+        return await self.store.transcripts.has_message(self.name, trigger.id)
 
 
 def _turn_end(result: TurnResult) -> str:
@@ -881,7 +934,7 @@ class _ScheduleObserver:
             return
         outcome.unfinished_appended = True  # stored: the inner observer returned
         if trigger.kind == "schedule":
-            await self._desk.store.record_schedule_fired(
+            await self._desk.store.schedules.record_schedule_fired(
                 self._desk.name, trigger.source, datetime.fromtimestamp(trigger.at, UTC))
 
     async def compacted(self, conversation: Conversation, summary: Message,

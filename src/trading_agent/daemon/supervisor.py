@@ -33,7 +33,7 @@ from trading_agent.errors import ConfigError
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
 
 if TYPE_CHECKING:
-    from trading_agent.store.store import DailyUsage
+    from trading_agent.store.daily_usage import DailyUsage
     from trading_agent.trading.risk import RiskPolicy
 
 __all__ = ["DeskRuntime", "Service", "Supervisor"]
@@ -55,16 +55,29 @@ _STATUS_PROBE_SECONDS = 2.0
 """How long a status request waits for the exchange before leaving its figures out."""
 
 
-class _History(Protocol):
-    """What the supervisor reads back from the store for operators."""
-
+class _Transcripts(Protocol):
     async def transcript(self, desk: str, before_seq: int | None = None,
                          limit: int = 50) -> list[dict[str, Any]]: ...
 
+
+class _EventLog(Protocol):
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]: ...
 
+
+class _Usage(Protocol):
     async def usage_on(self, desk: str) -> DailyUsage: ...
+
+
+class _History(Protocol):
+    """What the supervisor reads back from the store for operators."""
+
+    @property
+    def transcripts(self) -> _Transcripts: ...
+    @property
+    def events(self) -> _EventLog: ...
+    @property
+    def usage(self) -> _Usage: ...
 
 
 class _Approvals(Protocol):
@@ -166,7 +179,7 @@ class Supervisor:
         runtime = self._runtime(desk)
         status = runtime.desk.status()
         update: dict[str, Any] = {}
-        usage = await self._history.usage_on(desk)
+        usage = await self._history.usage.usage_on(desk)
         update["tokens_today"], update["cost_today"] = usage.total_tokens, usage.cost
         update["prompt_tokens_today"] = usage.input_tokens
         update["cached_tokens_today"] = usage.cached_input_tokens
@@ -230,12 +243,12 @@ class Supervisor:
             UnknownDeskError: No such desk.
         """
         self._runtime(desk)
-        return await self._history.transcript(desk, before_seq=before, limit=limit)
+        return await self._history.transcripts.transcript(desk, before_seq=before, limit=limit)
 
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]:
         """Stored events with an id above ``after_id``."""
-        return await self._history.events_since(after_id, desk, limit)
+        return await self._history.events.events_since(after_id, desk, limit)
 
     async def wait_for_reply(self, desk: str, message_id: str) -> DeskReply:
         """Waits for the end of the turn that read an operator's message.

@@ -166,7 +166,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         timing = {} if clock is None else {
             "clock": clock, "tolerance": timeframe_delta(venue.feed.timeframe)}
         runner = ScheduleRunner(schedules, desk.fire,
-                                last_fired=functools.partial(store.schedule_last_fired, name),
+                                last_fired=functools.partial(
+                                    store.schedules.schedule_last_fired, name),
                                 **timing)
     quote = config.risk.quote_currency
 
@@ -325,7 +326,7 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     delegator = None
     if wanted is None or DELEGATE_TOOL_NAME in wanted:
         delegator = register_delegate_tool(registry, config.subagents, backend=backend,
-                                           transcripts=store, approval_gate=approvals)
+                                           transcripts=store.transcripts, approval_gate=approvals)
     sources = []
     for index, server in enumerate(config.mcp_servers):
         source = McpToolSource(server, registry, environ=environ)

@@ -14,7 +14,7 @@ the operator API's view of every daemon's books:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
@@ -30,14 +30,22 @@ from trading_agent.operator.approvals import (
 
 if TYPE_CHECKING:
     from trading_agent.fleet.control import FleetControl
-    from trading_agent.store.store import Store
 
-__all__ = ["FleetApprovals", "answer_approval"]
+__all__ = ["ApprovalDesks", "FleetApprovals", "answer_approval"]
 
 _log = structlog.get_logger(__name__)
 
 _LIST_SECONDS = 2.0
 """How long the list waits for each other daemon (a paused one must not hold it up)."""
+
+
+class ApprovalDesks(Protocol):
+    """Which desk held a call under an approval id
+    (:class:`~trading_agent.store.held_calls.SqliteHeldCalls` has it)."""
+
+    async def approval_desk(self, approval_id: str) -> str | None:
+        """The desk whose call was held under ``approval_id``, or None when none was."""
+        ...
 
 
 class FleetApprovals:
@@ -46,13 +54,14 @@ class FleetApprovals:
     Args:
         book: This daemon's approval book (its desks' held calls).
         control: The fleet's desks, and the way to the daemon that runs each.
-        store: The shared store (which desk held an approval).
+        held_calls: The shared store's held calls (which desk held an approval).
     """
 
-    def __init__(self, book: ApprovalBook, control: FleetControl, store: Store) -> None:
+    def __init__(self, book: ApprovalBook, control: FleetControl,
+                 held_calls: ApprovalDesks) -> None:
         self.book = book
         self.control = control
-        self.store = store
+        self.held_calls = held_calls
 
     def pending_count(self, desk: str) -> int:
         """How many of a desk's calls wait on this daemon (a desk held elsewhere: its
@@ -120,7 +129,7 @@ class FleetApprovals:
         try:
             self.book.get(approval_id)
         except UnknownApprovalError:
-            desk = await self.store.approval_desk(approval_id)
+            desk = await self.held_calls.approval_desk(approval_id)
             if desk is None or desk not in self.control.desk_names() \
                     or self.control.holds(desk):
                 raise

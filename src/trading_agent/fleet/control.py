@@ -25,7 +25,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -48,9 +48,8 @@ if TYPE_CHECKING:
     from trading_agent.fleet.member import FleetMember
     from trading_agent.operator.approvals import ApprovalBook
     from trading_agent.store.desk_leases import DeskLeases
-    from trading_agent.store.store import Store
 
-__all__ = ["DeskService", "FleetControl"]
+__all__ = ["DeskService", "FleetControl", "FleetTranscripts", "TakenMessages"]
 
 _log = structlog.get_logger(__name__)
 
@@ -77,6 +76,25 @@ def decode_images(items: Sequence[dict[str, str]]) -> list[ImageBlock]:
                        item.get("description", "")) for item in items]
 
 
+class FleetTranscripts(Protocol):
+    """The shared store's transcripts, which every daemon of the fleet reads
+    (:class:`~trading_agent.store.transcripts.SqliteTranscripts` has it)."""
+
+    async def transcript(self, desk: str, before_seq: int | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """A page of a desk's stored messages, oldest first."""
+        ...
+
+
+class TakenMessages(Protocol):
+    """The operator messages a daemon of the fleet kept
+    (:class:`~trading_agent.store.operator_inbox.SqliteOperatorInbox` has it)."""
+
+    async def has_operator_message(self, desk: str, message_id: str) -> bool:
+        """Whether an operator's message of this id was kept for ``desk``."""
+        ...
+
+
 class FleetControl:
     """Every desk of the fleet, for the operator API of one daemon.
 
@@ -85,17 +103,18 @@ class FleetControl:
         member: This daemon's leases.
         bus: The fleet's NATS.
         leases: Who holds which desk (for the ``daemon`` of a desk held elsewhere).
-        store: The shared store (transcripts).
+        transcripts: The shared store's transcripts.
         desks: Every desk of the config, in config order.
     """
 
     def __init__(self, local: Supervisor, member: FleetMember, bus: FleetBus,
-                 leases: DeskLeases, store: Store, desks: Sequence[str]) -> None:
+                 leases: DeskLeases, transcripts: FleetTranscripts,
+                 desks: Sequence[str]) -> None:
         self.local = local
         self.member = member
         self.bus = bus
         self.leases = leases
-        self.store = store
+        self.transcripts = transcripts
         self.desks = list(desks)
         self.event_bus: EventBus = local.event_bus
         self.daemon_id = member.daemon_id
@@ -290,7 +309,7 @@ class FleetControl:
                          limit: int = 50) -> list[dict[str, Any]]:
         """A page of the desk's messages, from the shared store."""
         self._known(desk)
-        return await self.store.transcript(desk, before_seq=before, limit=limit)
+        return await self.transcripts.transcript(desk, before_seq=before, limit=limit)
 
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]:
@@ -325,16 +344,16 @@ class DeskService:
     Args:
         local: This daemon's supervisor.
         bus: The fleet's NATS.
-        store: The shared store (to know a message already taken).
+        inbox: The shared store's operator messages (to know a message already taken).
         approvals: This daemon's approval book (the calls its desks hold), which operators
             on other daemons list and answer.
     """
 
-    def __init__(self, local: Supervisor, bus: FleetBus, store: Store,
+    def __init__(self, local: Supervisor, bus: FleetBus, inbox: TakenMessages,
                  approvals: ApprovalBook | None = None) -> None:
         self.local = local
         self.bus = bus
-        self.store = store
+        self.inbox = inbox
         self.approvals = approvals
         self._expected: dict[str, _Expected] = {}
 
@@ -382,7 +401,7 @@ class DeskService:
 
     async def _take(self, desk: str, message: InboxMessage) -> None:
         payload = message.payload
-        if message.delivered > 1 and await self.store.has_operator_message(
+        if message.delivered > 1 and await self.inbox.has_operator_message(
                 desk, message.message_id):
             pass  # a daemon stored it and died before acknowledging: it is the store's now
         elif payload.get("op") == "message":

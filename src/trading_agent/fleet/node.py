@@ -85,9 +85,9 @@ class FleetNode:
             The operator API's view of every desk of the fleet.
         """
         self._supervisor, self._build = supervisor, build
-        self._service = DeskService(supervisor, self.bus, store, approvals)
+        self._service = DeskService(supervisor, self.bus, store.inbox, approvals)
         supervisor.on_shutdown.append(self.member.stop_taking)
-        return FleetControl(supervisor, self.member, self.bus, self.leases, store,
+        return FleetControl(supervisor, self.member, self.bus, self.leases, store.transcripts,
                             list(self.settings.desks))
 
     async def first_event_id(self) -> int:

@@ -4,8 +4,9 @@ A sample is the equity the desk's status reports (the figure the page's header s
 ``value_account``), taken on a timer (once a minute by default, the marks to market) and
 at once on every fill: an ``order_filled`` event (a resting paper order filled on a later
 candle) or a ``place_order`` result saying the order filled. Samples go to the daemon's store
-(:meth:`~trading_agent.store.store.Store.record_equity_sample`, which thins them as they
-grow), so the curve outlives a restart; without a store they are kept in memory.
+(:meth:`~trading_agent.store.equity_samples.SqliteEquitySamples.record_equity_sample`, which
+thins them as they grow), so the curve outlives a restart; without a store they are kept in
+memory.
 
 The curve :meth:`EquityHistory.curve` answers ends with the status's equity at that moment,
 so the chart's last point and the header can never disagree.

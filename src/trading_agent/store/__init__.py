@@ -1,7 +1,7 @@
-"""The daemon's store: conversations, events, operator messages, schedules, usage, and the
-trading layer's books and journals; in a SQLite file, or on PostgreSQL for a fleet.
+"""The daemon's store: conversations, events, operator messages, schedules and usage, and
+the trading layer's books and journals; in a SQLite file, or on PostgreSQL for a fleet.
 
-See :mod:`trading_agent.store.store` for how the daemon uses it,
+See :mod:`trading_agent.store.store` for the table families and how the daemon opens them,
 :mod:`trading_agent.store.database` for the one writer and its group commit,
 :mod:`trading_agent.store.connection` for the SQL both engines speak, and
 :mod:`trading_agent.store.fencing` for how a daemon that lost a desk is kept from writing.
@@ -9,30 +9,18 @@ See :mod:`trading_agent.store.store` for how the daemon uses it,
 
 from trading_agent.store.connection import Connection
 from trading_agent.store.fencing import Fence, FencedError
-from trading_agent.store.store import (
-    DATABASE_NAME,
-    DEFAULT_SKIPPED_EVENTS,
-    INTERRUPTED_NOTICE,
-    DailyUsage,
-    DeskConversationStore,
-    Store,
-    SubagentOrigin,
-    database_path,
-)
+from trading_agent.store.recovery import INTERRUPTED_NOTICE
+from trading_agent.store.store import DATABASE_NAME, Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 
 __all__ = [
     "DATABASE_NAME",
-    "DEFAULT_SKIPPED_EVENTS",
     "INTERRUPTED_NOTICE",
     "Connection",
-    "DailyUsage",
-    "DeskConversationStore",
     "Fence",
     "FencedError",
     "PostgresTarget",
     "Store",
     "StoreTarget",
-    "SubagentOrigin",
     "database_path",
 ]

@@ -2,7 +2,9 @@
 
 A message's content is stored as a JSON list of blocks in the conversation's own shape. An
 image block holds only the SHA-256 of its bytes: the bytes are stored once in ``images``
-(the same chart sent twice costs nothing more), and a transcript page stays small.
+(the same chart sent twice costs nothing more), and a transcript page stays small. A
+thinking block is stored whole (its signature and the provider that made it), so that a
+restarted desk sends it back; operators are not shown it (:func:`public_blocks`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from trading_agent.agent.conversation import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -27,6 +30,7 @@ __all__ = [
     "decode_content",
     "encode_content",
     "image_refs",
+    "public_blocks",
     "public_content",
 ]
 
@@ -49,6 +53,9 @@ def _block_json(block: ContentBlock, images: dict[str, ImageData]) -> dict[str, 
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name,
                 "arguments": block.arguments}
+    if isinstance(block, ThinkingBlock):
+        return {"type": "thinking", "text": block.text, "signature": block.signature,
+                "source": block.source, "redacted": block.redacted}
     return {"type": "tool_result", "tool_use_id": block.tool_use_id, "is_error": block.is_error,
             "content": [_block_json(inner, images) for inner in block.content]}
 
@@ -104,6 +111,11 @@ def _decode_block(block: Mapping[str, Any], images: Mapping[str, ImageData]) -> 
     if kind == "tool_use":
         return ToolUseBlock(id=str(block["id"]), name=str(block["name"]),
                             arguments=str(block["arguments"]))
+    if kind == "thinking":
+        return ThinkingBlock(text=str(block.get("text", "")),
+                             signature=str(block.get("signature", "")),
+                             source=str(block.get("source", "")),
+                             redacted=str(block.get("redacted", "")))
     if kind == "tool_result":
         return ToolResultBlock(
             tool_use_id=str(block["tool_use_id"]), is_error=bool(block.get("is_error")),
@@ -128,7 +140,14 @@ def decode_content(blocks: Sequence[Mapping[str, Any]],
     return tuple(_decode_block(block, images) for block in blocks)
 
 
+def public_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Stored JSON blocks as operators see them: a thinking block is kept for the provider
+    that made it, not shown."""
+    return [block for block in blocks if block.get("type") != "thinking"]
+
+
 def public_content(message: Message) -> list[dict[str, Any]]:
     """A message's blocks as JSON-ready data, images by reference (for operators)."""
     images: dict[str, ImageData] = {}
-    return [_block_json(block, images) for block in message.content]
+    return [_block_json(block, images) for block in message.content
+            if not isinstance(block, ThinkingBlock)]

@@ -39,7 +39,7 @@ from trading_agent.agent.conversation import (
 )
 
 __all__ = ["INTERRUPTED_NOTICE", "LOOKED_UP_NOTE", "CallOutcome", "CallOutcomes",
-           "InterruptedCall", "RecoveryFacts", "TurnEnd", "restore"]
+           "HeldCallFacts", "InterruptedCall", "RecoveryFacts", "TurnEnd", "restore"]
 
 _log = structlog.get_logger(__name__)
 
@@ -51,7 +51,8 @@ INTERRUPTED_NOTICE = (
 )
 """What a desk is told when its conversation is restored after a turn was cut off: by a
 stop or crash of the daemon, or by a turn that failed in a running one (the model
-unavailable, an error). When the caller of :meth:`Store.restore_conversation` knows which, the
+unavailable, an error). When the caller of
+:meth:`~trading_agent.store.transcripts.SqliteTranscripts.restore_conversation` knows which, the
 notice goes on with ``"\nWhy it stopped: "`` and its reason."""
 
 LOOKED_UP_NOTE = (
@@ -112,8 +113,18 @@ may or may not have taken effect). It must not raise (the store logs and ignores
 does) and should bound its own time: the desk waits for it before its first turn."""
 
 
+class HeldCallFacts(Protocol):
+    """What recovery reads of the calls held for approval
+    (:class:`~trading_agent.store.held_calls.SqliteHeldCalls` has it)."""
+
+    async def held_calls(self, desk: str, turn: str) -> dict[str, str]:
+        """The turn's calls held for an operator's approval: ``pending`` or the outcome."""
+        ...
+
+
 class RecoveryFacts(Protocol):
-    """What recovery reads of the store (:class:`~trading_agent.store.store.Store` has it)."""
+    """What recovery reads of the transcripts
+    (:class:`~trading_agent.store.transcripts.SqliteTranscripts` has it)."""
 
     async def restored_window(self, desk: str) -> tuple[Message | None, list[Message]]:
         """The desk's latest summary and the messages after it (an operator's retracted
@@ -132,10 +143,6 @@ class RecoveryFacts(Protocol):
         """Records how the desk's turn ended."""
         ...
 
-    async def held_calls(self, desk: str, turn: str) -> dict[str, str]:
-        """The turn's calls held for an operator's approval: ``pending`` or the outcome."""
-        ...
-
     def observer(self, desk: str) -> ConversationObserver:
         """What stores the desk's conversation from then on."""
         ...
@@ -145,13 +152,14 @@ class RecoveryFacts(Protocol):
         ...
 
 
-async def restore(facts: RecoveryFacts, desk: str, system_prompt: str,
-                  reason: str | None = None, *,
+async def restore(facts: RecoveryFacts, held_calls: HeldCallFacts, desk: str,
+                  system_prompt: str, reason: str | None = None, *,
                   outcomes: CallOutcomes | None = None) -> Conversation:
     """A desk's conversation as it was, a cut-off turn repaired and followed by a notice.
 
     Args:
-        facts: The store.
+        facts: The transcripts.
+        held_calls: The calls held for approval.
         desk: The desk.
         system_prompt: The desk's system prompt (from the config, which may have changed).
         reason: Why the turn stopped, when the caller knows (``"the model was
@@ -184,7 +192,7 @@ async def restore(facts: RecoveryFacts, desk: str, system_prompt: str,
     if added and last is not None and last.role == "assistant":
         # Only the last message's calls can be answered here: earlier repairs are fixes
         # inside the history, made again on every restore and never stored.
-        held = await facts.held_calls(desk, turn) if turn is not None else {}
+        held = await held_calls.held_calls(desk, turn) if turn is not None else {}
         added[0], looked_up = await _answer_interrupted(desk, turn, held, last, added[0],
                                                         outcomes)
     for message in added:

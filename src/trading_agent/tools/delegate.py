@@ -32,7 +32,7 @@ Example::
 
     delegator = register_delegate_tool(
         registry, SubagentConfig(max_concurrent=2), backend=desk_backend,
-        transcripts=store, approval_gate=desk_gate)  # Store implements SubagentTranscripts
+        transcripts=store.transcripts, approval_gate=desk_gate)  # SqliteTranscripts has it
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ order id to check.
 
 Wiring (the store does not import this layer; it calls any resolver of this shape)::
 
-    store.set_call_outcomes(desk_name, OrderOutcomes(venue.exchange))
+    store.transcripts.set_call_outcomes(desk_name, OrderOutcomes(venue.exchange))
 """
 
 from __future__ import annotations
