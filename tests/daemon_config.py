@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,16 @@ def _merged(defaults: Table, overrides: Table | None) -> dict[str, Any]:
     return table
 
 
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(key: str) -> str:
+    return key if _BARE.fullmatch(key) else json.dumps(key)
+
+
 def _value(value: Any) -> str:
+    if isinstance(value, Mapping):  # inside an array: an inline table
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -62,14 +72,15 @@ def _value(value: Any) -> str:
 
 
 def render_tables(name: str, table: Table) -> str:
-    """``table`` as the TOML table ``[name]``, its mappings as sub-tables after its keys."""
+    """``table`` as the TOML table ``[name]``, its mappings as sub-tables after its keys (a
+    mapping in a list is an inline table)."""
     lines = [f"[{name}]"]
     nested: list[str] = []
     for key, value in table.items():
         if isinstance(value, Mapping):
-            nested.append(render_tables(f"{name}.{key}", value))
+            nested.append(render_tables(f"{name}.{_key(key)}", value))
         else:
-            lines.append(f"{key} = {_value(value)}")
+            lines.append(f"{_key(key)} = {_value(value)}")
     return "\n".join(lines) + "\n" + "".join("\n" + text for text in nested)
 
 
