@@ -88,7 +88,8 @@ def daemon_config(folder: Path, model_url: str, *,
                   desks: Mapping[str, Table] | Sequence[str] = ("alpha",),
                   daemon: Table | None = None, model: Table | None = None,
                   exchange: Table | None = None, operator: Table | None = None,
-                  tables: Mapping[str, Table] | None = None, extra: str = "") -> str:
+                  tables: Mapping[str, Table | Sequence[Table]] | None = None,
+                  extra: str = "") -> str:
     """A daemon config's text.
 
     Args:
@@ -101,7 +102,8 @@ def daemon_config(folder: Path, model_url: str, *,
             token window, a 10 s request timeout).
         exchange: The ``[exchange]`` table, when the test sets one.
         operator: The ``[operator]`` table, when the test sets one.
-        tables: Further top-level tables (``fleet``, ``telemetry``...), in order.
+        tables: Further top-level tables (``fleet``, ``telemetry``...), in order; a list of
+            mappings is an array of tables (``[[webhooks]]``).
         extra: TOML appended as it is, for what a test writes on purpose (a broken key).
 
     Returns:
@@ -118,7 +120,11 @@ def daemon_config(folder: Path, model_url: str, *,
     if operator is not None:
         parts.append(render_tables("operator", operator))
     for name, table in (tables or {}).items():
-        parts.append(render_tables(name, table))
+        if isinstance(table, Mapping):
+            parts.append(render_tables(name, table))
+        else:  # an array of tables, such as [[webhooks]]
+            parts.extend(render_tables(name, item).replace(f"[{name}]", f"[[{name}]]", 1)
+                         for item in table)
     named = desks.items() if isinstance(desks, Mapping) else ((name, {}) for name in desks)
     for name, overrides in named:
         parts.append(render_tables(f"desks.{name}", desk(name, **overrides)))
