@@ -21,16 +21,20 @@ import pytest
 from tests.scripted_server import ScriptedServer
 
 _LONGEST_FIRST = (
-    "tests/e2e/test_demo_daemon.py",
+    # Each worker starts with two tests: the first two go to one, the next two to the other.
+    "tests/test_lowest_versions.py",
     "tests/daemon/test_kill_anywhere.py::test_kill_9_at_20_moments",
-    "tests/test_lowest_versions.py",  # each worker starts with two: not these two together
+    "tests/e2e/test_demo_daemon.py",
+    "tests/e2e/test_local_backtest.py",
+    "tests/e2e/test_local_overflow.py",
+    "tests/e2e/test_local_never_wedges.py",
     "tests/daemon/test_kill_anywhere.py",
     "tests/e2e/",
+    "tests/fleet/test_fleet_daemons.py",
     "tests/backtest/test_no_lookahead.py",
     "tests/operator/test_prompt_cache_share.py",
-    "tests/operator/test_web_cache_share.py",
     "tests/daemon/test_daemon_process.py",
-    "tests/fleet/test_fleet_daemons.py",
+    "tests/operator/test_web_cache_share.py",
 )
 """Where the longest tests are (measured with ``--durations``), about longest first."""
 
