@@ -56,9 +56,11 @@ run: $(VENV)/.installed
 	@echo "    and the desks run, it prints how to watch and steer them."
 	$(BIN)/trading-agent run --config $(CONFIG)
 
+# Two workers, handed one test at a time, longest first (tests/conftest.py orders them): a
+# long end-to-end test never starts last while the other worker has run out of work.
 test: $(VENV)/.installed
 	bash scripts/ensure-test-tools.sh
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench

@@ -4,6 +4,9 @@
   fails the test.
 - ``scripted_server``: a started :class:`~tests.scripted_server.ScriptedServer` on
   ``127.0.0.1``.
+- The longest tests run first (``make test`` hands out one test at a time to each of its
+  workers, ``--dist load --maxschedchunk 1``), so no long end-to-end test starts last and
+  keeps one worker busy while the other has nothing left.
 """
 
 from __future__ import annotations
@@ -16,6 +19,38 @@ from typing import Any
 import pytest
 
 from tests.scripted_server import ScriptedServer
+
+_LONGEST_FIRST = (
+    # Each worker starts with two tests: the first two go to one, the next two to the other.
+    "tests/test_lowest_versions.py",
+    "tests/daemon/test_kill_anywhere.py::test_kill_9_at_20_moments",
+    "tests/e2e/test_demo_daemon.py",
+    "tests/e2e/test_local_backtest.py",
+    "tests/e2e/test_local_overflow.py",
+    "tests/e2e/test_local_never_wedges.py",
+    "tests/daemon/test_kill_anywhere.py",
+    "tests/e2e/",
+    "tests/fleet/test_fleet_daemons.py",
+    "tests/backtest/test_no_lookahead.py",
+    "tests/operator/test_prompt_cache_share.py",
+    "tests/daemon/test_daemon_process.py",
+    "tests/operator/test_web_cache_share.py",
+)
+"""Where the longest tests are (measured with ``--durations``), about longest first."""
+
+
+def _running_order(item: pytest.Item) -> tuple[int, int]:
+    """Known long tests by how long, then the other slow ones, then the rest as collected."""
+    for rank, prefix in enumerate(_LONGEST_FIRST):
+        if item.nodeid.startswith(prefix) and item.get_closest_marker("slow") is not None:
+            return (0, rank)
+    return (1, 0) if item.get_closest_marker("slow") is not None else (2, 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs the long tests first (a stable sort: each group keeps the collection order)."""
+    items.sort(key=_running_order)
+
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 

@@ -39,7 +39,6 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -781,16 +780,3 @@ async def _send_stream(writer: asyncio.StreamWriter, events: Sequence[bytes], de
     await writer.drain()
 
 
-def daemon_tables(folder: Path, base_url: str) -> str:
-    """The ``[daemon]`` and ``[model]`` tables of a test daemon's config: its state in
-    ``folder / "state"``, its model this server's ``scripted-model`` at ``base_url``."""
-    return f"""[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
-"""

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from tests.daemon_config import write_daemon_config
 from trading_agent.operator.client import OperatorClient, OperatorClientError
 from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.trading.config import PaperExchangeConfig, ReplayConfig
@@ -42,35 +43,26 @@ def short_dir() -> Iterator[Path]:
 
 
 def write_config(folder: Path, base_url: str, *, shutdown_timeout: float = 5.0,
-                 extra: str = "") -> Path:
-    """A config of one paper desk, ``alpha``, on the scripted server."""
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-log_format = "json"
-shutdown_timeout_seconds = {shutdown_timeout}
-restart_backoff_seconds = 0.1
+                 desks: Mapping[str, Mapping[str, Any]] | None = None,
+                 operator: Mapping[str, Any] | None = None) -> Path:
+    """A config of one paper desk, ``alpha``, on the scripted server, logging JSON.
 
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 30
-
-[exchange.replay]
-speed = 60
-
-[desks.alpha]
-system_prompt = "You are the trading desk alpha."
-symbols = ["BTC/USDT"]
-
-[desks.alpha.subagents]
-timeout_seconds = 60
-{extra}
-""")
-    return path
+    Args:
+        folder: Where the config and the state go.
+        base_url: The scripted server's base URL.
+        shutdown_timeout: ``[daemon] shutdown_timeout_seconds``.
+        desks: Overrides of alpha's table (and further desks), as in
+            :func:`~tests.daemon_config.write_daemon_config`.
+        operator: The ``[operator]`` table, when the test sets one.
+    """
+    named = dict(desks or {})
+    named["alpha"] = {"subagents": {"timeout_seconds": 60}, **named.get("alpha", {})}
+    return write_daemon_config(
+        folder, base_url,
+        daemon={"log_format": "json", "shutdown_timeout_seconds": shutdown_timeout,
+                "restart_backoff_seconds": 0.1},
+        model={"request_timeout": 30}, exchange={"replay": {"speed": 60}},
+        desks=named, operator=operator)
 
 
 class DaemonProcess:

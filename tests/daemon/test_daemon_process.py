@@ -205,7 +205,7 @@ async def test_a_second_signal_exits_at_once_and_the_store_stays_sound(
             await client.send_message("alpha", "Start.", "ann")
         await wait_for(script.subagent_asked.is_set, 15, "the subagent's request")
         daemon.signal(signal.SIGTERM)
-        await anyio.sleep(0.3)
+        await wait_for(lambda: '"shutdown_started"' in daemon.log(), 10, "the first signal")
         assert daemon.process.poll() is None  # draining: the tool call still runs
         sent = time.monotonic()
         daemon.signal(signal.SIGINT)

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.daemon_config import write_daemon_config
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.services import open_daemon
@@ -52,40 +53,22 @@ def _write_candles(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _config(folder: Path, base_url: str, extra: str = "") -> Path:
+def _config(folder: Path, base_url: str, *, desks: dict[str, Any] | None = None,
+            tables: dict[str, Any] | None = None) -> Path:
     candles = folder / "btc.csv"
     _write_candles(candles)
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-
-[exchange.replay]
-files = {{ "BTC/USDT" = "{candles}" }}
-speed = 0
-start_offset = 2
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-[desks.alpha.exchange.paper]
-starting_balances = {{ USDT = "1000" }}
-
-[desks.beta]
-system_prompt = "You are beta."
-symbols = ["BTC/USDT"]
-[desks.beta.exchange.paper]
-starting_balances = {{ USDT = "1000", BTC = "1" }}
-[desks.beta.risk]
-max_daily_loss = "50"
-{extra}""")
-    return path
+    return write_daemon_config(
+        folder, base_url, model={"request_timeout": None},
+        exchange={"replay": {"files": {"BTC/USDT": str(candles)}, "speed": 0,
+                             "start_offset": 2}},
+        tables=tables,
+        desks={"alpha": {"system_prompt": "You are alpha.",
+                         "exchange": {"paper": {"starting_balances": {"USDT": "1000"}}}},
+               "beta": {"system_prompt": "You are beta.",
+                        "exchange": {"paper": {"starting_balances": {"USDT": "1000",
+                                                                     "BTC": "1"}}},
+                        "risk": {"max_daily_loss": "50"}},
+               **(desks or {})})
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -101,9 +84,10 @@ async def test_resting_orders_fill_and_the_risk_day_starts_on_candles_without_a_
         scripted_server: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOK_SECRET", "s3cret-for-hooks")
     with _Receiver() as receiver:
-        hook = (f'[[webhooks]]\nurl = "{receiver.url}"\nevents = ["fill", "kill_switch"]\n'
-                'secret_env = "HOOK_SECRET"\n')
-        settings = load_settings(_config(tmp_path, scripted_server.base_url, extra=hook))
+        hook = {"url": receiver.url, "events": ["fill", "kill_switch"],
+                "secret_env": "HOOK_SECRET"}
+        settings = load_settings(_config(tmp_path, scripted_server.base_url,
+                                         tables={"webhooks": [hook]}))
         await _run_books(settings)
         with anyio.fail_after(10):
             while len(receiver.received) < 2:  # noqa: ASYNC110
@@ -187,14 +171,9 @@ async def _caught_up(feed: ReplayFeed) -> bool:
 
 async def test_desks_on_one_replay_config_share_one_feed_and_one_replay_task(
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
-    gamma = """
-[desks.gamma]
-system_prompt = "You are gamma."
-symbols = ["BTC/USDT"]
-[desks.gamma.exchange.replay]
-start_offset = 4
-"""
-    settings = load_settings(_config(tmp_path, scripted_server.base_url, gamma))
+    gamma = {"system_prompt": "You are gamma.", "exchange": {"replay": {"start_offset": 4}}}
+    settings = load_settings(_config(tmp_path, scripted_server.base_url,
+                                     desks={"gamma": gamma}))
 
     async with open_daemon(settings) as daemon:
         venues = daemon.venues

@@ -72,14 +72,8 @@ MOMENTS = 20
 
 _DESK = "alpha"
 
-_EXTRA_CONFIG = """
-[desks.alpha.risk]
-max_open_orders = 1000
-max_orders_per_hour = 100000
-
-[desks.alpha.model]
-context_window = 200000
-"""
+_ROOMY = {"alpha": {"risk": {"max_open_orders": 1000, "max_orders_per_hour": 100000},
+                   "model": {"context_window": 200000}}}
 """Room for every turn's orders: no risk limit or compaction may change what a turn does."""
 
 # --------------------------------------------------------------------------- the daemon
@@ -89,7 +83,7 @@ class _Desk:
     """The daemon on one state directory: started, told, killed, started again, audited."""
 
     def __init__(self, server: ScriptedServer, folder: Path) -> None:
-        self.config = write_config(folder, server.base_url, extra=_EXTRA_CONFIG)
+        self.config = write_config(folder, server.base_url, desks=_ROOMY)
         self.database = folder / "state" / "trading-agent.sqlite3"
         self.sent: list[str] = []
         self.known: set[str] = set()

@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from tests.daemon.process import short_dir
+from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
-from tests.operator.test_controls import wait_until, write_config
 from tests.scripted_server import Reply, ScriptedServer
+from tests.waiting import wait_until
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
 from trading_agent.daemon.events import SpendAlert
@@ -192,11 +193,12 @@ async def _stored_tokens(client: httpx.AsyncClient, desk: str, tokens: int) -> N
 
 
 def _capped(folder: Path, base_url: str, **caps: int) -> Path:
-    desk = "".join(f"{key} = {value}\n" for key, value in caps.items() if key != "daemon")
-    daemon = (f"[daemon.spend]\nmax_tokens_per_day = {caps['daemon']}\n"
-              if "daemon" in caps else "")
-    return write_config(folder, base_url, daemon_extra=daemon,
-                        extra=f"[desks.alpha.controls]\n{desk}" if desk else "")
+    desk = {key: value for key, value in caps.items() if key != "daemon"}
+    daemon: dict[str, Any] = dict(FAST_RESTARTS)
+    if "daemon" in caps:
+        daemon["spend"] = {"max_tokens_per_day": caps["daemon"]}
+    return write_daemon_config(folder, base_url, daemon=daemon,
+                               desks={"alpha": {"controls": desk} if desk else {}, "beta": {}})
 
 
 def _tomorrow() -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon_config import write_daemon_config
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.app.services import _STORE_BUFFER, open_daemon
@@ -13,34 +14,14 @@ from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
 
 
-def _config(folder: Path, base_url: str,
-            beta_tools: str = '["get_ticker", "remember", "delegate"]') -> Path:
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-timezone = "Europe/Paris"
-[desks.alpha.triggers]
-ticks = {{ move_percent = 0.5, on_candle_close = ["1h"] }}
-schedules = [{{ cron = "0 9 * * mon-fri", message = "Morning review." }}]
-
-[desks.beta]
-system_prompt = "You are beta."
-symbols = ["BTC/USDT"]
-tools = {beta_tools}
-maximum_rounds = 4
-""")
-    return path
+def _config(folder: Path, base_url: str) -> Path:
+    return write_daemon_config(folder, base_url, model={"request_timeout": None}, desks={
+        "alpha": {"system_prompt": "You are alpha.", "timezone": "Europe/Paris",
+                  "triggers": {"ticks": {"move_percent": 0.5, "on_candle_close": ["1h"]},
+                               "schedules": [{"cron": "0 9 * * mon-fri",
+                                              "message": "Morning review."}]}},
+        "beta": {"system_prompt": "You are beta.",
+                 "tools": ["get_ticker", "remember", "delegate"], "maximum_rounds": 4}})
 
 
 async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend(

@@ -59,14 +59,19 @@ def _ended(events: list[dict[str, Any]], turn: str | None) -> dict[str, Any] | N
 
 async def _collect_until_answered(watcher: OperatorClient, events: list[dict[str, Any]],
                                   message_id: str, text: str) -> None:
-    """Follows the desk's events, from the first one, until the turn with the message ends."""
+    """Follows the desk's events, from the first one, until the turn with the message ends,
+    or fails: a failed turn publishes ``error`` and no ``turn_end`` (the desk retries in a new
+    turn), and the test refuses an error in its turn anyway, so it stops there at once rather
+    than waiting out its deadline."""
     async with contextlib.aclosing(watcher.events(desk=DESK, after=0)) as stream:
         async for event in stream:
             if event.id is None:
                 continue
             events.append(event.data)
-            if event.data["type"] == "turn_end" and _ended(
-                    events, _our_turn(events, message_id, text)):
+            if event.data["type"] not in ("turn_end", "error"):
+                continue
+            turn = _our_turn(events, message_id, text)
+            if turn is not None and event.data.get("turn") == turn:
                 return
 
 
@@ -137,11 +142,12 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
                                 f"the daemon's log:\n{daemon.log()[-4000:]}")
 
                 turn = _our_turn(events, sent["id"], text)
-                end = _ended(events, turn)
-                assert turn is not None and end is not None
                 mine = [e for e in events if e.get("turn") == turn]
                 kinds = [e["type"] for e in mine]
-                assert "error" not in kinds, mine
+                assert turn is not None and "error" not in kinds, (
+                    f"{mine}\nthe daemon's log:\n{daemon.log()[-4000:]}")
+                end = _ended(events, turn)
+                assert end is not None
                 assert kinds.count("model_request") >= end["rounds"] >= 1
                 assert not end["stopped"]
                 assert isinstance(end["final_text"], str)

@@ -59,7 +59,8 @@ def history(rng: random.Random) -> list[Message]:
 @pytest.mark.timeout(600)
 async def test_long_pastes_results_and_summaries_all_end_in_answers(model_cache: Path) -> None:
     rng = random.Random(11)
-    config = LocalModelConfig(cache_dir=model_cache, context_window=WINDOW, threads=2)
+    # One llama.cpp thread: beside make test's other worker, two spin at every barrier.
+    config = LocalModelConfig(cache_dir=model_cache, context_window=WINDOW, threads=1)
     async with LocalModelServer(config) as server:
         backend_config = OpenAIBackendConfig(
             base_url=server.base_url, model=server.model, context_window=server.context_window,

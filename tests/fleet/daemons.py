@@ -6,7 +6,7 @@ audited as after a ``kill -9``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import psycopg
 
 from tests.daemon.careful_trading import audit, text_of
 from tests.daemon.process import DaemonProcess
+from tests.daemon_config import write_daemon_config
 from tests.fleet.books import read_fleet_books
 from tests.scripted_server import RecordedRequest
 
@@ -25,45 +26,23 @@ LEASE_SECONDS = 3.0
 
 def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
                  desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS,
-                 tables: str = "", context_window: int = 200_000) -> Path:
+                 operator: Mapping[str, Any] | None = None,
+                 context_window: int = 200_000) -> Path:
     """One config every daemon of the fleet reads: paper desks on a replay, the scripted
-    model, the store on ``store_url``, NATS on the machine's server; ``tables``: more TOML."""
-    tables += "".join(f"""
-[desks.{name}]
-system_prompt = "You are the trading desk {name}."
-symbols = ["BTC/USDT"]
-
-[desks.{name}.risk]
-max_open_orders = 1000
-max_orders_per_hour = 100000
-""" for name in desks)
-    path = folder / "fleet.toml"
-    path.write_text(f"""
-[daemon]
-log_format = "json"
-shutdown_timeout_seconds = 5
-restart_backoff_seconds = 0.1
-
-[store]
-url = "{store_url}"
-
-[fleet]
-nats_url = "nats://127.0.0.1:4222"
-nats_prefix = "{nats_prefix}"
-lease_seconds = {lease_seconds}
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = {context_window}
-max_output_tokens = 64
-request_timeout = 30
-
-[exchange.replay]
-speed = 60
-{tables}""")
-    return path
+    model, the store on ``store_url``, NATS on the machine's server; each daemon's state
+    directory comes from its environment (``$STATE_DIRECTORY``)."""
+    roomy = {"risk": {"max_open_orders": 1000, "max_orders_per_hour": 100000}}
+    return write_daemon_config(
+        folder, base_url, file_name="fleet.toml",
+        daemon={"state_dir": None, "log_format": "json", "shutdown_timeout_seconds": 5,
+                "restart_backoff_seconds": 0.1},
+        model={"context_window": context_window, "max_output_tokens": 64,
+               "request_timeout": 30},
+        tables={"store": {"url": store_url},
+                "fleet": {"nats_url": "nats://127.0.0.1:4222", "nats_prefix": nats_prefix,
+                          "lease_seconds": lease_seconds}},
+        exchange={"replay": {"speed": 60}}, operator=operator,
+        desks={name: roomy for name in desks})
 
 
 class Fleet:

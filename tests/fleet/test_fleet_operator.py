@@ -96,7 +96,7 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         nats_prefix: str) -> None:
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
-                          DESKS, tables="[operator]\napproval_notional_threshold = 1\n")
+                          DESKS, operator={"approval_notional_threshold": 1})
     async with _two_daemons(folder, config, fleet_database, DESKS) as (fleet, elsewhere):
         for desk, via in elsewhere.items():  # each asked through the daemon not running it
             async with fleet.daemons[via].client() as client:

@@ -17,51 +17,17 @@ from pathlib import Path
 
 import anyio
 
+from tests.daemon_config import write_daemon_config
 from trading_agent.operator.client import OperatorClient, OperatorClientError
 
 __all__ = ["DaemonProcess", "running_daemon"]
 
-_CONFIG = """\
-[daemon]
-state_dir = "state"
-log_level = "info"
-log_format = "json"
-watchdog = false
-shutdown_timeout_seconds = 5
-
-[model]
-provider = "openai"
-base_url = "{model_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
-
-[exchange]
-mode = "paper"
-feed = "replay"
-
-[operator]
-approval_timeout_seconds = 60
-{tcp}
-
-[desks.alpha]
-system_prompt = "You are alpha, a paper desk for BTC/USDT."
-symbols = ["BTC/USDT"]
-maximum_rounds = 6
-
-[desks.alpha.context]
-keep_recent_tokens = 40
-
-[desks.alpha.subagents]
-enabled = false
-
-[desks.beta]
-system_prompt = "You are beta, a paper desk for BTC/USDT."
-symbols = ["BTC/USDT"]
-
-[desks.beta.subagents]
-enabled = false
-"""
+_DESKS = {
+    "alpha": {"system_prompt": "You are alpha, a paper desk for BTC/USDT.", "maximum_rounds": 6,
+              "context": {"keep_recent_tokens": 40}, "subagents": {"enabled": False}},
+    "beta": {"system_prompt": "You are beta, a paper desk for BTC/USDT.",
+             "subagents": {"enabled": False}},
+}
 
 
 @dataclass(frozen=True)
@@ -100,9 +66,14 @@ async def running_daemon(directory: Path, model_url: str, *,
         model_url: The scripted server's base URL.
         token: Also listen on TCP (127.0.0.1, a free port) with this bearer token.
     """
-    tcp = 'tcp_address = "127.0.0.1:0"' if token else ""
-    config = directory / "daemon.toml"
-    config.write_text(_CONFIG.format(model_url=model_url, tcp=tcp))
+    operator: dict[str, object] = {"approval_timeout_seconds": 60}
+    if token:
+        operator["tcp_address"] = "127.0.0.1:0"
+    config = write_daemon_config(
+        directory, model_url, desks=_DESKS, exchange={"mode": "paper", "feed": "replay"},
+        operator=operator,
+        daemon={"state_dir": "state", "log_level": "info", "log_format": "json",
+                "watchdog": False, "shutdown_timeout_seconds": 5})
     log = directory / "daemon.log"
     socket_path = directory / "state" / "operator.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRADING_AGENT_")}

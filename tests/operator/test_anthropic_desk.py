@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from tests.daemon.process import DaemonProcess, short_dir
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.scripted_anthropic_server import Answer, AnthropicScriptedServer, unauthorized
 from tests.scripted_server import Reply, ToolCall
@@ -21,29 +23,14 @@ from trading_agent.settings import load_settings
 from trading_agent.store.store import Store, database_path
 
 
-def _config(folder: Path, base_url: str, model_extra: str = "") -> Path:
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-restart_backoff_seconds = 0.05
-
-[model]
-provider = "anthropic"
-base_url = "{base_url}"
-model = "claude-test"
-context_window = 200000
-api_key_env = "DESK_ANTHROPIC_KEY"
-price_input_per_million = 3.0
-price_output_per_million = 15.0
-price_cache_read_per_million = 0.3
-{model_extra}
-
-[desks.alpha]
-system_prompt = "You are the trading desk alpha."
-symbols = ["BTC/USDT"]
-""")
-    return path
+def _config(folder: Path, base_url: str, model_extra: dict[str, Any] | None = None) -> Path:
+    model: dict[str, Any] = {
+        "provider": "anthropic", "model": "claude-test", "context_window": 200000,
+        "request_timeout": None, "api_key_env": "DESK_ANTHROPIC_KEY",
+        "price_input_per_million": 3.0, "price_output_per_million": 15.0,
+        "price_cache_read_per_million": 0.3, **(model_extra or {})}
+    return write_daemon_config(folder, base_url, daemon={"restart_backoff_seconds": 0.05},
+                               model=model)
 
 
 async def test_a_desk_on_the_anthropic_api_answers_an_operator_with_a_tool_call(
@@ -87,7 +74,7 @@ async def test_a_tool_loop_cut_by_kill_9_resumes_with_its_signed_thinking() -> N
             Reply("never sent", hold_until=never),
             Reply("BTC/USDT is quiet; no trade."))
         config = _config(folder, server.base_url,
-                         "max_output_tokens = 4096\nthinking_budget_tokens = 1024")
+                         {"max_output_tokens": 4096, "thinking_budget_tokens": 1024})
         daemon = DaemonProcess(config, environ)
         try:
             await daemon.wait_ready()
@@ -151,7 +138,7 @@ async def test_a_refused_key_names_its_variable_and_never_the_key(
 
 def test_a_bad_anthropic_setting_names_the_file_the_key_and_what_is_allowed(
         tmp_path: Path) -> None:
-    config = _config(tmp_path, "http://127.0.0.1:9", model_extra="thinking_budget_tokens = 10")
+    config = _config(tmp_path, "http://127.0.0.1:9", model_extra={"thinking_budget_tokens": 10})
 
     with pytest.raises(ConfigError) as caught:
         load_settings(config)

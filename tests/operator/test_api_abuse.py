@@ -327,7 +327,7 @@ async def test_300_idle_connections_under_256_descriptors_leave_the_unix_socket_
 
     scripted_server.responder = noted
     config = write_config(folder, scripted_server.base_url,
-                          extra='\n[operator]\ntcp_address = "127.0.0.1:0"\n')
+                          operator={"tcp_address": "127.0.0.1:0"})
     log = folder / "daemon.log"
     process = _start_daemon(config, log, descriptors=256)
     socket_path = folder / "state" / "operator.sock"

@@ -10,6 +10,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import (
     build_control,
     collect_events,
@@ -17,7 +18,7 @@ from tests.operator.harness import (
     running_api,
     uds_client,
 )
-from tests.scripted_server import Reply, ScriptedServer, ToolCall, daemon_tables
+from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_registry import Tool, ToolContext
 from trading_agent.operator.approvals import ApprovalBook, order_notional
@@ -340,23 +341,11 @@ async def test_an_order_split_under_the_threshold_is_held_within_the_hour() -> N
 def _threshold_daemon(folder: Path, base_url: str) -> Path:
     """A daemon with one paper desk on the replay whose orders above 1,000 USDT wait; its
     risk limits allow 10,000 USDT an order (BTC trades near 16,600)."""
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-{daemon_tables(folder, base_url)}
-
-[operator]
-approval_timeout_seconds = 30
-approval_notional_threshold = 1000
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-tools = ["place_order"]
-
-[desks.alpha.risk]
-max_order_notional = "10000"
-""")
-    return path
+    return write_daemon_config(
+        folder, base_url,
+        operator={"approval_timeout_seconds": 30, "approval_notional_threshold": 1000},
+        desks={"alpha": {"system_prompt": "You are alpha.", "tools": ["place_order"],
+                         "risk": {"max_order_notional": "10000"}}})
 
 
 async def test_risk_refuses_before_any_approval_and_an_order_within_it_waits(

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 import pytest
 
+from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.operator.test_controls import (
     HALTED,
@@ -27,10 +28,9 @@ from tests.operator.test_controls import (
     paper_orders,
     positions,
     tool_results_read,
-    wait_until,
-    write_config,
 )
 from tests.scripted_server import HttpError, Reply, ScriptedServer, ToolCall
+from tests.waiting import wait_until
 
 CLI = [sys.executable, "-m", "trading_agent.cli"]
 
@@ -68,7 +68,8 @@ async def _order_turn(client: Any, server: ScriptedServer, desk: str, text: str)
 async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_ordering(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url)
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks=("alpha", "beta"))
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
@@ -138,7 +139,8 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
 async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url)
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks=("alpha", "beta"))
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
@@ -174,7 +176,7 @@ async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
 async def test_pause_and_resume_from_the_command_line(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         socket = running.endpoints.socket_path
         code, out, err = await _cli(socket, "pause", "alpha", "--reason", "lunch",
@@ -212,7 +214,7 @@ async def test_cancel_from_the_command_line(scripted_server: ScriptedServer,
         Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})], hold_until=first),
         Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})], hold_until=second))
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     try:
         async with in_process_daemon(config) as running, \
                 uds_client(running.endpoints.socket_path) as client:
@@ -252,7 +254,7 @@ async def test_send_wait_prints_the_desks_answer(scripted_server: ScriptedServer
                                                  state_dir: Path) -> None:
     scripted_server.add(Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})]),
                         Reply("BTC is range-bound today.", text_chunks=3))
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         code, out, err = await _cli(running.endpoints.socket_path, "send", "alpha",
                                     "How is BTC?", "--wait", "--operator", "ann")
@@ -266,7 +268,7 @@ async def test_send_wait_exits_3_when_the_turn_fails(scripted_server: ScriptedSe
                                                      state_dir: Path) -> None:
     scripted_server.responder = lambda request: HttpError(
         400, "this model does not accept tools", "invalid_request_error", "bad_request")
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         code, out, err = await _cli(running.endpoints.socket_path, "send", "alpha",
                                     "How is BTC?", "--wait")
@@ -279,7 +281,7 @@ async def test_send_wait_exits_3_when_no_answer_comes_in_time(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     release = threading.Event()
     scripted_server.add(Reply("Late answer.", hold_until=release))
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     try:
         async with in_process_daemon(config) as running:
             socket = running.endpoints.socket_path
@@ -301,14 +303,10 @@ async def test_send_wait_exits_3_when_no_answer_comes_in_time(
 async def test_desks_shows_the_kill_switch_a_pause_and_the_spend_caps(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.add(Reply("Hello.", usage=(700, 150)))
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha", "beta"),
-                          daemon_extra="""
-[daemon.spend]
-max_tokens_per_day = 10000
-""", extra="""
-[desks.alpha.controls]
-max_tokens_per_day = 1000
-""")
+    config = write_daemon_config(
+        state_dir, scripted_server.base_url,
+        daemon={**FAST_RESTARTS, "spend": {"max_tokens_per_day": 10000}},
+        desks={"alpha": {"controls": {"max_tokens_per_day": 1000}}, "beta": {}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
@@ -388,7 +386,7 @@ async def _chat(socket: Path, desk: str) -> AsyncIterator[_Chat]:
 async def test_chat_pauses_resumes_and_asks_before_flattening(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await _order_turn(client, scripted_server, "alpha", "market buy 0.01")

@@ -6,7 +6,7 @@ through the operator API on its Unix socket. The desks' model is :class:`OrderMo
 places the orders an operator's message spells out, one tool round each, and then says what
 the tool results told it, so the tests read the refusals exactly as the model read them.
 
-The helpers here (:func:`write_config`, :class:`OrderModel`, :func:`paper_orders`...) are
+The helpers here (:class:`OrderModel`, :func:`paper_orders`...) are
 shared with ``test_control_cli.py`` and ``tests/daemon/test_spend.py``.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
 from tests.scripted_server import (
     HttpError,
@@ -33,6 +33,7 @@ from tests.scripted_server import (
     ToolCall,
     rate_limited,
 )
+from tests.waiting import wait_until
 from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.desk import RESUME_TEXT
 
@@ -44,43 +45,12 @@ __all__ = [
     "paper_orders",
     "positions",
     "tool_results_read",
-    "wait_until",
-    "write_config",
 ]
 
 HALTED = re.compile(r"Refused \(kill_switch\): halted by (?P<by>[\w .@+-]+) at "
                     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: (?P<reason>.+?)\. No new order is sent "
                     r"until an operator switches the kill switch off\.")
 """What the model reads when the kill switch refuses its order."""
-
-
-def write_config(folder: Path, base_url: str, *, desks: Sequence[str] = ("alpha", "beta"),
-                 daemon_extra: str = "", extra: str = "") -> Path:
-    """A daemon config: paper desks on the replay, the scripted server as their model, fast
-    restarts after a failed turn."""
-    desk_tables = "".join(f"""
-[desks.{name}]
-system_prompt = "You are the trading desk {name}."
-symbols = ["BTC/USDT"]
-""" for name in desks)
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-restart_backoff_seconds = 0.05
-restart_backoff_max_seconds = 0.2
-{daemon_extra}
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
-{desk_tables}
-{extra}
-""")
-    return path
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -168,21 +138,6 @@ async def positions(folder: Path, account: str) -> dict[str, float]:
     return {symbol: float(amount) for symbol, amount in rows if float(amount) != 0}
 
 
-async def wait_until(condition: Callable[[], Any], what: str, within: float = 10) -> Any:
-    """Polls a (sync or async) condition until it is truthy; returns its value."""
-    try:
-        with anyio.fail_after(within):
-            while True:
-                value = condition()
-                if hasattr(value, "__await__"):
-                    value = await value
-                if value:
-                    return value
-                await anyio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
 async def _turns_done(client: httpx.AsyncClient, desk: str, count: int) -> list[str]:
     """Waits until ``count`` turns of the desk ended (its own, not its subagents'); returns
     their final texts."""
@@ -217,7 +172,8 @@ async def _kill(client: httpx.AsyncClient, **body: Any) -> httpx.Response:
 async def test_the_kill_switch_refuses_every_order_of_its_desks_before_the_exchange(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url)
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks=("alpha", "beta"))
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await _kill(client, on=True, desk="alpha", reason="the model misbehaves")
@@ -285,7 +241,7 @@ async def test_the_kill_switch_refuses_every_order_of_its_desks_before_the_excha
 async def test_the_kill_switch_is_still_on_after_a_restart(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await _kill(client, on=True, desk="alpha", reason="until I look at it")
@@ -310,7 +266,7 @@ async def test_the_kill_switch_is_still_on_after_a_restart(
 
 async def test_the_kill_switch_api_refuses_what_it_cannot_do(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await _kill(client, on=True, desk="alpha", reason="  ")
@@ -338,10 +294,8 @@ async def test_failed_turns_in_a_row_switch_the_kill_switch_on(
         return model(request)
 
     scripted_server.responder = respond
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",), extra="""
-[desks.alpha.controls]
-halt_after_failed_turns = 2
-""")
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks={"alpha": {"controls": {"halt_after_failed_turns": 2}}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await _send(client, "alpha", "market buy 0.01")
@@ -388,18 +342,17 @@ async def test_failed_turns_after_an_outage_still_switch_the_kill_switch_on(
                          "invalid_request_error", "bad_request")
 
     scripted_server.responder = respond
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",), extra="""
-[desks.alpha.controls]
-halt_after_failed_turns = 2
-""")
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks={"alpha": {"controls": {"halt_after_failed_turns": 2}}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
+        desk = running.daemon.supervisor.desk("alpha")
         await _send(client, "alpha", "First.")
         await wait_until(lambda: len(scripted_server.requests) >= 4, "the first outage")
-        await anyio.sleep(0.1)
+        await wait_until(lambda: desk.state == "paused", "the desk to wait out the first outage")
         await _send(client, "alpha", "Second.")  # a person is there: the desk tries again now
         await wait_until(lambda: len(scripted_server.requests) >= 8, "the second outage")
-        await anyio.sleep(0.1)
+        await wait_until(lambda: desk.state == "paused", "the desk to wait out the second one")
         await _send(client, "alpha", "Third.")
         # From here every turn fails: after two in a row the switch must be on.
         await wait_until(lambda: len(scripted_server.requests) >= 12, "failed turns")
@@ -415,10 +368,8 @@ async def test_the_daily_loss_limit_switches_the_kill_switch_on_and_says_so(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
     # A market buy pays the fee and the slippage at once: about 0.25 USDT on 0.01 BTC.
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",), extra="""
-[desks.alpha.risk]
-max_daily_loss = "0.05"
-""")
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks={"alpha": {"risk": {"max_daily_loss": "0.05"}}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await _send(client, "alpha", "market buy 0.01; market buy 0.01; market buy 0.01")
@@ -450,7 +401,7 @@ def _tick(text: str = "BTC/USDT moved 1.2%") -> Trigger:
 async def test_a_paused_desk_runs_no_turn_until_resumed(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await client.post("/api/desks/alpha/pause",
@@ -469,7 +420,7 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
         desk = running.daemon.supervisor.desk("alpha")
         for _ in range(3):
             desk.fire(_tick())  # coalesced into one
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # kept: that no turn runs in this time is what is checked
         status = await _status(client, "alpha")
         assert status["state"] == "paused" and status["queued_triggers"] == 2
         assert scripted_server.requests == []  # no turn ran
@@ -496,10 +447,8 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
 async def test_with_when_paused_drop_a_trigger_is_dropped_but_a_message_waits(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",), extra="""
-[desks.alpha.controls]
-when_paused = "drop"
-""")
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 desks={"alpha": {"controls": {"when_paused": "drop"}}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await client.post("/api/desks/alpha/pause", json={"operator": "ann", "reason": "noisy"})
@@ -509,12 +458,12 @@ when_paused = "drop"
         status = await _status(client, "alpha")
         assert status["dropped_triggers"] == 2 and status["queued_triggers"] == 0
         await _send(client, "alpha", "Still there?")
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # kept: that no turn runs in this time is what is checked
         status = await _status(client, "alpha")
         assert status["queued_triggers"] == 1 and scripted_server.requests == []
         await client.post("/api/desks/alpha/resume", json={"operator": "ann"})
         await _turns_done(client, "alpha", 1)
-        await anyio.sleep(0.2)
+        await anyio.sleep(0.2)  # kept: room for a dropped trigger's turn, which must not come
     assert len(scripted_server.requests) == 1
     assert message_text(scripted_server.requests[0].messages[-1]).endswith("Still there?")
 
@@ -524,7 +473,7 @@ async def test_pausing_a_working_desk_ends_its_turn_at_a_safe_point(
     release = threading.Event()
     scripted_server.add(Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})],
                               hold_until=release))
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await _send(client, "alpha", "Look at BTC.")
@@ -535,7 +484,13 @@ async def test_pausing_a_working_desk_ends_its_turn_at_a_safe_point(
         release.set()
         await wait_until(lambda: running.daemon.supervisor.desk("alpha").state == "paused",
                          "the turn to end")
-        rows = (await client.get("/api/desks/alpha/transcript")).json()["messages"]
+
+        async def transcript_with_the_notice() -> list[dict[str, Any]]:
+            # The desk is paused before its notice is stored: wait for the row, not the state.
+            rows = (await client.get("/api/desks/alpha/transcript")).json()["messages"]
+            return list(rows) if rows and rows[-1]["kind"] == "notice" else []
+
+        rows = await wait_until(transcript_with_the_notice, "the notice in the transcript")
         status = await _status(client, "alpha")
     assert [r["kind"] for r in rows] == ["operator", "assistant", "tool_results", "notice"]
     assert status["last_turn_text"] == "Stopped at a safe point: the desk was paused by ann."
@@ -557,7 +512,7 @@ async def test_cancel_ends_the_turn_at_its_safe_point_with_every_call_answered(
         Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"}),
                           ToolCall("get_balance", {})], hold_until=release),
         Reply("Next one."))
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         await _send(client, "alpha", "Look at BTC.")
@@ -603,7 +558,7 @@ async def test_cancel_now_cuts_the_turn_and_the_desk_takes_its_next_trigger(
 
     scripted_server.add(Reply(tool_calls=[ToolCall("delegate", {"task": "Study BTC/USDT."})]))
     scripted_server.responder = respond
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",))
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     try:
         async with in_process_daemon(config) as running, \
                 uds_client(running.endpoints.socket_path) as client:
@@ -616,8 +571,12 @@ async def test_cancel_now_cuts_the_turn_and_the_desk_takes_its_next_trigger(
                              "the desk to be free")
             await _send(client, "alpha", "Next question.")
             await _turns_done(client, "alpha", 1)
-            await anyio.sleep(0.2)
-            rows = (await client.get("/api/desks/alpha/transcript")).json()["messages"]
+
+            async def transcript_with_the_answer() -> list[dict[str, Any]]:
+                rows = (await client.get("/api/desks/alpha/transcript")).json()["messages"]
+                return list(rows) if rows and rows[-1].get("text") == "Noted." else []
+
+            rows = await wait_until(transcript_with_the_answer, "the answer in the transcript")
     finally:
         release.set()
     desk_requests = [r for r in scripted_server.requests

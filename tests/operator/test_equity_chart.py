@@ -12,9 +12,10 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
+from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.browser import needs_chromium, open_page
 from tests.operator.harness import build_control, in_process_daemon, running_api, uds_client
-from tests.operator.test_controls import OrderModel, tool_results_read, write_config
+from tests.operator.test_controls import OrderModel, tool_results_read
 from tests.operator.test_web_page import HEADER_AND_CHART_AGREE
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.events import ToolResultReady
@@ -24,10 +25,7 @@ from trading_agent.operator.config import OperatorConfig
 
 Points = list[list[float]]
 
-_STILL_PRICES = """
-[exchange.replay]
-speed = 1
-"""
+_STILL_PRICES = {"replay": {"speed": 1}}
 """A replay at real time: no new candle (and so no new marks) while the test runs."""
 
 _THREE_ORDERS = "market buy 0.01, market buy 0.02 and market sell 0.01"
@@ -124,8 +122,8 @@ async def test_a_fill_is_sampled_at_once_and_the_curve_ends_at_the_status(
 async def test_after_fills_the_curve_ends_at_the_status_and_a_restart_keeps_it(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",),
-                          extra=_STILL_PRICES)
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS,
+                                 exchange=_STILL_PRICES)
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         results = await _order_turn(client, scripted_server, _THREE_ORDERS)
@@ -153,9 +151,9 @@ async def test_after_fills_the_curve_ends_at_the_status_and_a_restart_keeps_it(
 async def test_the_page_shows_the_same_equity_in_its_header_and_its_chart_after_fills(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
-    config = write_config(state_dir, scripted_server.base_url, desks=("alpha",),
-                          extra=_STILL_PRICES + '[operator]\ntcp_address = "127.0.0.1:0"\n'
-                                                "generate_token = true\n")
+    config = write_daemon_config(
+        state_dir, scripted_server.base_url, daemon=FAST_RESTARTS, exchange=_STILL_PRICES,
+        operator={"tcp_address": "127.0.0.1:0", "generate_token": True})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client, open_page() as tab:
         page = tab.page

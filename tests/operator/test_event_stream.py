@@ -12,6 +12,7 @@ import pytest
 
 from tests.operator.harness import build_control, collect_events, running_api, uds_client
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from tests.waiting import wait_until
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import TextDelta, ToolCallStarted
 from trading_agent.operator.approvals import ApprovalBook
@@ -212,6 +213,7 @@ async def test_a_stream_from_now_that_drops_before_its_first_event_misses_nothin
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 1)
         group.start_soon(_follow_until, client, seen, "later")
+        # Kept: that no old event is replayed during this time is what is checked.
         await anyio.sleep(0.5)  # connected, and nothing new has happened since
         assert not [e for e in seen if e.id is not None]
         api.stop()
@@ -322,7 +324,7 @@ async def test_from_now_waits_for_the_first_event() -> None:
     async with anyio.create_task_group() as group:
         group.start_soon(hub.run)
         group.start_soon(read)
-        await anyio.sleep(0.12)
+        await wait_until(lambda: b": keepalive\n\n" in got, "a keepalive before any event")
         bus.publish(TextDelta(desk="alpha", text="first"))
         with anyio.fail_after(2):
             while not got or not got[-1].startswith(b"id:"):  # noqa: ASYNC110

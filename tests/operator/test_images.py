@@ -25,6 +25,7 @@ from PIL import Image
 
 from tests.agent.test_image_preparer import chart, noise
 from tests.agent.test_randomized_conversations import wire_images
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import InProcessDaemon, in_process_daemon, uds_client
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, ToolCall
 from trading_agent.operator.client import ImageAttachment, OperatorClient
@@ -35,32 +36,12 @@ MAX_UPLOAD = 200_000
 
 
 def _config(folder: Path, base_url: str) -> Path:
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 64000
-request_timeout = 10
-
-[operator]
-max_image_bytes = {MAX_UPLOAD}
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-tools = ["render_chart", "get_ticker"]
-maximum_rounds = 6
-
-[desks.alpha.images]
-max_side = {MAX_SIDE}
-max_bytes = {MAX_BYTES}
-""")
-    return path
+    return write_daemon_config(
+        folder, base_url, model={"context_window": 64000},
+        operator={"max_image_bytes": MAX_UPLOAD},
+        desks={"alpha": {"system_prompt": "You are alpha.",
+                         "tools": ["render_chart", "get_ticker"], "maximum_rounds": 6,
+                         "images": {"max_side": MAX_SIDE, "max_bytes": MAX_BYTES}}})
 
 
 def _running(folder: Path, base_url: str) -> contextlib.AbstractAsyncContextManager[

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import in_process_daemon
 from tests.operator.test_images import _read_until, _type, _wait_turn_end
 from tests.scripted_server import Reply, ScriptedServer
@@ -26,23 +27,10 @@ from trading_agent.operator.server import OperatorEndpoints
 @contextlib.asynccontextmanager
 async def _running(folder: Path, base_url: str) -> AsyncIterator[OperatorEndpoints]:
     """A daemon whose one desk has a 2,048-token window, as ``run`` runs it."""
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 2048
-max_output_tokens = 64
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-tools = ["get_ticker"]
-""")
+    path = write_daemon_config(
+        folder, base_url,
+        model={"context_window": 2048, "max_output_tokens": 64, "request_timeout": None},
+        desks={"alpha": {"system_prompt": "You are alpha.", "tools": ["get_ticker"]}})
     async with in_process_daemon(path) as running:
         yield running.endpoints
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.errors import ConfigError
@@ -17,28 +18,8 @@ MCP_SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
 
 
 def _config(folder: Path, base_url: str, command: list[str]) -> Path:
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-[daemon]
-state_dir = "{folder / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{base_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
-
-[desks.alpha]
-system_prompt = "You are the trading desk alpha."
-symbols = ["BTC/USDT"]
-
-[[desks.alpha.mcp_servers]]
-name = "calc"
-command = {command!r}
-tools = ["add", "fail"]
-""".replace("'", '"'))
-    return path
+    return write_daemon_config(folder, base_url, desks={"alpha": {"mcp_servers": [
+        {"name": "calc", "command": command, "tools": ["add", "fail"]}]}})
 
 
 async def test_a_desks_mcp_tools_are_offered_and_answer_the_model(
@@ -78,9 +59,9 @@ async def test_a_server_that_cannot_start_names_the_desk_and_the_server(
 
 
 def test_two_servers_with_one_name_are_refused(tmp_path: Path) -> None:
-    config = _config(tmp_path, "http://127.0.0.1:9/v1", ["x"])
-    config.write_text(config.read_text() + '\n[[desks.alpha.mcp_servers]]\nname = "calc"\n'
-                      'url = "http://127.0.0.1:9/mcp"\n')
+    config = write_daemon_config(tmp_path, "http://127.0.0.1:9/v1", desks={"alpha": {
+        "mcp_servers": [{"name": "calc", "command": ["x"], "tools": ["add", "fail"]},
+                        {"name": "calc", "url": "http://127.0.0.1:9/mcp"}]}})
 
     with pytest.raises(ConfigError, match="two servers are named 'calc'"):
         load_settings(config)

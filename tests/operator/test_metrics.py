@@ -14,8 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import InProcessDaemon, uds_client
-from tests.scripted_server import Reply, ScriptedServer, ToolCall, daemon_tables, rate_limited
+from tests.scripted_server import Reply, ScriptedServer, ToolCall, rate_limited
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import (
     ModelRequest,
@@ -36,24 +37,12 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def _daemon_config(folder: Path, base_url: str) -> Path:
     """One paper desk on the replay (BTC near 16,600) whose orders above 1,000 USDT wait for
     an operator and above 10,000 USDT are refused; the API also listens on TCP."""
-    path = folder / "daemon.toml"
-    path.write_text(f"""
-{daemon_tables(folder, base_url)}
-
-[operator]
-tcp_address = "127.0.0.1:0"
-approval_timeout_seconds = 30
-approval_notional_threshold = 1000
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-tools = ["place_order"]
-
-[desks.alpha.risk]
-max_order_notional = "10000"
-""")
-    return path
+    return write_daemon_config(
+        folder, base_url,
+        operator={"tcp_address": "127.0.0.1:0", "approval_timeout_seconds": 30,
+                  "approval_notional_threshold": 1000},
+        desks={"alpha": {"system_prompt": "You are alpha.", "tools": ["place_order"],
+                         "risk": {"max_order_notional": "10000"}}})
 
 
 @contextlib.asynccontextmanager

@@ -14,29 +14,18 @@ from pathlib import Path
 
 import anyio
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
-from tests.scripted_server import Reply, ScriptedServer, daemon_tables
+from tests.scripted_server import Reply, ScriptedServer
 
 
 def _config(folder: Path, base_url: str, desks: dict[str, str], *,
             max_order: str = "10000") -> Path:
     """A daemon with one paper desk per name on the replay, each with its prompt."""
-    path = folder / "daemon.toml"
-    text = f"""
-{daemon_tables(folder, base_url)}
-"""
-    for name, prompt in desks.items():
-        text += f"""
-[desks.{name}]
-system_prompt = "{prompt}"
-symbols = ["BTC/USDT"]
-tools = ["get_ticker"]
-
-[desks.{name}.risk]
-max_order_notional = "{max_order}"
-"""
-    path.write_text(text)
-    return path
+    return write_daemon_config(folder, base_url, desks={
+        name: {"system_prompt": prompt, "tools": ["get_ticker"],
+               "risk": {"max_order_notional": max_order}}
+        for name, prompt in desks.items()})
 
 
 def _system_prompt(server: ScriptedServer, index: int) -> str:

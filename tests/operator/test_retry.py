@@ -10,8 +10,8 @@ from pathlib import Path
 
 import anyio
 
+from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import in_process_daemon, uds_client
-from tests.operator.test_controls import write_config
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.operator.client import OperatorClient, OperatorRequestError
 
@@ -36,7 +36,7 @@ async def test_a_retry_drops_the_last_answer_and_runs_its_turn_again_once(
         Reply("Buy everything now!"),
         Reply("Holding: the move is too small."),
         Reply("Still holding."))
-    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+    config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS)
 
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
@@ -76,7 +76,7 @@ async def test_a_retry_is_refused_with_a_reason_when_there_is_nothing_to_retry_o
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
     released = threading.Event()
     scripted_server.add(Reply("Thinking it over.", hold_until=released))
-    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+    config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS)
 
     async with in_process_daemon(config) as running:
         client = OperatorClient(socket_path=running.endpoints.socket_path)
@@ -105,7 +105,7 @@ async def test_a_retry_is_refused_with_a_reason_when_there_is_nothing_to_retry_o
 async def test_retry_from_the_command_line_says_what_left_and_refuses_with_the_reason(
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
     scripted_server.add(Reply("Buy everything now!"), Reply("Holding."))
-    config = write_config(tmp_path, scripted_server.base_url, desks=["alpha"])
+    config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS)
     command = [sys.executable, "-m", "trading_agent.cli", "retry", "alpha", "--operator",
                "ann"]
 

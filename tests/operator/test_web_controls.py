@@ -18,6 +18,7 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
+from tests.daemon_config import write_daemon_config
 from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.test_web_page import _screenshot_dir, _type
 from tests.scripted_server import Reply, ScriptedServer
@@ -31,53 +32,19 @@ TOKEN = "web-controls-token-0123456789abcdef"
 
 pytestmark = [needs_chromium, pytest.mark.slow]
 
-_CONFIG = """\
-[daemon]
-state_dir = "{state}"
-
-[daemon.spend]
-max_tokens_per_day = 5000000
-
-[model]
-provider = "openai"
-base_url = "{model_url}"
-model = "scripted-model"
-context_window = 32000
-request_timeout = 10
-
-[exchange]
-mode = "paper"
-feed = "replay"
-
-[operator]
-tcp_address = "127.0.0.1:0"
-
-[desks.alpha]
-system_prompt = "You are alpha, a paper desk for BTC/USDT."
-symbols = ["BTC/USDT"]
-
-[desks.alpha.controls]
-max_tokens_per_day = 1000000
-
-[desks.alpha.subagents]
-enabled = false
-
-[desks.beta]
-system_prompt = "You are beta, a paper desk for BTC/USDT."
-symbols = ["BTC/USDT"]
-
-[desks.beta.subagents]
-enabled = false
-"""
-
-
 @contextlib.asynccontextmanager
 async def _running(folder: Path, model_url: str) -> AsyncIterator[tuple[Daemon, str]]:
     """Two paper desks (alpha with a daily cap of a million tokens, the daemon five million)
     and the API on TCP with a token, opened as ``trading-agent run`` opens them; yields the
     daemon and the page's base URL."""
-    path = folder / "daemon.toml"
-    path.write_text(_CONFIG.format(state=folder / "state", model_url=model_url))
+    path = write_daemon_config(
+        folder, model_url, daemon={"spend": {"max_tokens_per_day": 5000000}},
+        exchange={"mode": "paper", "feed": "replay"}, operator={"tcp_address": "127.0.0.1:0"},
+        desks={"alpha": {"system_prompt": "You are alpha, a paper desk for BTC/USDT.",
+                         "controls": {"max_tokens_per_day": 1000000},
+                         "subagents": {"enabled": False}},
+               "beta": {"system_prompt": "You are beta, a paper desk for BTC/USDT.",
+                        "subagents": {"enabled": False}}})
     async with open_daemon(load_settings(path), environ={DEFAULT_TOKEN_ENV: TOKEN},
                            config_path=path) as daemon, \
             anyio.create_task_group() as group:

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from playwright.async_api import expect
 
@@ -16,6 +17,7 @@ from tests.operator.browser import BrowserPage, needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
 from tests.operator.harness import LoopDeskControl, build_control, running_api
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
+from tests.waiting import wait_until
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.config import OperatorConfig
 
@@ -38,6 +40,16 @@ async def _wander(control: LoopDeskControl, stop: anyio.Event) -> None:
         for desk in control.desks.values():
             desk.equity = round(desk.equity * (1 + walk.gauss(0.0004, 0.003)), 2)
         await anyio.sleep(0.02)
+
+
+async def _equity_points(url: str, desk: str, count: int) -> None:
+    """Waits until the desk's equity chart has ``count`` samples."""
+    async with httpx.AsyncClient(base_url=url, timeout=5,
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        async def enough() -> bool:
+            answer = await client.get(f"/api/desks/{desk}/equity")
+            return len(answer.json()["points"]) >= count
+        await wait_until(enough, f"{count} equity samples of {desk}")
 
 
 def _screenshot_dir(tmp_path: Path) -> Path:
@@ -113,8 +125,8 @@ async def test_the_page_approves_a_held_order(scripted_server: ScriptedServer,
     async with running_api(control, book, config, state_dir, environ={
             "TRADING_AGENT_OPERATOR_TOKEN": TOKEN}) as (endpoints, group):
         group.start_soon(_wander, control, stop)
-        await anyio.sleep(1.5)  # a minute of samples, compressed, for the chart
         assert endpoints.url is not None
+        await _equity_points(endpoints.url, "btc-momentum", 30)  # a minute, compressed
         async with open_page() as tab:
             page = tab.page
             await page.goto(f"{endpoints.url}?desk=btc-momentum#token={TOKEN}&operator=dana")
@@ -135,7 +147,8 @@ async def test_the_page_approves_a_held_order(scripted_server: ScriptedServer,
             assert gate.orders == []
             await page.locator(".approval-reason").fill("within today's budget")
             stop.set()
-            await anyio.sleep(0.3)
+            await tab.wait_for(HEADER_AND_CHART_AGREE, "the chart to settle on the header's "
+                                                       "equity")
             await page.evaluate("document.getElementById('log').scrollTop = 1e9")
             pending = shots / "operator-web-approval.png"
             await page.screenshot(path=pending)

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel, ValidationError
 
+from tests.daemon_config import write_daemon_config
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
 from tests.scripted_server import server_error as scripted_server_error
 from trading_agent.agent import (
@@ -432,24 +433,10 @@ def test_a_bad_endpoint_or_missing_headers_variable_is_a_clear_error() -> None:
 async def test_a_daemon_with_an_endpoint_exports_its_desks_turns(
         scripted_server: ScriptedServer, collector: _Collector, tmp_path: Path) -> None:
     scripted_server.add(Reply("Calm.", usage=(90, 2)))
-    config = tmp_path / "daemon.toml"
-    config.write_text(f"""
-[daemon]
-state_dir = "{tmp_path / 'state'}"
-
-[model]
-provider = "openai"
-base_url = "{scripted_server.base_url}"
-model = "{MODEL}"
-context_window = 32000
-
-[telemetry]
-otlp_endpoint = "http://127.0.0.1:{collector.port}"
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-""")
+    config = write_daemon_config(
+        tmp_path, scripted_server.base_url, model={"model": MODEL, "request_timeout": None},
+        tables={"telemetry": {"otlp_endpoint": f"http://127.0.0.1:{collector.port}"}},
+        desks={"alpha": {"system_prompt": "You are alpha."}})
     async with open_daemon(load_settings(config), environ={}) as daemon, \
             anyio.create_task_group() as group:
         group.start_soon(daemon.store.events.persist_events, daemon.store_subscription)

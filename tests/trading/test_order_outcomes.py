@@ -517,7 +517,7 @@ async def test_kill_9_while_an_order_waits_for_approval_then_restore_says_never_
         scripted_server: ScriptedServer, folder: Path) -> None:
     scripted_server.responder = HeldOrder()
     config = write_config(folder, scripted_server.base_url,
-                          extra="[operator]\napproval_notional_threshold = 1\n")
+                          operator={"approval_notional_threshold": 1})
     state = folder / "state"
     daemon = DaemonProcess(config)
     try:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import anyio
 
-from tests.scripted_server import Reply, ScriptedServer, daemon_tables
+from tests.daemon_config import write_daemon_config
+from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.agent.events import Event
 from trading_agent.app.services import open_daemon
 from trading_agent.jsontext import json_text
@@ -230,30 +231,15 @@ async def test_past_the_lookup_bound_the_rest_are_reported_unchecked(
 
 def _live_daemon(folder: Path, base_url: str, binance: FakeBinance) -> Settings:
     """One live desk on the fake Binance (ccxt feed and orders), on the scripted model."""
-    config = folder / "daemon.toml"
-    urls = ", ".join(f'{key} = "{value}"' for key, value in binance.api_urls().items())
-    config.write_text(f"""
-{daemon_tables(folder, base_url)}
-
-[desks.alpha]
-system_prompt = "You are alpha."
-symbols = ["BTC/USDT"]
-tools = ["list_open_orders"]
-
-[desks.alpha.exchange]
-mode = "live"
-feed = "ccxt"
-
-[desks.alpha.exchange.ccxt]
-exchange_id = "binance"
-api_key_env = "FAKE_BINANCE_KEY"
-secret_env = "FAKE_BINANCE_SECRET"
-api_urls = {{ {urls} }}
-options = {{ fetchMarkets = {{ types = ["spot"] }}, fetchCurrencies = false, fetchMargins = false }}
-client_settings = {{ timeout_on_exit = 0 }}
-timeout_seconds = 2
-enable_rate_limit = false
-""")
+    config = write_daemon_config(folder, base_url, desks={"alpha": {
+        "system_prompt": "You are alpha.", "tools": ["list_open_orders"],
+        "exchange": {"mode": "live", "feed": "ccxt", "ccxt": {
+            "exchange_id": "binance", "api_key_env": "FAKE_BINANCE_KEY",
+            "secret_env": "FAKE_BINANCE_SECRET", "api_urls": binance.api_urls(),
+            "options": {"fetchMarkets": {"types": ["spot"]}, "fetchCurrencies": False,
+                        "fetchMargins": False},
+            "client_settings": {"timeout_on_exit": 0}, "timeout_seconds": 2,
+            "enable_rate_limit": False}}}})
     return load_settings(config)
 
 
