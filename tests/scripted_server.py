@@ -351,6 +351,9 @@ class ScriptedServer:
         tokens for the ``content`` given; else that route is unknown, as on OpenAI's API."""
         self.requests: list[RecordedRequest] = []
         """The chat-completions requests, in order of arrival."""
+        self.answered: list[RecordedRequest] = []
+        """The chat-completions requests whose answer was written whole, in that order (a
+        held reply joins once its test let it go and it was sent)."""
         self.other_requests: list[RecordedRequest] = []
         """Every other request (``/v1/models``, unknown paths)."""
         self.unexpected: list[RecordedRequest] = []
@@ -585,7 +588,9 @@ class ScriptedServer:
                 "message": "scripted server: the script ran out and there is no responder",
                 "type": "invalid_request_error", "code": "script_exhausted"}})
             return True
-        return await self._play(step, request, writer)
+        keep_open = await self._play(step, request, writer)
+        self.answered.append(request)
+        return keep_open
 
     async def _play(self, step: Step, request: RecordedRequest,
                     writer: asyncio.StreamWriter) -> bool:

@@ -27,6 +27,7 @@ from tests.daemon.process import short_dir
 from tests.fleet.books import read_fleet_books
 from tests.fleet.daemons import DESKS, LEASE_SECONDS, Fleet, desk_of, ends_with, fleet_config
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -75,10 +76,14 @@ async def test_a_killed_daemons_desks_are_taken_over_and_a_stopped_ones_handed_o
         # Every message goes through d1: four of the six desks run elsewhere. d1's and d2's
         # event streams both show every desk's turn, with the same ids.
         seen: dict[str, list[tuple[int | None, str]]] = {"d1": [], "d2": []}
+        opened = {daemon_id: anyio.Event() for daemon_id in seen}
         async with anyio.create_task_group() as watching:
             for daemon_id in seen:
-                watching.start_soon(_watch_turn_ends, fleet, daemon_id, seen[daemon_id])
-            await anyio.sleep(0.5)  # the streams are open
+                watching.start_soon(_watch_turn_ends, fleet, daemon_id, seen[daemon_id],
+                                    opened[daemon_id])
+            with anyio.fail_after(15):
+                for event in opened.values():
+                    await event.wait()
             await fleet.send_turn("d1", 1)
             await fleet.wait_answered(1)
             with anyio.fail_after(10):
@@ -172,15 +177,18 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
             # Its model's late reply is waiting when it wakes: the first thing it does is
             # to append it (and run its order), before it learns the lease is gone.
             late.set()
-            await anyio.sleep(0.5)
+            await wait_until(lambda: any(r is held_once[0] for r in scripted_server.answered),
+                             "the late reply sent to the stopped daemon")
         finally:
             sessions = fleet.sessions()  # while it is stopped, for a failure's report
             fleet.daemons[paused].signal(signal.SIGCONT)
         log = fleet.daemons[paused].log
-        with anyio.fail_after(15):
-            while "the write was refused" not in log():  # noqa: ASYNC110 (other processes)
-                await anyio.sleep(0.1)
-        await anyio.sleep(1)
+        # Its write refused, and then the renewal tells it the lease is gone: it stops the
+        # desk, and nothing more of that desk's is written from there.
+        await wait_until(lambda: "the write was refused" in log()
+                         and "fleet_lease_lost" in log(),
+                         "the paused daemon's refused write and its lost lease", within=30,
+                         step=0.1)
         books = read_fleet_books(fleet_database, DESKS[0])
         assert audit(books, fleet.sent[DESKS[0]]) == set(), fleet.logs()
         assert ends_with(books.messages, "Turn 1 done.")
@@ -195,11 +203,15 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
         fleet.close()
 
 
-async def _watch_turn_ends(fleet: Fleet, daemon_id: str,
-                           into: list[tuple[int | None, str]]) -> None:
-    """Collects the turn ends a daemon's event stream shows, as ``(id, desk)``."""
+async def _watch_turn_ends(fleet: Fleet, daemon_id: str, into: list[tuple[int | None, str]],
+                           opened: anyio.Event) -> None:
+    """Collects the turn ends a daemon's event stream shows, as ``(id, desk)``, after the
+    last event it held when the stream opened (that one says the stream is open)."""
     async with fleet.daemons[daemon_id].client() as client:
-        async for event in client.events():
+        async for event in client.events(tail=1):
+            if not opened.is_set():
+                opened.set()
+                continue
             if event.type == "turn_end" and not event.data.get("subagent"):
                 into.append((event.id, str(event.data["desk"])))
 

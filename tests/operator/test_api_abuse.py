@@ -29,6 +29,7 @@ import pytest
 from tests.daemon.process import short_dir, write_config
 from tests.operator.harness import build_control, collect_events, running_api, uds_client
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, ToolCall
+from tests.waiting import wait_until
 from trading_agent.operator import server
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.client import OperatorClient, OperatorClientError
@@ -312,6 +313,20 @@ def _records(log: Path) -> list[dict[str, Any]]:
     return records
 
 
+async def _refused_answer(port: int) -> httpx.Response | None:
+    """A new TCP connection's answer, or None when the daemon reset it at once (it does while
+    sixteen refused connections still wait for their clients to read the 503)."""
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3) as client:
+            return await client.get("/api/health", headers=AUTH)
+    except httpx.TransportError:
+        return None
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def _tcp_port(log: Path) -> int | None:
     for record in _records(log):
         if record.get("event") == "operator_api_listening" and record.get("tcp"):
@@ -343,18 +358,32 @@ async def test_300_idle_connections_under_256_descriptors_leave_the_unix_socket_
             attacker.setblocking(False)
             attacker.connect_ex(("127.0.0.1", port))
             attackers.append(attacker)
-        await anyio.sleep(0.5)
-        for attacker in attackers:
-            with contextlib.suppress(OSError):
-                attacker.send(PARTIAL_HEADERS)
-        # Refused connections linger a second for their 503; then the limit stands.
-        await anyio.sleep(1.5)
+        # The listener's queue is short: the kernel holds back most of the 300 handshakes and
+        # the attackers' kernels retry them for seconds. Each sends its partial headers once
+        # its connection is up.
+        pending = list(attackers)
+
+        def send_partial_headers() -> bool:
+            for attacker in list(pending):
+                try:
+                    attacker.send(PARTIAL_HEADERS)
+                except (BlockingIOError, InterruptedError):
+                    continue  # still connecting
+                except OSError:
+                    pass  # refused: reset by the daemon
+                pending.remove(attacker)
+            return not pending
+
+        await wait_until(send_partial_headers, "every attacker connected or refused", within=30,
+                         step=0.05)
         answers = [await _uds_health(socket_path) for _ in range(3)]
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3) as client:
-            refused = await client.get("/api/health", headers=AUTH)
-        await anyio.sleep(1)
+        refused = await wait_until(lambda: _refused_answer(port), "a 503 for a new connection",
+                                   within=30, step=0.1)
         assert process.poll() is None, log.read_text(errors="replace")[-4000:]
-        descriptors = len(os.listdir(f"/proc/{process.pid}/fd"))
+        await wait_until(lambda: _descriptors(process.pid) < 200,
+                         "the daemon's descriptors below 200", within=15)
+        assert process.poll() is None, log.read_text(errors="replace")[-4000:]
+        descriptors = _descriptors(process.pid)
         text = log.read_text(errors="replace")
         new_lines = text.splitlines()[lines_before:]
     finally:
