@@ -85,8 +85,14 @@ async def test_events_follow_streams_until_interrupted(scripted_server: Scripted
             [*CLI, "events", "--follow", "--json", "--socket", str(endpoints.socket_path)],
             env={**os.environ, "NO_COLOR": "1"})
         try:
-            assert process.stdout is not None
-            await anyio.sleep(0.5)  # let it connect; it starts "from now"
+            assert process.stdout is not None and process.stderr is not None
+            # It starts "from now": the turn begins once it says it follows.
+            said = b""
+            with anyio.fail_after(15):
+                async for chunk in process.stderr:
+                    said += chunk
+                    if b"following the event stream (Ctrl-C stops)\n" in said:
+                        break
             await control.send_message("alpha", "go")
             seen = b""
             with anyio.fail_after(10):

@@ -268,8 +268,15 @@ async def _events(client: OperatorClient, args: argparse.Namespace) -> int:
     style = Style.for_stream(sys.stdout)
     printer = EventPrinter(sys.stdout.write, sys.stdout.flush, style, show_desk=True,
                            verbose=args.verbose)
+    opened = False
     async for event in client.events(desk=args.desk, after=args.after, tail=args.tail,
                                      follow=args.follow):
+        if event.type == "stream_open":
+            if args.follow and not opened:
+                opened = True
+                sys.stderr.write("following the event stream (Ctrl-C stops)\n")
+                sys.stderr.flush()
+            continue
         if args.json:
             if event.id is not None:
                 sys.stdout.write(json_text(event.data) + "\n")

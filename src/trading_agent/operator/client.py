@@ -366,7 +366,9 @@ class OperatorClient:
             reconnect: Reconnect when the connection drops (following streams only).
 
         Yields:
-            Events; while reconnecting, a notice of type ``stream_reconnecting``.
+            Events; a notice of type ``stream_open`` each time the stream is open (from
+            then on nothing is missed), and while reconnecting one of type
+            ``stream_reconnecting``.
         """
         last_id = after
         delay = 0.5
@@ -389,6 +391,7 @@ class OperatorClient:
                     if last_id is None and STREAM_CURSOR_HEADER in response.headers:
                         # Asked "from now": resume from where that was, should we drop.
                         last_id = int(response.headers[STREAM_CURSOR_HEADER])
+                    yield StreamEvent(None, {"type": "stream_open", "after": last_id})
                     async for event_id, data in parse_sse(response.aiter_lines()):
                         event = StreamEvent(int(event_id) if event_id else None, json.loads(data))
                         if event.id is not None:

@@ -347,6 +347,8 @@ class EventPrinter:
         """Shows one event (its text without control characters, see :func:`printable`)."""
         data = _printable_data(data)
         kind = data.get("type")
+        if kind == "stream_open":
+            return
         if kind == "thinking_delta":
             self._thinking(data)
             return
