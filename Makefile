@@ -57,10 +57,11 @@ run: $(VENV)/.installed
 	$(BIN)/trading-agent run --config $(CONFIG)
 
 # Two workers, handed one test at a time, longest first (tests/conftest.py orders them): a
-# long end-to-end test never starts last while the other worker has run out of work.
+# long end-to-end test never starts last while the other worker has run out of work. The
+# slowest twenty are listed at the end, to keep an eye on the suite's time.
 test: $(VENV)/.installed
 	bash scripts/ensure-test-tools.sh
-	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1
+	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 --durations=20
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
