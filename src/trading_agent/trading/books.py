@@ -49,6 +49,7 @@ from trading_agent.trading.exchange import Order, OrderSide
 
 __all__ = [
     "FLATTEN_TURN",
+    "ZERO",
     "BookFill",
     "BookOrder",
     "BookPosition",
