@@ -65,18 +65,11 @@ async def test_a_killed_daemons_desks_are_taken_over_and_a_stopped_ones_handed_o
         victims = [desk for desk, daemon in holders.items() if daemon == "d3"]
         assert len(victims) == 2, holders
 
-        # send --wait through d1 to a desk d2 runs: the answer of a turn that ends at once.
-        elsewhere = next(desk for desk, daemon in holders.items() if daemon == "d2")
-        async with fleet.daemons["d1"].client() as client:
-            answered = await client.send_and_wait(elsewhere, "Anything new?", "ann",
-                                                  wait_seconds=20)
-        fleet.sent[elsewhere].append(answered["id"])
-        assert answered["reply"] == {"ok": True, "text": "Noted.", "error": ""}, answered
-
-        # Every message goes through d1: four of the six desks run elsewhere. d1's and d2's
-        # event streams both show every desk's turn, with the same ids.
+        # d1's and d2's event streams, open before any turn: both must show every desk's
+        # turn, with the same ids.
         seen: dict[str, list[tuple[int | None, str]]] = {"d1": [], "d2": []}
         opened = {daemon_id: anyio.Event() for daemon_id in seen}
+        elsewhere = next(desk for desk, daemon in holders.items() if daemon == "d2")
         async with anyio.create_task_group() as watching:
             for daemon_id in seen:
                 watching.start_soon(_watch_turn_ends, fleet, daemon_id, seen[daemon_id],
@@ -84,13 +77,22 @@ async def test_a_killed_daemons_desks_are_taken_over_and_a_stopped_ones_handed_o
             with anyio.fail_after(15):
                 for event in opened.values():
                     await event.wait()
+            # send --wait through d1 to a desk d2 runs: the answer of a turn that ends at
+            # once.
+            async with fleet.daemons["d1"].client() as client:
+                answered = await client.send_and_wait(elsewhere, "Anything new?", "ann",
+                                                      wait_seconds=20)
+            fleet.sent[elsewhere].append(answered["id"])
+            assert answered["reply"] == {"ok": True, "text": "Noted.", "error": ""}, answered
+            # Every message goes through d1: four of the six desks run elsewhere.
             await fleet.send_turn("d1", 1)
             await fleet.wait_answered(1)
             with anyio.fail_after(10):
-                while len(seen["d1"]) < len(DESKS) or len(seen["d2"]) < len(DESKS):  # noqa: ASYNC110
+                while (len(seen["d1"]) < len(DESKS) + 1  # noqa: ASYNC110
+                       or len(seen["d2"]) < len(DESKS) + 1):
                     await anyio.sleep(0.05)
             watching.cancel_scope.cancel()
-        assert sorted(desk for _, desk in seen["d1"]) == sorted(DESKS)
+        assert sorted(desk for _, desk in seen["d1"]) == sorted([*DESKS, elsewhere])
         assert seen["d1"] == seen["d2"]
         assert fleet.audit() == {}
         for desk in DESKS:  # a real turn of orders on each desk
@@ -205,13 +207,12 @@ async def test_a_paused_daemon_that_lost_its_lease_cannot_write(
 
 async def _watch_turn_ends(fleet: Fleet, daemon_id: str, into: list[tuple[int | None, str]],
                            opened: anyio.Event) -> None:
-    """Collects the turn ends a daemon's event stream shows, as ``(id, desk)``, after the
-    last event it held when the stream opened (that one says the stream is open)."""
+    """Collects the turn ends a daemon's event stream shows from now on, as ``(id, desk)``;
+    ``opened`` is set once the stream is open."""
     async with fleet.daemons[daemon_id].client() as client:
-        async for event in client.events(tail=1):
-            if not opened.is_set():
+        async for event in client.events():
+            if event.type == "stream_open":
                 opened.set()
-                continue
             if event.type == "turn_end" and not event.data.get("subagent"):
                 into.append((event.id, str(event.data["desk"])))
 
