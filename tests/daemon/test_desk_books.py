@@ -102,7 +102,7 @@ async def test_resting_orders_fill_and_the_risk_day_starts_on_candles_without_a_
                                 headers[SIGNATURE_HEADER.lower()])
     fill = receiver.received[0][1]["event"]
     assert fill["type"] == "order_filled" and fill["desk"] == "alpha"
-    assert fill["text"].startswith("order P1 filled: buy 0.5 BTC on BTC/USDT at 950")
+    assert fill["text"].startswith("Order P1 filled: bought 0.5 BTC on BTC/USDT at 950 (fee ")
 
 
 async def _run_books(settings: Settings) -> None:
@@ -110,7 +110,7 @@ async def _run_books(settings: Settings) -> None:
     async with open_daemon(settings) as daemon:
         alpha, beta = daemon.venues["alpha"], daemon.venues["beta"]
         risk = beta.risk
-        assert isinstance(alpha.exchange, PaperExchange) and risk is not None
+        assert isinstance(alpha.exchange.inner, PaperExchange) and risk is not None
         feed = alpha.feed
         assert isinstance(feed, ReplayFeed)
         await alpha.exchange.create_order(

@@ -34,14 +34,16 @@ from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
-from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert
+from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert, order_filled
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
+from trading_agent.store.desk_books import SqliteDeskBooks
 from trading_agent.store.memory_notes import SqliteMemory
 from trading_agent.store.paper_books import SqlitePaperBooks
 from trading_agent.telemetry.config import WEBHOOK_EVENTS, WebhookSettings
 from trading_agent.telemetry.webhooks import Webhooks, open_webhooks, verify_signature
 from trading_agent.tools import register_trading_tools
+from trading_agent.trading.booked_exchange import BookedExchange
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import RiskPolicy
@@ -347,7 +349,8 @@ async def test_only_the_events_a_webhook_asked_for_arrive(
     assert [r.kind for r in fills.requests] == ["fill", "desk_paused"]
     fill = chosen[0].payload
     assert re.match(r"alpha: Order P\d filled: bought 0\.1 BTC on BTC/USDT at ", fill["summary"])
-    assert fill["event"]["name"] == "place_order" and fill["event"]["call_id"] == "buy"
+    assert fill["event"]["type"] == "order_filled" and fill["event"]["order_id"] == "P1"
+    assert fill["event"]["amount"] == "0.1" and fill["event"]["fee_currency"] == "USDT"
     assert all(r.signature_ok for r in received + chosen)
 
 
@@ -446,9 +449,14 @@ class _PaperDesk:
         database = self.tmp_path / "desk.sqlite3"
         self.paper = await PaperExchange.open(PAPER, feed, await SqlitePaperBooks.open(database,
                                                                                        "alpha"))
+        self.books = await SqliteDeskBooks.open(database, "alpha")
+        # The desk's view of it, as the daemon builds it: every fill its books count is
+        # announced on the bus.
+        exchange = BookedExchange(self.paper, self.books)
+        exchange.on_fill = lambda fill: self.bus.publish(order_filled("alpha", fill))
         self.memory = await SqliteMemory.open(database, "alpha", clock=feed.now)
         registry = register_trading_tools(
-            ToolRegistry(), exchange=self.paper, risk_policy=RiskPolicy(LIMITS, self.paper),
+            ToolRegistry(), exchange=exchange, risk_policy=RiskPolicy(LIMITS, exchange),
             symbols=["BTC/USDT"], memory=self.memory)
         self.backend = OpenAICompatibleBackend(OpenAIBackendConfig(
             base_url=self.server.base_url, model="scripted-model", context_window=32_000,
@@ -459,6 +467,7 @@ class _PaperDesk:
     async def __aexit__(self, *exc: object) -> None:
         await self.backend.aclose()
         await self.memory.close()
+        await self.books.close()
         await self.paper.close()
 
 

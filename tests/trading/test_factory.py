@@ -37,7 +37,7 @@ async def test_the_default_is_paper_trading_on_the_packaged_replay(database: Pat
     async with open_exchange(ExchangeConfig(), state=TradingStateFile(database), account="alpha",
                              risk_limits=RiskLimits()) as venue:
         assert venue.mode == "paper"
-        assert isinstance(venue.exchange, PaperExchange)
+        assert isinstance(venue.exchange.inner, PaperExchange)
         assert isinstance(venue.feed, ReplayFeed)
         assert venue.risk is not None
         order = await venue.risk.place_order(market_buy())
@@ -69,7 +69,7 @@ async def test_paper_mode_on_a_ccxt_feed_never_sends_an_order(
 
     async with open_exchange(config, state=TradingStateFile(database), symbols=["BTC/USDT"],
                              environ={}, sleep=sleep) as venue:
-        assert isinstance(venue.exchange, PaperExchange)
+        assert isinstance(venue.exchange.inner, PaperExchange)
         assert isinstance(venue.feed, CcxtPriceFeed)
         order = await venue.exchange.create_order(market_buy())
         data_source = venue.feed.exchange
@@ -90,7 +90,7 @@ async def test_live_mode_sends_orders_to_the_exchange(
 
     async with open_exchange(config, state=TradingStateFile(database), environ=ENVIRON, sleep=sleep,
                              risk_limits=limits) as venue:
-        assert isinstance(venue.exchange, CcxtExchange)
+        assert isinstance(venue.exchange.inner, CcxtExchange)
         assert venue.risk is not None
         order = await venue.risk.place_order(market_buy())
 

@@ -81,8 +81,8 @@ async def test_paper_desks_on_one_ccxt_feed_share_one_market_data_client(
                                  feed=feed) as alpha, \
                 open_exchange(config, state=TradingStateFile(database), account="beta",
                               feed=feed) as beta:
-            assert isinstance(alpha.exchange, PaperExchange)
-            assert isinstance(beta.exchange, PaperExchange)
+            assert isinstance(alpha.exchange.inner, PaperExchange)
+            assert isinstance(beta.exchange.inner, PaperExchange)
             await alpha.exchange.create_order(market_buy())
             await beta.exchange.create_order(market_buy())
         # Other symbols are another feed.

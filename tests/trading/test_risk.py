@@ -229,6 +229,7 @@ async def test_describe_reports_usage(desk: Desk) -> None:
 
 
 async def test_a_sell_limit_below_the_market_is_valued_at_the_bid(desk: Desk) -> None:
+    await desk.policy.place_order(order("buy", "0.5"))  # something to sell
     # It would fill at the bid (16,595.388), so its limit price of 1 must not value it.
     check = await desk.policy.check(order("sell", "0.5", "1"))
     above = await desk.policy.check(order("sell", "0.5", "20000"))
@@ -289,3 +290,14 @@ async def test_a_kill_switch_set_by_another_daemon_holds_once_refreshed(
     assert before.status == after.status == "closed"
     assert refusal.limit == "kill_switch"
     assert "halted by ann" in str(refusal) and "moving it" in str(refusal)
+
+
+async def test_a_spot_desk_may_not_sell_more_than_it_holds(desk: Desk) -> None:
+    await desk.policy.place_order(order("buy", "0.1"))
+    error = await refused(desk.policy, order("sell", "0.2"))
+    assert error.limit == "own_position"
+    assert str(error) == (
+        "Refused (own_position): this desk holds 0.1 BTC of BTC/USDT itself, and may sell at "
+        "most 0.1 BTC; the account holds 0.1 BTC, but what this desk did not buy is not its "
+        "to sell.")
+    await desk.policy.place_order(order("sell", "0.1"))  # all it holds: allowed

@@ -69,6 +69,7 @@ from trading_agent.errors import (
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.store.desk_holds import HoldFields
 from trading_agent.store.fencing import FencedError
+from trading_agent.trading.order_outcomes import CANCEL_ORDER, PLACE_ORDER
 
 __all__ = [
     "RESUME_TEXT",
@@ -526,6 +527,13 @@ class Desk:
                 raise RetryRefusedError("the last turn also read an operator's message sent "
                                         "while it worked, which a retry would lose; send "
                                         "your correction as a new message instead")
+            orders = _order_calls(dropped)
+            if orders:
+                raise RetryRefusedError(
+                    f"the last turn {'; '.join(orders)}. A retry would hide that from the "
+                    "model, which could then place it again: send your correction as a new "
+                    "message instead (the desk still sees its order), and cancel a resting "
+                    "order first if it should not stand")
             trigger = messages[opening]
             await self.store.transcripts.retract_messages(self.name, [m.id for m in dropped],
                                                           by)
@@ -901,6 +909,28 @@ def _resume_for(messages: Sequence[Message]) -> Trigger:
 
 _OPENINGS = frozenset({"trigger", "operator", "notice"})
 """The kinds of message a turn opens with (a resume turn's is a notice)."""
+
+
+_ORDER_TOOLS = {PLACE_ORDER: "placed an order", CANCEL_ORDER: "cancelled an order"}
+
+
+def _order_calls(messages: Sequence[Message]) -> list[str]:
+    """The order calls among ``messages`` that may have reached the exchange (all but the
+    ones the risk limits refused before sending), each as "placed an order (result)"."""
+    results = {result.tool_use_id: result for message in messages
+               for result in message.tool_results}
+    found = []
+    for message in messages:
+        for call in message.tool_uses:
+            what = _ORDER_TOOLS.get(call.name)
+            result = results.get(call.id)
+            if what is None or (result is not None and result.is_error
+                                and result.text.startswith("Refused")):
+                continue
+            said = result.text.strip().splitlines()[0] if result and result.text.strip() else (
+                "no answer recorded")
+            found.append(f"{what} ({said[:200]})")
+    return found
 
 
 def _replayed_kind(message: Message) -> TriggerKind:

@@ -11,9 +11,19 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from trading_agent.agent.events import Event
+from trading_agent.trading.books import BookFill
 
-__all__ = ["ConfigReloaded", "DeskPaused", "DeskResumed", "KillSwitchChanged", "OrderFilled",
-           "SpendAlert", "TurnCancelled", "TurnRetried"]
+__all__ = [
+    "ConfigReloaded",
+    "DeskPaused",
+    "DeskResumed",
+    "KillSwitchChanged",
+    "OrderFilled",
+    "SpendAlert",
+    "TurnCancelled",
+    "TurnRetried",
+    "order_filled",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +144,9 @@ class ConfigReloaded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class OrderFilled(Event):
-    """A resting order of the desk filled (a paper order on a later candle).
+    """One of the desk's orders filled, as its books counted it: at once (a market order),
+    or later (a resting order, on a paper candle or at the exchange). Made by
+    :func:`order_filled`.
 
     Attributes:
         order_id: The order.
@@ -156,3 +168,21 @@ class OrderFilled(Event):
     fee: str
     fee_currency: str
     text: str
+
+
+def order_filled(desk: str, fill: BookFill) -> OrderFilled:
+    """The event for a fill the desk's books counted.
+
+    Args:
+        desk: The desk.
+        fill: The fill.
+    """
+    base = fill.symbol.partition("/")[0]
+    verb = "bought" if fill.side == "buy" else "sold"
+    fee = f"fee {fill.fee} {fill.fee_currency}" if fill.fee_currency else "no fee"
+    return OrderFilled(
+        desk=desk, order_id=fill.order_id, symbol=fill.symbol, side=fill.side,
+        amount=str(fill.amount), price=str(fill.price), fee=str(fill.fee),
+        fee_currency=fill.fee_currency or "",
+        text=f"Order {fill.order_id} filled: {verb} {fill.amount} {base} on {fill.symbol} at "
+             f"{fill.price} ({fee})")

@@ -40,7 +40,7 @@ from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecuto
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.backends.providers import ProviderContext, provider
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
-from trading_agent.daemon.events import OrderFilled
+from trading_agent.daemon.events import order_filled
 from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.triggers import MarketWatcher
@@ -157,7 +157,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     watcher = MarketWatcher(venue.feed, config.symbols, desk.fire,
                             move_percent=ticks.move_percent,
                             candle_timeframes=ticks.on_candle_close,
-                            on_step=functools.partial(_keep_books, name, venue, bus))
+                            on_step=functools.partial(_keep_books, name, venue))
+    venue.exchange.on_fill = lambda fill: bus.publish(order_filled(name, fill))
     desk.on_turn_start.append(watcher.desk_looked)
     schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
                  for s in config.triggers.schedules]
@@ -276,25 +277,17 @@ class _DefinitionsOnly:
         raise BackendError("the model is not asked while the config is checked")
 
 
-async def _keep_books(desk: str, venue: TradingVenue, bus: EventBus) -> None:
+async def _keep_books(desk: str, venue: TradingVenue) -> None:
     """A new candle on the desk's feed: the orders the venue simulates are matched against
-    it (each fill published), and the risk policy records the day (its starting value is the
-    day's first candle's, and a loss past the limit halts new orders even if prices recover
-    before the next order)."""
+    it, the desk's books count what its orders filled (each fill announced as it is
+    counted), and the risk policy records the day (its starting value is the day's first
+    candle's, and a loss past the limit halts new orders even if prices recover before the
+    next order)."""
     try:
         fills = await venue.match_resting_orders()
         if fills:
-            _log.info("paper_orders_filled", desk=desk,
+            _log.info("desk_orders_filled", desk=desk,
                       orders=[fill.order_id for fill in fills])
-        for fill in fills:
-            base = fill.symbol.partition("/")[0]
-            bus.publish(OrderFilled(
-                desk=desk, order_id=fill.order_id, symbol=fill.symbol, side=fill.side,
-                amount=str(fill.amount), price=str(fill.price), fee=str(fill.fee),
-                fee_currency=fill.fee_currency,
-                text=f"order {fill.order_id} filled: {fill.side} {fill.amount} {base} on "
-                     f"{fill.symbol} at {fill.price} (fee {fill.fee} "
-                     f"{fill.fee_currency})"))
         if venue.risk is not None:
             await venue.risk.observe()
     except TradingAgentError as exc:  # no price yet, the exchange unreachable: next candle
@@ -314,7 +307,7 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     stack.push_async_callback(memory.close)
     everything = register_trading_tools(ToolRegistry(), exchange=venue.exchange,
                                         risk_policy=venue.risk, symbols=config.symbols,
-                                        memory=memory)
+                                        memory=memory, books=venue.books)
     known = [*everything.names, DELEGATE_TOOL_NAME]
     wanted = config.tools
     if wanted is not None:

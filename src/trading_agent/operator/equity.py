@@ -15,7 +15,6 @@ so the chart's last point and the header can never disagree.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,16 +24,13 @@ import anyio
 import structlog
 
 from trading_agent.agent.event_bus import Subscription
-from trading_agent.agent.events import Event, ToolResultReady
+from trading_agent.agent.events import Event
 from trading_agent.daemon.control import DeskControl, UnknownDeskError
 from trading_agent.daemon.events import OrderFilled
 
 __all__ = ["EquityHistory", "EquitySamples", "MemoryEquitySamples", "is_fill"]
 
 _log = structlog.get_logger(__name__)
-
-_FILLED = re.compile(r"Order \S+ filled: ")
-"""How ``place_order`` answers an order that filled at once."""
 
 _FILL_BUFFER = 1000
 """Fills waiting to be sampled; past it the bus drops (and the timer's sample catches up)."""
@@ -84,12 +80,9 @@ def is_fill(event: Event) -> bool:
         event: An event of the daemon's bus.
 
     Returns:
-        True for an ``order_filled`` event and a ``place_order`` result that says filled.
+        True for an ``order_filled`` event (every fill the desk's books count).
     """
-    if isinstance(event, OrderFilled):
-        return True
-    return (isinstance(event, ToolResultReady) and event.name == "place_order"
-            and not event.is_error and _FILLED.match(event.text) is not None)
+    return isinstance(event, OrderFilled)
 
 
 class EquityHistory:

@@ -40,7 +40,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -54,7 +53,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from trading_agent.agent.event_bus import EventBus, Subscription
-from trading_agent.agent.events import ErrorEvent, Event, EventsDropped, ToolResultReady
+from trading_agent.agent.events import ErrorEvent, Event, EventsDropped
 from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
@@ -79,10 +78,8 @@ _DROP_LOG_SECONDS = 10.0
 _DRAIN_SECONDS = 2.0
 """How long a stopping daemon spends sending what is queued (one attempt each)."""
 _REDACTED = "[REDACTED]"
-_FILLED = re.compile(r"Order \S+ filled: ")
 _ORDER_FILLED = "order_filled"
-"""The type of a fill event on the bus, should the exchanges publish one; until then a fill
-is seen in ``place_order``'s answer."""
+"""The type of a fill event on the bus: every fill a desk's books count, at once or later."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -136,12 +133,6 @@ def webhook_kind(event: Event) -> WebhookEvent | None:
     Returns:
         Its kind, or None when no webhook can ask for it.
     """
-    if isinstance(event, ToolResultReady):
-        # place_order answers "Order <id> filled: ..." when the order filled at once.
-        if (event.name == "place_order" and not event.is_error
-                and _FILLED.match(event.text) is not None):
-            return "fill"
-        return None
     if event.type == _ORDER_FILLED:
         return "fill"
     if isinstance(event, ApprovalRequested):

@@ -93,7 +93,8 @@ def _order_request(arguments: OrderArguments, context: ToolContext) -> OrderRequ
     """The order a call asks for; its client id is the call's, so a re-run places one."""
     return OrderRequest(arguments.symbol.strip().upper(), arguments.side, arguments.type,
                         arguments.amount, arguments.price,
-                        client_order_id_for(context.desk, context.turn, context.call_id))
+                        client_order_id_for(context.desk, context.turn, context.call_id),
+                        context.turn)
 
 
 def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,

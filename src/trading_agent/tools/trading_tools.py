@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trading_agent.agent.tool_registry import ToolRegistry
-from trading_agent.tools.account import register_account_tools
+from trading_agent.tools.account import register_account_tools, register_record_tool
 from trading_agent.tools.charts import register_chart_tool
 from trading_agent.tools.market import register_market_tools
 from trading_agent.tools.memory import register_memory_tools
 from trading_agent.tools.memory_store import DeskMemory
 from trading_agent.tools.orders import register_order_tools
+from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Exchange
 from trading_agent.trading.risk import RiskPolicy
 
@@ -19,7 +20,8 @@ __all__ = ["register_trading_tools"]
 
 def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
                            risk_policy: RiskPolicy, symbols: Sequence[str],
-                           memory: DeskMemory | None = None) -> ToolRegistry:
+                           memory: DeskMemory | None = None,
+                           books: DeskBooks | None = None) -> ToolRegistry:
     """Registers a desk's trading tools (and its memory tools, given a memory).
 
     Args:
@@ -28,6 +30,7 @@ def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
         risk_policy: The desk's risk policy, on the same exchange; every order goes through it.
         symbols: The desk's symbols; the first is the default of the market tools.
         memory: The desk's notes, for ``remember`` and ``recall``.
+        books: The desk's books, for ``get_trade_record``.
 
     Returns:
         The registry, for chaining.
@@ -42,6 +45,8 @@ def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
     register_account_tools(registry, exchange=exchange,
                            quote_currency=risk_policy.limits.quote_currency)
     register_order_tools(registry, exchange=exchange, risk_policy=risk_policy, symbols=symbols)
+    if books is not None:
+        register_record_tool(registry, books=books)
     if memory is not None:
         register_memory_tools(registry, memory)
     return registry

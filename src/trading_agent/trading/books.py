@@ -282,6 +282,16 @@ class FillEffect:
     updated: RoundTrip | None = None
 
 
+_PRICE_PLACES = Decimal("1e-12")
+
+
+def _tidy(price: Decimal) -> Decimal:
+    """A price from a division, to twelve decimal places (far below any market's tick): the
+    profits computed from it stay short decimals instead of 28-digit repeating ones."""
+    tidy = price.quantize(_PRICE_PLACES).normalize()
+    return tidy.quantize(Decimal(1)) if tidy.as_tuple().exponent > 0 else tidy  # type: ignore[operator]
+
+
 def _base(symbol: str) -> str:
     return symbol.partition("/")[0]
 
@@ -310,7 +320,7 @@ def fill_from_order(counted: BookOrder, order: Order, at: datetime) -> BookFill 
     if amount <= 0 or order.average is None:
         return None
     cost = order.filled * order.average - counted.cost
-    price = cost / amount if cost > 0 else order.average
+    price = _tidy(cost / amount) if cost > 0 else order.average
     fee = max(ZERO, order.fee - counted.fee)
     currency = order.fee_currency or counted.fee_currency
     return BookFill(fill_id_for(order.id, order.filled), order.id, counted.client_order_id,
@@ -351,7 +361,7 @@ def apply_fill(position: BookPosition, trade: RoundTrip | None, fill: BookFill
     left = held + change if abs(change) <= abs(held) else ZERO
     assert trade is not None or held == 0
     exited = (trade.exited if trade else ZERO) + closing
-    exit_price = fill.price if trade is None or trade.exit_price is None else (
+    exit_price = fill.price if trade is None or trade.exit_price is None else _tidy(
         (trade.exit_price * trade.exited + fill.price * closing) / exited)
     touched = replace(trade, exited=exited, exit_price=exit_price,
                       profit=trade.profit + realized, fees=trade.fees + closing_fee
@@ -380,7 +390,8 @@ def _add(position: BookPosition, trade: RoundTrip | None, fill: BookFill, change
     if held == 0 or position.entry_price is None:
         entry = fill.price
     else:
-        entry = (position.entry_price * abs(held) + fill.price * abs(change)) / abs(amount)
+        entry = _tidy((position.entry_price * abs(held) + fill.price * abs(change))
+                      / abs(amount))
     moved = replace(position, amount=amount, entry_price=entry,
                     opened_at=position.opened_at or fill.at,
                     realized=position.realized - fee)
@@ -417,6 +428,11 @@ class DeskBookRecords(Protocol):
         Returns:
             The fills newly counted (none, or one).
         """
+        ...
+
+    async def settle(self, client_order_id: str, status: str) -> None:
+        """Marks a noted order that will never fill (``rejected`` by the exchange, or
+        ``lost``: never placed), so it no longer counts as open."""
         ...
 
     async def orders(self, *, open_only: bool = False) -> list[BookOrder]:

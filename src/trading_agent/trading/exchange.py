@@ -263,6 +263,8 @@ class OrderRequest:
         amount: How much of the base currency.
         price: The limit price (limit orders only).
         client_order_id: The id the exchange will know the order by; set when missing.
+        turn: The desk's turn that decided it (``flatten`` for a kill switch's), kept in the
+            desk's books; never sent to the exchange.
     """
 
     symbol: str
@@ -271,6 +273,7 @@ class OrderRequest:
     amount: Decimal
     price: Decimal | None = None
     client_order_id: str = field(default_factory=new_client_order_id)
+    turn: str | None = None
 
     def __post_init__(self) -> None:
         if self.type == "limit" and self.price is None:

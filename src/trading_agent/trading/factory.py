@@ -35,7 +35,10 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
+from trading_agent.trading.booked_exchange import BookedExchange
+from trading_agent.trading.books import BookFill, DeskBookRecords
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
+from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Exchange, Fill
 from trading_agent.trading.feed import PriceFeed
 from trading_agent.trading.kill_switch import KillSwitch
@@ -70,6 +73,10 @@ class TradingState(Protocol):
         """The risk policies' memory."""
         ...
 
+    async def desk_books(self, desk: str) -> DeskBookRecords:
+        """A desk's own books."""
+        ...
+
 
 @dataclass(frozen=True)
 class TradingVenue:
@@ -77,10 +84,12 @@ class TradingVenue:
 
     Attributes:
         mode: ``paper`` or ``live``.
-        exchange: Where orders go.
+        exchange: Where orders go: the desk's view of its exchange, which keeps its books
+            (:class:`~trading_agent.trading.booked_exchange.BookedExchange`).
         feed: Prices, candles and the clock (a replay's clock is replayed time); subscribe
             to it for tick triggers.
         risk: The desk's risk policy on ``exchange``, when limits were given.
+        books: The desk's own books (positions, trades, profit), read with the marks.
         matcher: Matches the resting orders this venue simulates (a paper exchange's
             :meth:`~trading_agent.trading.paper.PaperExchange.sync`); None when the venue
             holds its orders itself (a live exchange fills them on its own).
@@ -90,21 +99,25 @@ class TradingVenue:
     """
 
     mode: Literal["paper", "live"]
-    exchange: Exchange
+    exchange: BookedExchange
     feed: PriceFeed
     risk: RiskPolicy | None
+    books: DeskBooks
     matcher: Callable[[], Awaitable[list[Fill]]] | None = field(default=None, repr=False)
     reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = field(
         default=None, repr=False)
 
-    async def match_resting_orders(self) -> list[Fill]:
+    async def match_resting_orders(self) -> list[BookFill]:
         """Matches the resting orders this venue simulates against the candles completed
-        since the last match; called on each new candle of its feed.
+        since the last match (paper), then looks at the desk's orders that may still fill
+        and counts what did in its books; called on each new candle of its feed.
 
         Returns:
-            The fills this produced, oldest first (none on a venue that fills its own).
+            The fills the desk's books counted since the last call, oldest first.
         """
-        return [] if self.matcher is None else await self.matcher()
+        if self.matcher is not None:
+            await self.matcher()
+        return await self.exchange.refresh()
 
     async def reconcile(self) -> ReconciliationReport | None:
         """Compares the exchange with what this venue's journal says it sent, before a
@@ -175,20 +188,27 @@ async def open_exchange(
                 stack.push_async_callback(feed.close)
         elif feed is None:
             feed = await stack.enter_async_context(open_feed(config, symbols=wanted, sleep=sleep))
+        records = await state.desk_books(account)
+        stack.push_async_callback(records.close)
         if config.mode == "paper":
             paper = await PaperExchange.open(config.paper, feed,
                                              await state.paper_books(account))
             stack.push_async_callback(paper.close)
-            exchange = paper
+            booked = BookedExchange(paper, records)
+            # A paper account is the desk's alone: what it holds is the desk's.
+            await booked.adopt_holdings(await paper.fetch_positions())
             matcher = paper.sync  # resting paper orders fill only when matched on a candle
+        else:
+            booked = BookedExchange(exchange, records)
         risk = None
         if risk_limits is not None:
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,
-                                                     exchange.now())
+                                                     booked.now())
             stack.push_async_callback(risk_journal.close)
-            risk = RiskPolicy(risk_limits, exchange, journal=risk_journal,
+            risk = RiskPolicy(risk_limits, booked, journal=risk_journal,
                               order_seconds=order_seconds(config), kill_switch=kill_switch)
-        yield TradingVenue(config.mode, exchange, feed, risk, matcher, reconciler)
+        yield TradingVenue(config.mode, booked, feed, risk, DeskBooks(records, booked),
+                           matcher, reconciler)
 
 
 @asynccontextmanager

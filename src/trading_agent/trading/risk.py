@@ -52,6 +52,7 @@ from trading_agent.errors import (
     RiskLimitError,
     TradingAgentError,
 )
+from trading_agent.trading.books import FLATTEN_TURN
 from trading_agent.trading.config import RiskLimits
 from trading_agent.trading.exchange import Exchange, Order, OrderRequest, client_order_id_for
 from trading_agent.trading.formatting import format_amount
@@ -263,6 +264,8 @@ class RiskPolicy:
                          if o.symbol == request.symbol and o.side == request.side), _ZERO)
         direction = 1 if request.side == "buy" else -1
         projected = held + direction * (same_side + request.amount)
+        if request.side == "sell" and ":" not in request.symbol and projected < 0:
+            await self._refuse_selling_more_than_held(request, held, same_side)
         position_notional = await self._in_quote(abs(projected) * price, market_quote)
         if abs(projected) > abs(held) and position_notional > limits.max_position_notional:
             base = request.symbol.partition("/")[0]
@@ -289,6 +292,25 @@ class RiskPolicy:
                                  f"{next_slot:%H:%M} UTC.")
         return RiskCheck(price, notional, projected, position_notional, len(open_orders),
                          len(recent), loss)
+
+    async def _refuse_selling_more_than_held(self, request: OrderRequest, held: Decimal,
+                                             selling: Decimal) -> None:
+        """A spot desk sells only what it bought itself: the account may hold more (the
+        user's own coins, another desk's), which is not this desk's to sell."""
+        base = request.symbol.partition("/")[0]
+        try:
+            balance = (await self.exchange.fetch_balances()).get(base)
+            account = f"{balance.total if balance else _ZERO} {base}"
+        except TradingAgentError:
+            account = "unknown (the balances could not be read)"
+        pending = f", {selling} {base} of it already in open sell orders" if selling else ""
+        can = max(_ZERO, held - selling)
+        raise RiskLimitError(
+            "own_position",
+            f"Refused (own_position): this desk holds {max(held, _ZERO)} {base} of "
+            f"{request.symbol} itself"
+            f"{pending}, and may sell at most {can} {base}; the account holds {account}, "
+            "but what this desk did not buy is not its to sell.")
 
     async def describe(self) -> str:
         """The limits and how much of each is used, in a few lines the model reads."""
@@ -399,7 +421,7 @@ class RiskPolicy:
                 side: Literal["buy", "sell"] = "sell" if position.side == "long" else "buy"
                 request = OrderRequest(position.symbol, side, "market", position.amount, None,
                                        client_order_id_for(self.desk, "flatten", stamp,
-                                                           position.symbol))
+                                                           position.symbol), FLATTEN_TURN)
                 try:
                     placed.append(await self._send(request))
                 except TradingAgentError as exc:
