@@ -4,6 +4,7 @@ own on the store's one writer."""
 
 from __future__ import annotations
 
+from trading_agent.store.desk_books import SqliteDeskBooks
 from trading_agent.store.fencing import Fence
 from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.store.paper_books import SqlitePaperBooks
@@ -14,7 +15,8 @@ __all__ = ["TradingStateFile"]
 
 
 class TradingStateFile:
-    """The paper books, the order journal and the risk journal of a desk in the store.
+    """The paper books, the order journal, the risk journal and the books of a desk in the
+    store.
 
     Args:
         target: The state file (``store.database_path(state_dir)``), or the PostgreSQL
@@ -42,6 +44,10 @@ class TradingStateFile:
     async def risk_records(self) -> SqliteRiskRecords:
         """The risk policies' memory."""
         return await SqliteRiskRecords.open(self.target, fence=self._fence)
+
+    async def desk_books(self, desk: str) -> SqliteDeskBooks:
+        """A desk's own books (its writes fenced on that desk)."""
+        return await SqliteDeskBooks.open(self.target, desk, fence=self._fence)
 
     def __repr__(self) -> str:
         return f"TradingStateFile({str(self.target)!r})"

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
+from trading_agent.trading.books import DeskBookRecords
 from trading_agent.trading.config import ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import Exchange, Fill
 from trading_agent.trading.feed import PriceFeed
@@ -68,6 +69,10 @@ class TradingState(Protocol):
 
     async def risk_records(self) -> RiskRecords:
         """The risk policies' memory."""
+        ...
+
+    async def desk_books(self, desk: str) -> DeskBookRecords:
+        """A desk's own books: its orders, fills, positions and round trips."""
         ...
 
 
