@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
+import anyio
 import pytest
 
 from tests.store.test_fencing import LostDeskB
@@ -226,5 +227,50 @@ async def test_a_desk_this_daemon_lost_writes_nothing(target: StoreTarget) -> No
         with pytest.raises(FencedError, match="desk b"):
             await books.note_order(_noted("cid-1"))
         assert await books.orders() == []
+    finally:
+        await books.close()
+
+
+def _observe_all(target: StoreTarget, reports: list[Order]) -> int:
+    """Observes ``reports`` through connections of its own (an event loop of its own, as
+    another process would): returns how many fills it counted."""
+
+    async def run() -> int:
+        books = await SqliteDeskBooks.open(target, "alpha")
+        try:
+            return sum([len(await books.observe(report, AT)) for report in reports])
+        finally:
+            await books.close()
+
+    return anyio.run(run)
+
+
+async def test_observations_racing_on_two_connections_count_each_part_once(
+        target: StoreTarget) -> None:
+    steps = 20
+    reports = [_report("cid-1", str(D("0.05") * step), "100", str(D("0.001") * step),
+                       amount="1") for step in range(1, steps + 1)]
+    books = await SqliteDeskBooks.open(target, "alpha")
+    try:
+        await books.note_order(_noted("cid-1"))
+        counts: list[int] = []
+
+        async def observer(order: list[Order]) -> None:
+            counts.append(await anyio.to_thread.run_sync(_observe_all, target, order))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(observer, reports)
+            group.start_soon(observer, [r for pair in zip(reports, reports, strict=True)
+                                        for r in pair])
+            group.start_soon(observer, reports[1::2])
+        fills = await books.fills()
+        assert sum(counts) == len(fills) and len({f.fill_id for f in fills}) == len(fills)
+        assert sum((f.amount for f in fills), D(0)) == D(1)
+        assert sum((f.fee for f in fills), D(0)) == D("0.02")
+        position = (await books.positions())["BTC/USDT"]
+        assert position.amount == D(1) and position.entry_price == D(100)
+        assert position.fees == D("0.02")
+        (order,) = await books.orders()
+        assert (order.filled, order.cost, order.fee) == (D(1), D(100), D("0.02"))
     finally:
         await books.close()

@@ -130,7 +130,7 @@ def test_buys_average_the_entry_and_a_sell_realizes_against_it() -> None:
     assert books.position == BookPosition("BTC/USDT", realized=D(-20))
     (trade,) = books.closed
     assert (trade.side, trade.amount, trade.entry_price, trade.exit_price, trade.exited) == (
-        "long", 4, D(115), D(110), 4)
+        "long", D(4), D(115), D(110), D(4))
     assert trade.profit == D(-20) and trade.exit_reason == "decision"
     assert (trade.opened_turn, trade.closed_turn) == ("t1", "t2")
     # -20 over the 460 the four cost.
@@ -192,7 +192,7 @@ def test_a_reversal_closes_the_long_and_opens_a_short_sharing_the_fee() -> None:
     assert closed.profit == D(10) - D("0.11") and closed.fees == D("0.11")
     assert books.trade is not None and books.trade.id == 2
     assert (books.trade.side, books.trade.amount, books.trade.entry_price) == (
-        "short", 2, D(110))
+        "short", D(2), D(110))
     assert books.trade.profit == D("-0.22") and books.trade.opened_turn == "t2"
     assert books.position.amount == -2 and books.position.entry_price == D(110)
     assert books.position.side == "short" and books.position.trade_id == 2
