@@ -162,7 +162,7 @@ class LoopDeskControl:
         self.sent: list[tuple[str, str, str]] = []
         self._deliveries: dict[str, Delivery] = {}
         self._store_subscription = bus.subscribe("test-store")
-        self.books: dict[str, DeskBooks | None] = {name: None for name in self.desks}
+        self.desk_books: dict[str, DeskBooks | None] = {name: None for name in self.desks}
         """Each desk's books (none until a test opens them), as a supervisor's runtimes."""
         self.exchanges: dict[str, Exchange | None] = {name: None for name in self.desks}
         """Each desk's exchange (for a cancelled order)."""
@@ -178,7 +178,7 @@ class LoopDeskControl:
 
     async def desk_status(self, desk: str) -> DeskStatus:
         d = self._desk(desk)
-        books = self.books.get(desk)
+        books = self.desk_books.get(desk)
         summary = await books.summary() if books is not None else None
         return DeskStatus(name=d.name, state=d.state,  # type: ignore[arg-type]
                           mode=d.mode, model=d.loop.backend.model, symbols=["BTC/USDT"],
@@ -193,12 +193,12 @@ class LoopDeskControl:
                     open_only: bool = False, period: str = "daily") -> dict[str, Any]:
         """As the supervisor answers: through the same reading of the desk's books."""
         self._desk(desk)
-        return await read_books(self.books.get(desk), desk, view, since=since,
+        return await read_books(self.desk_books.get(desk), desk, view, since=since,
                                 open_only=open_only, period=period)
 
     async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
         self._desk(desk)
-        return await cancel_desk_order(self.books.get(desk), self.exchanges.get(desk), desk,
+        return await cancel_desk_order(self.desk_books.get(desk), self.exchanges.get(desk), desk,
                                        order_id)
 
     def message_limit(self, desk: str) -> int | None:

@@ -457,6 +457,14 @@ class Supervisor:
                 result["failed"] += [f"{name}: {line}" for line in failed]
         return result
 
+    def runtime(self, desk: str) -> DeskRuntime:
+        """A desk and what runs beside it (its risk policy, its books).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk)
+
     def _runtime(self, desk: str) -> DeskRuntime:
         try:
             return self._runtimes[desk]
