@@ -191,6 +191,7 @@ async def _daemon_with_books(state_dir: Path, model_url: str, **environ: str
         from trading_agent.store.desk_books import SqliteDeskBooks  # noqa: F401
     except ImportError:
         pytest.skip("store/desk_books.py not merged yet")
+    from trading_agent.settings import load_settings
     from trading_agent.store.store import database_path
     from trading_agent.store.trading_state import TradingStateFile
 
@@ -203,7 +204,8 @@ async def _daemon_with_books(state_dir: Path, model_url: str, **environ: str
         assert runtime.risk is not None
         opened = None
         if runtime.books is None:
-            records = await TradingStateFile(database_path(state_dir), None,
+            state = load_settings(config).state_directory({})
+            records = await TradingStateFile(database_path(state), None,
                                              "alpha").desk_books("alpha")  # type: ignore[attr-defined]
             runtime.books = opened = DeskBooks(records, runtime.risk.exchange)
         try:
@@ -333,7 +335,7 @@ async def test_the_web_page_shows_the_books_and_cancels_an_order_once_confirmed(
 
             await order.locator("[data-action=cancel-order]").click()
             await confirm.locator("[data-action=confirm-cancel-order]").click()
-            await expect(page.locator(".note", has_text=f"order {resting.id}")).to_contain_text(
+            await expect(page.locator(".note", has_text=f"✋ order {resting.id}")).to_contain_text(
                 "canceled")
             await expect(page.locator("#orders-table tbody")).to_contain_text("No open orders.")
         assert [o["status"] for o in await paper_orders(state_dir, "alpha")
