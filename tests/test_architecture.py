@@ -23,6 +23,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("cli", "desks.building"): "check-config: the tools, the agent loop, the model clients",
     ("cli", "operator.cli"): "the operator's commands: their HTTP client",
     ("cli", "operator.control_cli"): "the operator's commands: their HTTP client",
+    ("cli", "operator.books_cli"): "the operator's commands: their HTTP client",
     ("cli", "backtest.cli"): "backtest: the engine and its report (pillow)",
     ("cli", "backtest.fetch"): "data fetch: its ccxt client",
     ("backtest.cli", "backtest.engine"): "the engine builds a whole desk; --help needs none",

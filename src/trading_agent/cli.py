@@ -152,12 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the TOML config file")
     run.set_defaults(handler=_run)
 
-    # The operator's commands (desks, chat, events): imported here, as only they need them.
+    # The operator's commands (desks, chat, events, the controls, the books): imported
+    # here, as only they need them.
+    from trading_agent.operator.books_cli import add_books_subcommands
     from trading_agent.operator.cli import add_subcommands
     from trading_agent.operator.control_cli import add_control_subcommands
 
     add_subcommands(subparsers)
     add_control_subcommands(subparsers)
+    add_books_subcommands(subparsers)
 
     from trading_agent.backtest.cli import add_backtest_subcommand
     from trading_agent.backtest.fetch import add_data_subcommand

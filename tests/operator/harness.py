@@ -42,6 +42,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.app.services import Daemon, open_daemon
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
+from trading_agent.daemon.books_view import cancel_desk_order, decimal_text, read_books
 from trading_agent.daemon.control import DeskStatus, UnknownDeskError
 from trading_agent.daemon.mailbox import Delivery
 from trading_agent.operator.approvals import ApprovalBook
@@ -49,6 +50,8 @@ from trading_agent.operator.client import StreamEvent, parse_sse
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import load_settings
+from trading_agent.trading.desk_books import DeskBooks
+from trading_agent.trading.exchange import Exchange
 
 __all__ = [
     "LoopDesk",
@@ -159,6 +162,10 @@ class LoopDeskControl:
         self.sent: list[tuple[str, str, str]] = []
         self._deliveries: dict[str, Delivery] = {}
         self._store_subscription = bus.subscribe("test-store")
+        self.desk_books: dict[str, DeskBooks | None] = {name: None for name in self.desks}
+        """Each desk's books (none until a test opens them), as a supervisor's runtimes."""
+        self.exchanges: dict[str, Exchange | None] = {name: None for name in self.desks}
+        """Each desk's exchange (for a cancelled order)."""
 
     def _desk(self, desk: str) -> LoopDesk:
         try:
@@ -171,11 +178,28 @@ class LoopDeskControl:
 
     async def desk_status(self, desk: str) -> DeskStatus:
         d = self._desk(desk)
+        books = self.desk_books.get(desk)
+        summary = await books.summary() if books is not None else None
         return DeskStatus(name=d.name, state=d.state,  # type: ignore[arg-type]
                           mode=d.mode, model=d.loop.backend.model, symbols=["BTC/USDT"],
                           last_turn_at=d.last_turn_at, last_turn_text=d.last_turn_text,
                           equity=d.equity, open_orders=0, tokens_today=d.tokens_today,
-                          queued_triggers=len(d.queue))
+                          queued_triggers=len(d.queue),
+                          realized_today=decimal_text(summary.realized_today)
+                          if summary else None,
+                          unrealized=decimal_text(summary.unrealized) if summary else None)
+
+    async def books(self, desk: str, view: str, *, since: Any = None,
+                    open_only: bool = False, period: str = "daily") -> dict[str, Any]:
+        """As the supervisor answers: through the same reading of the desk's books."""
+        self._desk(desk)
+        return await read_books(self.desk_books.get(desk), desk, view, since=since,
+                                open_only=open_only, period=period)
+
+    async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
+        self._desk(desk)
+        return await cancel_desk_order(self.desk_books.get(desk), self.exchanges.get(desk), desk,
+                                       order_id)
 
     def message_limit(self, desk: str) -> int | None:
         d = self._desk(desk)

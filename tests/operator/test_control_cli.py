@@ -320,7 +320,9 @@ async def test_desks_shows_the_kill_switch_a_pause_and_the_spend_caps(
         assert code == 0, err
         code, raw, _ = await _cli(socket, "desks", "--json")
     lines = out.splitlines()
-    assert re.search(r"^alpha +idle +paper +scripted-model +10,000.00 +0 +850 ", out,
+    # Realized today and unrealized: "-" for a desk without books, else nothing traded yet.
+    assert re.search(r"^alpha +idle +paper +scripted-model +10,000.00 +(-|0\.00) +(-|0\.00) "
+                     r"+0 +850 ", out,
                      re.MULTILINE), out
     assert re.fullmatch(r"alpha: KILL SWITCH ON, new orders refused: halted by ann at \S+ \S+ "
                         r"UTC: audit", next(x for x in lines if x.startswith("alpha: KILL")))

@@ -7,6 +7,7 @@ so either side can change behind it (and a future remote daemon is one more adap
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import date
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
@@ -16,7 +17,8 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.daemon.mailbox import Delivery
 from trading_agent.errors import TradingAgentError
 
-__all__ = ["DeskControl", "DeskReply", "DeskState", "DeskStatus", "UnknownDeskError"]
+__all__ = ["CancelRefusedError", "DeskControl", "DeskReply", "DeskState", "DeskStatus",
+           "UnknownDeskError", "UnknownOrderError"]
 
 DeskState = Literal["idle", "working", "paused", "stopped"]
 
@@ -28,6 +30,15 @@ class UnknownDeskError(KeyError):
 class DeskUnreachableError(TradingAgentError):
     """In a fleet: the daemon holding a desk could not be asked, or could not do what was
     asked (its own error, as it said it)."""
+
+
+class UnknownOrderError(TradingAgentError):
+    """The desk has no open order of that id (the message names those it has)."""
+
+
+class CancelRefusedError(TradingAgentError):
+    """An order cannot be cancelled from here: the desk keeps no books (its orders cannot be
+    told from the account's), or the exchange has not answered for the order yet."""
 
 
 class DeskStatus(BaseModel):
@@ -60,6 +71,11 @@ class DeskStatus(BaseModel):
             daemon's), each with ``scope``, ``measure``, ``used``, ``cap`` and ``share``.
         daemon: In a fleet, the daemon that holds the desk (empty when none does at the
             moment, or outside a fleet).
+        realized_today: Profit the desk's own books realized today (UTC), quote fees
+            subtracted, as a decimal string; None when it keeps no books (or they could not
+            be read in time).
+        unrealized: Profit of what its books hold now at the marks, as a decimal string;
+            None when it keeps no books or a mark is missing.
     """
 
     name: str
@@ -83,6 +99,8 @@ class DeskStatus(BaseModel):
     kill_switch: str = ""
     spend: list[dict[str, Any]] = []
     daemon: str = ""
+    realized_today: str | None = None
+    unrealized: str | None = None
 
 
 class DeskReply(BaseModel):
@@ -259,4 +277,30 @@ class DeskControl(Protocol):
     async def events_since(self, after_id: int, desk: str | None = None,
                            limit: int = 1000) -> list[dict[str, Any]]:
         """Stored events with id greater than ``after_id`` (for a reconnecting stream)."""
+        ...
+
+    async def books(self, desk: str, view: str, *, since: date | None = None,
+                    open_only: bool = False, period: str = "daily") -> dict[str, Any]:
+        """One view of a desk's own books, JSON-ready: ``positions``, ``orders``, ``trades``
+        or ``profit`` (shapes in :mod:`trading_agent.daemon.books_view`). A desk without
+        books answers empty lists and a zero summary.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            ValueError: An unknown view or period.
+        """
+        ...
+
+    async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
+        """Cancels one open order of a desk's own books on its exchange.
+
+        Returns:
+            ``desk`` and ``order``, the exchange's answer.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            UnknownOrderError: The desk has no open order of that id.
+            CancelRefusedError: The desk keeps no books, or the order is not answered yet.
+            ExchangeError: The exchange could not cancel it.
+        """
         ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -25,6 +25,7 @@ from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.trigger import Trigger
+from trading_agent.daemon.books_view import cancel_desk_order, decimal_text, read_books
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
 from trading_agent.daemon.mailbox import Delivery
@@ -34,6 +35,7 @@ from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
 
 if TYPE_CHECKING:
     from trading_agent.store.daily_usage import DailyUsage
+    from trading_agent.trading.desk_books import DeskBooks
     from trading_agent.trading.risk import RiskPolicy
 
 __all__ = ["DeskRuntime", "Service", "Supervisor"]
@@ -95,12 +97,15 @@ class DeskRuntime:
         account: Gives the desk's equity and open orders for its status, when it trades.
         risk: The desk's risk policy, which cancels its orders and closes its positions for
             the kill switch.
+        books: The desk's own books (its orders, fills, positions and profit), read for
+            operators; None when it keeps none (its status and views then show none).
     """
 
     desk: Desk
     services: list[tuple[str, Service]] = field(default_factory=list)
     account: AccountProbe | None = None
     risk: RiskPolicy | None = None
+    books: DeskBooks | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -196,7 +201,42 @@ class Supervisor:
                     update["equity"], update["open_orders"] = await runtime.account()
                 except Exception as exc:  # a status must not fail because a price is missing
                     _log.warning("desk_account_unavailable", desk=desk, error=str(exc))
+        if runtime.books is not None:
+            with anyio.move_on_after(_STATUS_PROBE_SECONDS):
+                try:
+                    summary = await runtime.books.summary()
+                    update["realized_today"] = decimal_text(summary.realized_today)
+                    update["unrealized"] = decimal_text(summary.unrealized)
+                except Exception as exc:  # nor because the books could not be read
+                    _log.warning("desk_books_unavailable", desk=desk, error=str(exc))
         return status.model_copy(update=update)
+
+    async def books(self, desk: str, view: str, *, since: date | None = None,
+                    open_only: bool = False, period: str = "daily") -> dict[str, Any]:
+        """One view of a desk's own books, JSON-ready (see :mod:`.books_view`).
+
+        Raises:
+            UnknownDeskError: No such desk.
+            ValueError: An unknown view or period.
+        """
+        return await read_books(self._runtime(desk).books, desk, view, since=since,
+                                open_only=open_only, period=period)
+
+    async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
+        """Cancels one open order of the desk's own books on its exchange.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            UnknownOrderError: The desk has no open order of that id.
+            CancelRefusedError: The desk keeps no books, or the order is not answered yet.
+            ExchangeError: The exchange could not cancel it.
+        """
+        runtime = self._runtime(desk)
+        exchange = runtime.risk.exchange if runtime.risk is not None else None
+        answer = await cancel_desk_order(runtime.books, exchange, desk, order_id)
+        _log.info("order_cancelled_by_operator", desk=desk, by=by,
+                  order_id=answer["order"]["order_id"], status=answer["order"]["status"])
+        return answer
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
                            images: Sequence[ImageBlock] = ()) -> str:
@@ -416,6 +456,14 @@ class Supervisor:
                                         f"at market ({o.status})" for o in placed]
                 result["failed"] += [f"{name}: {line}" for line in failed]
         return result
+
+    def runtime(self, desk: str) -> DeskRuntime:
+        """A desk and what runs beside it (its risk policy, its books).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        return self._runtime(desk)
 
     def _runtime(self, desk: str) -> DeskRuntime:
         try:

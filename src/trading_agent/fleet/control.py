@@ -25,6 +25,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -297,6 +298,24 @@ class FleetControl:
                 result[key] += other.get(key, [])
         return result
 
+    async def books(self, desk: str, view: str, *, since: date | None = None,
+                    open_only: bool = False, period: str = "daily") -> dict[str, Any]:
+        """A view of the desk's books, from the daemon that runs it (its marks are live
+        there)."""
+        if self.holds(desk):
+            return await self.local.books(desk, view, since=since, open_only=open_only,
+                                          period=period)
+        return dict(await self.ask(desk, {
+            "op": "books", "view": view, "since": since.isoformat() if since else None,
+            "open_only": open_only, "period": period}))
+
+    async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
+        """Cancels one of the desk's open orders, on the daemon that runs it."""
+        if self.holds(desk):
+            return await self.local.cancel_order(desk, order_id, by)
+        return dict(await self.ask(desk, {"op": "cancel_order", "order_id": order_id,
+                                          "by": by}))
+
     def kill_switch_halts(self) -> list[dict[str, str]]:
         """The switches on, as this daemon knows them."""
         return self.local.kill_switch_halts()
@@ -442,6 +461,16 @@ class DeskService:
                 reason=str(request.get("reason", "")),
                 cancel_orders=bool(request.get("cancel_orders")),
                 flatten=bool(request.get("flatten")))
+        elif op == "books":
+            since = request.get("since")
+            result = await local.books(
+                desk, str(request["view"]),
+                since=date.fromisoformat(since) if isinstance(since, str) else None,
+                open_only=bool(request.get("open_only")),
+                period=str(request.get("period", "daily")))
+        elif op == "cancel_order":
+            result = await local.cancel_order(desk, str(request["order_id"]),
+                                              str(request["by"]))
         elif op in ("approvals", "decide") and self.approvals is not None:
             result = await answer_approval(self.approvals, request)
         else:

@@ -21,6 +21,46 @@ GET         /api/desks/{desk}/transcript          ``?before=SEQ&limit=N`` (1..50
 GET         /api/desks/{desk}/equity              ``{"points": [[time, equity], ...]}``,
                                                   oldest first, kept across restarts; the
                                                   last is the status's equity now
+GET         /api/desks/{desk}/positions           the desk's own open positions at the marks:
+                                                  ``{"desk", "books", "positions": [{"symbol",
+                                                  "side", "amount", "entry_price", "mark",
+                                                  "unrealized", "notional", "realized",
+                                                  "fees", "opened_at", "trade_id"}],
+                                                  "markets": [{"symbol", "amount",
+                                                  "realized", "fees"}]}``
+GET         /api/desks/{desk}/orders              its open orders (``?all=1``: every one):
+                                                  ``{"desk", "books", "orders":
+                                                  [{"client_order_id", "order_id", "symbol",
+                                                  "side", "type", "amount", "price",
+                                                  "filled", "status", "turn", "noted_at",
+                                                  "open"}]}``
+POST        /api/desks/{desk}/orders/{id}/cancel  ``{"operator"?}``: cancels that open order
+                                                  of the desk's books (exchange or client
+                                                  order id) on its exchange -> ``{"desk",
+                                                  "order"}``; 404 ``unknown_order`` naming
+                                                  its open orders, 409 ``cannot_cancel``
+                                                  (no books; not answered yet), 502
+                                                  ``exchange_error``. The page asks first.
+GET         /api/desks/{desk}/trades              round trips, oldest first; ``?since=
+                                                  YYYY-MM-DD`` (closed on or after that UTC
+                                                  day; open ones always), ``?open=1`` (only
+                                                  open): ``{"desk", "books", "trades":
+                                                  [{"id", "symbol", "side", "opened_at",
+                                                  "closed_at", "amount", "entry_price",
+                                                  "exit_price", "exited", "profit",
+                                                  "profit_percent", "fees",
+                                                  "duration_seconds", "exit_reason",
+                                                  "opened_turn", "closed_turn", "open"}]}``
+GET         /api/desks/{desk}/profit              ``?period=daily|weekly``, ``?since=
+                                                  YYYY-MM-DD``: ``{"desk", "books",
+                                                  "period", "summary": {"realized_today",
+                                                  "realized_total", "unrealized",
+                                                  "fees_total", "trades_closed", "wins",
+                                                  "open_trades", "win_rate"}, "rows":
+                                                  [{"day", "realized", "fees", "fills",
+                                                  "trades_closed"}]}``; decimals are
+                                                  strings, times ISO 8601 UTC; a desk
+                                                  without books: empty, all zero
 GET         /api/approvals                        pending approvals, ``?desk=`` to filter
 POST        /api/approvals/{id}/approve           ``{"operator"?, "reason"?}`` -> the approval
 POST        /api/approvals/{id}/deny              ``{"operator"?, "reason"?}`` -> the approval
@@ -59,8 +99,10 @@ picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing
 wrong token, or ``?token=`` anywhere but the event stream (TCP only); 403 ``cross_origin``
 and 415 ``unsupported_media_type`` for a POST from another site's page or not in JSON (TCP
 only, below); 400 ``reason_required`` for a kill switch switched on without a
-reason; 404 for an unknown desk, approval or route; 409 for an approval
-already answered; 503 when the model is unavailable for ``/compact``; 500, still JSON, for a
+reason; 400 ``invalid_parameter`` for a ``since`` that is not a date as YYYY-MM-DD, or
+a ``period`` but daily or weekly; 404 for an unknown desk (naming the desks there are),
+approval, order or route; 409 for an approval already answered; 503 when the model is
+unavailable for ``/compact``; 500, still JSON, for a
 failure of the daemon. A refused request never reaches a desk. The server itself answers
 408 ``request_timeout`` to a connection that sends no complete headers in time and 503
 ``too_many_connections`` beyond the TCP listener's limit (:mod:`.server`).
@@ -89,7 +131,9 @@ import functools
 import hmac
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable
+from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -107,8 +151,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.image_preparer import OPERATOR_MEDIA_TYPES, ImageRejectedError
-from trading_agent.daemon.control import DeskControl, DeskUnreachableError, UnknownDeskError
-from trading_agent.errors import BackendError, ConfigError, RetryRefusedError, TradingAgentError
+from trading_agent.daemon.control import (
+    CancelRefusedError,
+    DeskControl,
+    DeskUnreachableError,
+    UnknownDeskError,
+    UnknownOrderError,
+)
+from trading_agent.errors import (
+    BackendError,
+    ConfigError,
+    ExchangeError,
+    RetryRefusedError,
+    TradingAgentError,
+)
 from trading_agent.jsontext import json_bytes
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.operator.approvals import (
@@ -379,6 +435,12 @@ def _endpoint(handler: _Handler) -> _Handler:
             return _error(409, "already_resolved", str(exc))
         except RetryRefusedError as exc:
             return _error(409, "cannot_retry", f"nothing was retried: {exc}")
+        except UnknownOrderError as exc:
+            return _error(404, "unknown_order", str(exc))
+        except CancelRefusedError as exc:
+            return _error(409, "cannot_cancel", f"nothing was cancelled: {exc}")
+        except ExchangeError as exc:
+            return _error(502, "exchange_error", f"the exchange failed: {exc}")
         except DeskUnreachableError as exc:
             return _error(503, "desk_unreachable", str(exc))
         except BackendError as exc:
@@ -647,6 +709,78 @@ async def _equity(request: Request) -> Response:
     return json_response({"desk": desk, "points": await service.equity.curve(desk)})
 
 
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _since_param(request: Request) -> date | None:
+    """``?since=YYYY-MM-DD`` as a date (a UTC day), None when not given."""
+    text = request.query_params.get("since")
+    if not text:
+        return None
+    try:
+        if not _DAY.match(text):
+            raise ValueError(text)
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter",
+                       f"since must be a date as YYYY-MM-DD (a UTC day), not {text[:40]!r}"
+                       ) from None
+
+
+def _flag_param(request: Request, name: str) -> bool:
+    text = request.query_params.get(name, "0").lower()
+    if text not in ("1", "true", "yes", "0", "false", "no", ""):
+        raise ApiError(400, "invalid_parameter", f"{name} must be 1 or 0, not {text[:40]!r}")
+    return text in ("1", "true", "yes")
+
+
+@_endpoint
+async def _positions(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    return json_response(await service.control.books(desk, "positions"))
+
+
+@_endpoint
+async def _orders(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    every = _flag_param(request, "all")
+    return json_response(await service.control.books(desk, "orders", open_only=not every))
+
+
+@_endpoint
+async def _trades(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    since = _since_param(request)
+    open_only = _flag_param(request, "open")
+    return json_response(await service.control.books(desk, "trades", since=since,
+                                                     open_only=open_only))
+
+
+@_endpoint
+async def _profit(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    since = _since_param(request)
+    period = request.query_params.get("period") or "daily"
+    if period not in ("daily", "weekly"):
+        raise ApiError(400, "invalid_parameter",
+                       f"period must be daily or weekly, not {period[:40]!r}")
+    return json_response(await service.control.books(desk, "profit", since=since,
+                                                     period=period))
+
+
+@_endpoint
+async def _cancel_order(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    order_id = request.path_params["order_id"]
+    body = await _json_body(request, _DecisionBody, 16_384)
+    return json_response(await service.control.cancel_order(desk, order_id, body.operator))
+
+
 @_endpoint
 async def _list_approvals(request: Request) -> Response:
     service = _service(request)
@@ -887,6 +1021,11 @@ def create_app(service: OperatorService, *, token: str | None = None,
         Route("/api/reload", _reload, methods=["POST"]),
         Route("/api/desks/{desk}/transcript", _transcript, methods=["GET"]),
         Route("/api/desks/{desk}/equity", _equity, methods=["GET"]),
+        Route("/api/desks/{desk}/positions", _positions, methods=["GET"]),
+        Route("/api/desks/{desk}/orders", _orders, methods=["GET"]),
+        Route("/api/desks/{desk}/orders/{order_id}/cancel", _cancel_order, methods=["POST"]),
+        Route("/api/desks/{desk}/trades", _trades, methods=["GET"]),
+        Route("/api/desks/{desk}/profit", _profit, methods=["GET"]),
         Route("/api/approvals", _list_approvals, methods=["GET"]),
         Route("/api/approvals/{approval_id}/approve", _approve, methods=["POST"]),
         Route("/api/approvals/{approval_id}/deny", _deny, methods=["POST"]),

@@ -9,8 +9,10 @@ the ``TRADING_AGENT_SOCKET`` variable; ``$STATE_DIRECTORY/operator.sock`` or
 In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it reads it after
 the current tool round); the desk's text streams as it is written, tool calls and results
 show as compact lines. Commands: ``/image PATH [caption]`` (send a picture: PNG, JPEG, GIF or
-WebP), ``/compact``, ``/status``, ``/approvals``, ``/approve ID [note]``, ``/deny ID
-[reason]``, the controls ``/pause [reason]``, ``/resume``, ``/cancel [--now]``, ``/retry``,
+WebP), ``/compact``, ``/status``, the desk's own books ``/positions``, ``/orders``,
+``/trades [--open] [--since YYYY-MM-DD]`` and ``/profit [--weekly]``, ``/approvals``,
+``/approve ID [note]``, ``/deny ID [reason]``, the controls ``/pause [reason]``, ``/resume``,
+``/cancel [--now]``, ``/retry``,
 ``/kill on|off
 ...`` and ``/reload``, ``/help``, ``/quit``. Start a line with ``//`` to send text that begins
 with a slash.
@@ -70,7 +72,9 @@ def add_subcommands(subparsers: Any) -> None:
     """
     desks = subparsers.add_parser(
         "desks", help="list the running daemon's desks and their status",
-        description="A table of the desks: state, mode, equity, open orders, tokens today, "
+        description="A table of the desks: state, mode, equity, the profit its own books "
+                    "realized today and hold unrealized at the marks (- when it keeps no "
+                    "books), open orders, tokens today, "
                     "the share of prompt tokens served from the model's cache, cost today, "
                     "pending approvals, last turn.")
     add_connection_options(desks)
@@ -82,7 +86,8 @@ def add_subcommands(subparsers: Any) -> None:
         description="An interactive session with one desk: its text streams as it is "
                     "written, tool calls show as compact lines, and a line you type is sent at "
                     "once (mid-turn it steers the desk). Commands: /image PATH [caption], "
-                    "/compact, /status, /approvals, /approve ID [note], /deny ID [reason], "
+                    "/compact, /status, /positions, /orders, /trades, /profit, /approvals, "
+                    "/approve ID [note], /deny ID [reason], "
                     "/pause [reason], /resume, /cancel [--now], /retry, /kill on|off [--all] "
                     "[--cancel-orders] [--flatten] REASON, /reload, /help, /quit.")
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
@@ -224,14 +229,16 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
         rows.append([
             str(d.get("name")), *([str(d.get("daemon") or "-")] if in_fleet else []),
             str(d.get("state")), str(d.get("mode")), str(d.get("model")),
-            format_money(d.get("equity")), str(d.get("open_orders", 0)),
+            format_money(d.get("equity")), format_money(d.get("realized_today")),
+            format_money(d.get("unrealized")), str(d.get("open_orders", 0)),
             f"{int(d.get('tokens_today') or 0):,}",
             format_cache_share(d.get("cached_tokens_today"), d.get("prompt_tokens_today")),
             f"${cost:.2f}" if isinstance(cost, int | float) else "-",
             str(d.get("pending_approvals", 0)), _ago(d.get("last_turn_at")),
         ])
     print(format_table(rows, ["DESK", *(["DAEMON"] if in_fleet else []), "STATE", "MODE",
-                              "MODEL", "EQUITY", "ORDERS", "TOKENS TODAY", "CACHED", "COST",
+                              "MODEL", "EQUITY", "REALIZED TODAY", "UNREALIZED", "ORDERS",
+                              "TOKENS TODAY", "CACHED", "COST",
                               "APPROVALS", "LAST TURN"], style))
     for d in desks:
         if d.get("kill_switch"):
@@ -300,6 +307,11 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
   /image PATH [caption]  send a picture (PNG, JPEG, GIF or WebP) with a caption;
                          quote a path with spaces ("/tmp/my chart.png")
   /status              the desk's state, equity, usage today
+  /positions           its own open positions: entry, mark, unrealized profit
+  /orders              its own open orders
+  /trades [--open] [--since YYYY-MM-DD]
+                       its round trips and the profit of each
+  /profit [--weekly]   profit today and all time, then by day (or week)
   /compact             save memory and compact the desk's conversation now
   /approvals           the desk's tool calls waiting for an operator
   /approve ID [note]   let a held tool call run
@@ -390,6 +402,9 @@ class _Chat:
                 await self.send_image(rest)
             elif command == "/status":
                 self.say(await self.status_line())
+            elif command in ("/positions", "/orders", "/trades", "/profit"):
+                for text_line in await self.books(command, rest):
+                    self.say(text_line)
             elif command == "/compact":
                 group.start_soon(self.compact)
             elif command == "/approvals":
@@ -432,6 +447,51 @@ class _Chat:
             self.say(self.style.bad(exc.message))
         except OperatorClientError as exc:
             self.say(self.style.bad(str(exc)))
+
+    async def books(self, command: str, rest: str) -> list[str]:
+        """``/positions``, ``/orders``, ``/trades [--open] [--since DAY]``, ``/profit
+        [--weekly]``: the desk's own books, a line each."""
+        words = rest.split()
+        if command == "/positions":
+            answer = await self.client.positions(self.desk)
+            lines = [f"{p['symbol']} {p['side']} {p['amount']} @ {p['entry_price']}, mark "
+                     f"{p['mark'] or '-'}, unrealized {format_money(p['unrealized'])}, realized "
+                     f"{format_money(p['realized'])}" for p in answer["positions"]]
+            lines = lines or ["No open positions."]
+        elif command == "/orders":
+            answer = await self.client.orders(self.desk)
+            lines = [f"{o['order_id'] or o['client_order_id']}: {o['side']} {o['type']} "
+                     f"{o['amount']} {o['symbol']}"
+                     + (f" @ {o['price']}" if o["price"] else "")
+                     + f", filled {o['filled']} ({o['status']})" for o in answer["orders"]]
+            lines = lines or ["No open orders."]
+        elif command == "/trades":
+            since = words[words.index("--since") + 1] if "--since" in words[:-1] else None
+            if "--since" in words and since is None:
+                return [self.style.bad("Usage: /trades [--open] [--since YYYY-MM-DD]")]
+            answer = await self.client.trades(self.desk, since=since,
+                                              open_only="--open" in words)
+            lines = [f"#{t['id']} {t['symbol']} {t['side']} {t['amount']} @ {t['entry_price']}"
+                     + (" (open)" if t["open"] else f" -> {t['exit_price']}")
+                     + f": profit {format_money(t['profit'])} ({t['profit_percent']}%), fees "
+                     f"{format_money(t['fees'])}"
+                     + (f", {t['exit_reason']}" if t["exit_reason"] else "")
+                     for t in answer["trades"]]
+            lines = lines or ["No trades."]
+        else:
+            period = "weekly" if "--weekly" in words else "daily"
+            answer = await self.client.profit(self.desk, period=period)
+            s = answer["summary"]
+            lines = [f"Realized today {format_money(s['realized_today'])}, all time "
+                     f"{format_money(s['realized_total'])}; unrealized "
+                     f"{format_money(s['unrealized'])}; fees {format_money(s['fees_total'])}; "
+                     f"{s['trades_closed']} trade(s) closed, {s['wins']} won, "
+                     f"{s['open_trades']} open"]
+            lines += [f"  {r['day']}: {format_money(r['realized'])} ({r['fills']} fill(s), "
+                      f"{r['trades_closed']} closed)" for r in answer["rows"]]
+        if not answer.get("books"):
+            lines.append(self.style.dim(f"{self.desk} keeps no books."))
+        return [printable(line) for line in lines]
 
     async def kill(self, rest: str) -> None:
         """``/kill on|off [--all] [--cancel-orders] [--flatten] REASON``; flattening asks for

@@ -333,6 +333,52 @@ class OperatorClient:
                                      params=params)
         return list(result["messages"])
 
+    async def positions(self, desk: str) -> dict[str, Any]:
+        """The desk's own open positions at the marks: ``desk``, ``books`` (whether it keeps
+        any), ``positions`` and ``markets`` (shapes in :mod:`trading_agent.operator.api`)."""
+        result: dict[str, Any] = await self._request(
+            "GET", f"/api/desks/{_part(desk)}/positions")
+        return result
+
+    async def orders(self, desk: str, *, every: bool = False) -> dict[str, Any]:
+        """The desk's open orders (``every``: all of them): ``desk``, ``books``, ``orders``."""
+        params = {"all": "1"} if every else {}
+        result: dict[str, Any] = await self._request(
+            "GET", f"/api/desks/{_part(desk)}/orders", params=params)
+        return result
+
+    async def trades(self, desk: str, *, since: str | None = None,
+                     open_only: bool = False) -> dict[str, Any]:
+        """The desk's round trips: ``desk``, ``books``, ``trades``; ``since`` a UTC day as
+        YYYY-MM-DD (the daemon refuses anything else, saying so)."""
+        params: dict[str, Any] = {}
+        if since:
+            params["since"] = since
+        if open_only:
+            params["open"] = "1"
+        result: dict[str, Any] = await self._request(
+            "GET", f"/api/desks/{_part(desk)}/trades", params=params)
+        return result
+
+    async def profit(self, desk: str, *, period: str = "daily",
+                     since: str | None = None) -> dict[str, Any]:
+        """The desk's profit: ``desk``, ``books``, ``period``, ``summary`` and ``rows``."""
+        params: dict[str, Any] = {"period": period}
+        if since:
+            params["since"] = since
+        result: dict[str, Any] = await self._request(
+            "GET", f"/api/desks/{_part(desk)}/profit", params=params)
+        return result
+
+    async def cancel_order(self, desk: str, order_id: str,
+                           operator: str = "operator") -> dict[str, Any]:
+        """Cancels one open order of the desk's books: ``desk`` and ``order`` (the
+        exchange's answer)."""
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/orders/{_part(order_id)}/cancel",
+            json={"operator": operator})
+        return result
+
     async def approvals(self, desk: str | None = None) -> list[dict[str, Any]]:
         """Pending approvals."""
         params = {"desk": desk} if desk else {}

@@ -31,6 +31,9 @@ trading_agent_approvals_pending                         gauge      desk
 trading_agent_trigger_queue_depth                       gauge      desk
 trading_agent_equity                                    gauge      desk
 trading_agent_open_orders                               gauge      desk
+trading_agent_position_amount                           gauge      desk, symbol
+trading_agent_unrealized_profit                         gauge      desk, symbol
+trading_agent_realized_profit                           gauge      desk, symbol
 trading_agent_kill_switch                               gauge      desk (``*``: every desk's)
 trading_agent_desk_paused                               gauge      desk
 trading_agent_desk_state                                gauge      desk, state
@@ -54,6 +57,11 @@ What counts:
   ``refused`` (a risk limit, counted by ``limit`` in ``trading_agent_risk_refusals_total``),
   ``denied`` or ``approval_timed_out`` (an operator), ``failed`` (the exchange, invalid
   arguments, a timeout).
+- Positions and profit are each desk's own books' (never the account's), in the symbol's
+  base currency (amount, negative for a short) and quote currency (profit, fees
+  subtracted): the amount and the unrealized profit at the mark of every open position,
+  the realized profit of every market the desk ever traded, all time. A desk without
+  books has none of these; a position without a mark has no unrealized figure.
 - Event-bus drops, by subscriber (the store, the log, the spend caps, the operator API's
   stream, the metrics themselves): the events the bus dropped because it fell behind.
 """
@@ -214,6 +222,18 @@ class DaemonMetrics:
                              "Account value in the desk's quote currency.", "desk")
         self._open_orders = gauge("trading_agent_open_orders", "Orders open on the exchange.",
                                   "desk")
+        self._position_amount = gauge(
+            "trading_agent_position_amount",
+            "The desk's own position in a market, in its base currency (negative: short).",
+            "desk", "symbol")
+        self._unrealized = gauge(
+            "trading_agent_unrealized_profit",
+            "Profit of the desk's own open position at the mark, in the quote currency.",
+            "desk", "symbol")
+        self._realized = gauge(
+            "trading_agent_realized_profit",
+            "Profit the desk's own books realized in a market, all time, fees subtracted.",
+            "desk", "symbol")
         self._kill_switch = gauge(
             "trading_agent_kill_switch",
             "1 while a kill switch refuses the desk's new orders (desk *: every desk's).", "desk")
@@ -334,6 +354,7 @@ class DaemonMetrics:
         logged); the other figures are still served."""
         names = list(self._control.desk_names())
         statuses: dict[str, DeskStatus] = {}
+        books: dict[str, dict[str, Any]] = {}
 
         async def read(desk: str) -> None:
             try:
@@ -343,14 +364,33 @@ class DaemonMetrics:
             except Exception as exc:  # a broken status must not fail the scrape
                 _log.warning("metrics_desk_status_failed", desk=desk, error=repr(exc))
 
+        async def read_books(desk: str) -> None:
+            try:
+                books[desk] = await self._control.books(desk, "positions")
+            except UnknownDeskError:
+                pass
+            except Exception as exc:  # nor do broken books
+                _log.warning("metrics_desk_books_failed", desk=desk, error=repr(exc))
+
         async with anyio.create_task_group() as group:
             for desk in names:
                 group.start_soon(read, desk)
+                group.start_soon(read_books, desk)
         halted = {halt.get("scope", "") for halt in self._control.kill_switch_halts()}
         # Set with no await in between: a concurrent scrape never sees half of them.
         for gauge in (self._pending, self._queue, self._equity, self._open_orders,
-                      self._kill_switch, self._paused, self._state):
+                      self._kill_switch, self._paused, self._state, self._position_amount,
+                      self._unrealized, self._realized):
             gauge.clear()
+        for desk, answer in books.items():
+            for market in answer.get("markets", []):
+                self._realized.labels(desk=desk, symbol=market["symbol"]).set(
+                    float(market["realized"] or 0))
+            for position in answer.get("positions", []):
+                labels = {"desk": desk, "symbol": position["symbol"]}
+                self._position_amount.labels(**labels).set(float(position["amount"] or 0))
+                if position.get("unrealized") is not None:
+                    self._unrealized.labels(**labels).set(float(position["unrealized"]))
         self._kill_switch.labels(desk=_EVERY_DESK).set(1 if _EVERY_DESK in halted else 0)
         for desk in names:
             status = statuses.get(desk)

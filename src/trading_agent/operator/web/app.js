@@ -1,4 +1,5 @@
-// The operator's web page: desks, a desk's live chat, approvals, an equity chart, and the
+// The operator's web page: desks, a desk's live chat, approvals, an equity chart, the desk's
+// own books (positions, open orders with a cancel button, trades, profit by day), and the
 // operator's controls (pause and resume, cancel a turn, the kill switch, spend caps).
 // Plain JS, no build step. Talks to the operator API on the same origin; over TCP the token
 // comes from the URL fragment (#token=...), is kept in sessionStorage, and is sent as a
@@ -207,6 +208,8 @@
     $("desk-model").textContent = [desk.model, (desk.symbols || []).join(", ")].filter(Boolean).join(" · ");
     const figures = [
       ["Equity", money(desk.equity)],
+      ["Realized today", money(desk.realized_today)],
+      ["Unrealized", money(desk.unrealized)],
       ["Open orders", String(desk.open_orders ?? 0)],
       ["Tokens today", Number(desk.tokens_today || 0).toLocaleString("en-US")],
       ["Cached prompt", cacheShare(desk.cached_tokens_today, desk.prompt_tokens_today)],
@@ -249,7 +252,10 @@
 
   async function selectDesk(name) {
     if (!name) return;
-    if (name !== state.selected) dismissConfirm($("desk-controls"));
+    if (name !== state.selected) {
+      dismissConfirm($("desk-controls"));
+      dismissConfirm($("books"));
+    }
     state.selected = name;
     const url = new URL(location.href);
     url.searchParams.set("desk", name);
@@ -259,7 +265,153 @@
     state.turns.clear();
     $("log").replaceChildren();
     renderApprovals();
-    await Promise.all([loadTranscript(name), loadEquity()]);
+    await Promise.all([loadTranscript(name), loadEquity(), loadBooks()]);
+  }
+
+  // ------------------------------------------------------------------ the desk's books
+
+  // Events after which the selected desk's positions, orders and trades are read again.
+  const BOOK_EVENTS = new Set(["order_filled", "kill_switch", "reconciliation", "order_cancelled", "order_placed"]);
+
+  function signed(value) {
+    const n = Number(value);
+    return value === null || value === undefined || Number.isNaN(n) ? "" : n > 0 ? "up" : n < 0 ? "down" : "";
+  }
+
+  function cell(text, className) {
+    return el("td", className || null, text === null || text === undefined || text === "" ? "–" : text);
+  }
+
+  function fillRows(table, rows, empty, columns) {
+    const body = $(table).tBodies[0];
+    body.replaceChildren();
+    if (!rows.length) {
+      const row = el("tr");
+      const only = el("td", "empty", empty);
+      only.colSpan = columns;
+      row.append(only);
+      body.append(row);
+      return;
+    }
+    body.append(...rows);
+  }
+
+  function when(iso) {
+    return iso ? String(iso).slice(0, 16).replace("T", " ") : "";
+  }
+
+  let booksTimer = null;
+  function scheduleBooks() {
+    if (booksTimer) return;
+    booksTimer = setTimeout(() => { booksTimer = null; loadBooks().catch(() => {}); }, 250);
+  }
+
+  async function loadBooks() {
+    const desk = state.selected;
+    if (!desk) return;
+    const path = `/api/desks/${encodeURIComponent(desk)}`;
+    let positions, orders, trades, profit;
+    try {
+      [positions, orders, trades, profit] = await Promise.all([
+        api(`${path}/positions`), api(`${path}/orders`), api(`${path}/trades`), api(`${path}/profit?period=daily`)]);
+    } catch (_) {
+      return;  // the next event or refresh reads them again
+    }
+    if (desk !== state.selected) return;
+    $("books").hidden = false;
+    $("books-none").hidden = positions.books;
+    const s = profit.summary;
+    $("books-summary").textContent = `realized today ${money(s.realized_today)} · all time ${money(s.realized_total)} · ` +
+      `unrealized ${money(s.unrealized)} · ${s.trades_closed} closed, ${s.wins} won, ${s.open_trades} open`;
+    fillRows("positions-table", positions.positions.map((p) => {
+      const row = el("tr");
+      row.dataset.symbol = p.symbol;
+      row.append(cell(p.symbol), cell(p.side), cell(p.amount, "num"), cell(p.entry_price, "num"),
+        cell(p.mark, "num"), cell(money(p.unrealized), `num ${signed(p.unrealized)}`));
+      return row;
+    }), "No open positions.", 6);
+    fillRows("orders-table", orders.orders.map((o) => {
+      const row = el("tr");
+      const id = o.order_id || o.client_order_id;
+      row.dataset.order = id;
+      const action = el("td");
+      if (o.order_id) {
+        const cancel = el("button", "button ghost", "Cancel");
+        cancel.type = "button";
+        cancel.dataset.action = "cancel-order";
+        cancel.title = "Cancel this order on the exchange (asks first)";
+        cancel.addEventListener("click", () => cancelOrder(desk, o));
+        action.append(cancel);
+      }
+      row.append(cell(id), cell(o.symbol), cell(o.side), cell(o.type), cell(o.amount, "num"),
+        cell(o.price, "num"), cell(o.filled, "num"), action);
+      return row;
+    }), "No open orders.", 8);
+    fillRows("trades-table", trades.trades.slice().reverse().map((t) => {
+      const row = el("tr");
+      row.dataset.trade = String(t.id);
+      row.append(cell(String(t.id)), cell(t.symbol), cell(t.side), cell(when(t.opened_at)),
+        cell(t.open ? "open" : when(t.closed_at)), cell(t.amount, "num"), cell(t.entry_price, "num"),
+        cell(t.exit_price, "num"), cell(money(t.profit), `num ${signed(t.profit)}`),
+        cell(t.profit_percent, `num ${signed(t.profit_percent)}`));
+      return row;
+    }), "No trades yet.", 10);
+    fillRows("profit-table", profit.rows.slice().reverse().map((r) => {
+      const row = el("tr");
+      row.dataset.day = r.day;
+      row.append(cell(r.day), cell(money(r.realized), `num ${signed(r.realized)}`), cell(money(r.fees), "num"),
+        cell(String(r.fills), "num"), cell(String(r.trades_closed), "num"));
+      return row;
+    }), "No fills yet.", 5);
+  }
+
+  // Asks, in the page, before an order is cancelled on the exchange (as flattening does).
+  function confirmCancelOrder(order) {
+    const box = $("books");
+    dismissConfirm(box);
+    const strip = $("order-confirm");
+    const id = order.order_id;
+    const yes = el("button", "button bad", `Cancel order ${id}`);
+    yes.type = "button";
+    yes.dataset.action = "confirm-cancel-order";
+    const no = el("button", "button ghost", "Keep the order");
+    no.type = "button";
+    no.dataset.action = "keep-order";
+    const actions = el("div", "confirm-actions");
+    actions.append(yes, no);
+    const price = order.price ? ` @ ${order.price}` : "";
+    strip.replaceChildren(
+      el("p", null, `Cancel ${order.side} ${order.type} ${order.amount} ${order.symbol}${price} ` +
+        `(filled ${order.filled}) on the exchange now? What filled already stays filled.`),
+      actions);
+    strip.hidden = false;
+    return new Promise((resolve) => {
+      box.answerConfirm = (answer) => {
+        box.answerConfirm = null;
+        strip.hidden = true;
+        strip.replaceChildren();
+        resolve(answer);
+      };
+      yes.addEventListener("click", () => box.answerConfirm(true));
+      no.addEventListener("click", () => box.answerConfirm(false));
+      no.focus();
+    });
+  }
+
+  async function cancelOrder(desk, order) {
+    if (!(await confirmCancelOrder(order))) {
+      addNote(`Order ${order.order_id} not cancelled: it was not confirmed.`, "note");
+      return;
+    }
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(desk)}/orders/${encodeURIComponent(order.order_id)}/cancel`,
+        { method: "POST", body: { operator: state.operator } });
+      const o = result.order;
+      addNote(`✋ order ${o.order_id} (${o.side} ${o.type} ${o.amount} ${o.symbol}) is ${o.status}; filled ${o.filled}`, "warn");
+    } catch (error) {
+      addNote(`Order ${order.order_id} not cancelled: ${error.message}`, "error");
+    }
+    await loadBooks();
   }
 
   // ------------------------------------------------------------------ the log
@@ -459,6 +611,7 @@
       handleApproval(data);
     }
     if (data.type === "turn_start" || data.type === "turn_end" || CONTROL_EVENTS.has(data.type)) scheduleRefresh();
+    if (BOOK_EVENTS.has(data.type) && (data.desk === state.selected || data.desk === "*")) scheduleBooks();
     // A daemon-wide control event (desk "*") concerns every desk: each desk's log shows it.
     if (data.desk !== state.selected && !(data.desk === "*" && CONTROL_EVENTS.has(data.type))) return;
     const turnId = data.turn || "none";
@@ -1125,6 +1278,7 @@
     await Promise.all([loadDesks(), loadApprovals()]);
     setInterval(() => loadDesks().catch(() => {}), 5000);
     setInterval(loadEquity, 5000);
+    setInterval(() => loadBooks().catch(() => {}), 15000);  // the marks move
     setInterval(tickCountdowns, 1000);
   }
 
