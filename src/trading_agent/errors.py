@@ -20,6 +20,8 @@
     │   ├── FleetUnavailableError ◆      NATS cannot be reached now
     │   └── DeskUnreachable ◆            no daemon answered for a desk
     ├── DeskUnreachableError ○           the daemon holding a desk could not be asked
+    ├── UnknownOrderError ○              a desk has no open order of that id
+    ├── CancelRefusedError ○             an operator's cancel of one order cannot be done
     ├── RetryRefusedError                an operator's retry cannot be done now (says why)
     ├── McpServerError ▲                 an MCP server could not be started, reached or read
     ├── ConfigError                      a configuration file or variable is wrong

@@ -37,7 +37,6 @@ from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.cli import _Chat
 from trading_agent.operator.client import OperatorClient
 from trading_agent.operator.config import OperatorConfig
-from trading_agent.trading.books import BookOrder
 from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Order, OrderRequest
 from trading_agent.trading.risk import RiskPolicy
@@ -185,48 +184,24 @@ async def test_chat_books_commands_on_a_desk_without_books(
 @asynccontextmanager
 async def _daemon_with_books(state_dir: Path, model_url: str, **environ: str
                              ) -> AsyncIterator[tuple[InProcessDaemon, DeskBooks, RiskPolicy]]:
-    """The real daemon, alpha's books open in its state file; skipped until the store of
-    the books exists on this branch."""
-    try:
-        from trading_agent.store.desk_books import SqliteDeskBooks  # noqa: F401
-    except ImportError:
-        pytest.skip("store/desk_books.py not merged yet")
-    from trading_agent.settings import load_settings
-    from trading_agent.store.store import database_path
-    from trading_agent.store.trading_state import TradingStateFile
-
+    """The real daemon; alpha's books and risk policy as the daemon built them."""
     operator = {"tcp_address": "127.0.0.1:0"} if environ else None
     config = write_daemon_config(state_dir, model_url, daemon=FAST_RESTARTS,
                                  desks=("alpha", "beta"),
                                  **({"operator": operator} if operator else {}))
     async with in_process_daemon(config, environ) as running:
         runtime = running.daemon.supervisor.runtime("alpha")
-        assert runtime.risk is not None
-        opened = None
-        if runtime.books is None:
-            state = load_settings(config).state_directory({})
-            records = await TradingStateFile(database_path(state), None,
-                                             "alpha").desk_books("alpha")  # type: ignore[attr-defined]
-            runtime.books = opened = DeskBooks(records, runtime.risk.exchange)
-        try:
-            yield running, runtime.books, runtime.risk
-        finally:
-            if opened is not None:
-                await opened.records.close()
+        assert runtime.risk is not None and runtime.books is not None
+        yield running, runtime.books, runtime.risk
 
 
 async def _trade(books: DeskBooks, risk: RiskPolicy, side: str, kind: str, amount: str,
                  price: str | None = None, turn: str = "turn-1") -> Order:
-    """Notes an order in alpha's books, places it through its risk policy and counts the
-    exchange's answer, as a desk's place_order does."""
+    """Places an order through alpha's risk policy, as a desk's place_order does (its
+    exchange notes it in the books before sending and counts the answer)."""
     request = OrderRequest("BTC/USDT", side, kind, Decimal(amount),  # type: ignore[arg-type]
-                           Decimal(price) if price else None)
-    await books.records.note_order(BookOrder(
-        request.client_order_id, request.symbol, request.side, request.type, request.amount,
-        request.price, turn, risk.exchange.now()))
-    order = await risk.place_order(request)
-    await books.records.observe(order, risk.exchange.now())
-    return order
+                           Decimal(price) if price else None, turn=turn)
+    return await risk.place_order(request)
 
 
 def _text(value: Decimal) -> str:

@@ -101,15 +101,16 @@ async def test_a_fill_is_sampled_at_once_and_the_curve_ends_at_the_status(
         points = await _curve_until(client, lambda p: len(p) == 3, "the fill's sample")
         assert [p[1] for p in points] == [10_000.0, 9_999.17, 9_999.17]
 
-        # place_order answers that an order filled: sampled too. Before it, a resting order,
-        # a refusal and another desk's fill, which add no sample of alpha.
+        # A market order filled at once (its books announce it as any fill): sampled too.
+        # Before it, place_order's answers of a resting order and a refusal, and another
+        # desk's fill, which add no sample of alpha.
         control.desks["alpha"].equity = 9_998.5
         for event in (_placed("Order P2 placed and resting: buy limit 0.01 BTC on BTC/USDT"),
                       _placed("Error: Refused: order notional too large", is_error=True),
                       _fill("beta", "P3"),
-                      _placed("Order P4 filled: bought 0.01 BTC on BTC/USDT at 64,000")):
+                      _fill("alpha", "P4")):
             control.event_bus.publish(event)
-        points = await _curve_until(client, lambda p: len(p) == 4, "the place_order sample")
+        points = await _curve_until(client, lambda p: len(p) == 4, "the market fill's sample")
         assert [p[1] for p in points] == [10_000.0, 9_999.17, 9_998.5, 9_998.5]
         times = [p[0] for p in points]
         assert times == sorted(times)

@@ -323,7 +323,7 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))
     services.extend((f"mcp {source.config.name}", source.run) for source in parts.mcp_sources)
-    return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk)
+    return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk, books=venue.books)
 
 
 def _halt_after(name: str, limit: int,
