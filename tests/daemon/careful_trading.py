@@ -221,6 +221,9 @@ class Books:
     fills: list[dict[str, Any]]
     balances: dict[str, Decimal]  # free + used
     journal_ids: list[str]
+    book_orders: dict[str, dict[str, Any]]  # the desk's own books, by client order id
+    book_fills: list[dict[str, Any]]
+    book_positions: dict[str, Decimal]  # by symbol
 
 
 def read_books(database: Path, desk: str = "alpha") -> Books:
@@ -245,9 +248,16 @@ def read_books(database: Path, desk: str = "alpha") -> Books:
             "SELECT 1 FROM sqlite_master WHERE name = 'order_intents'").fetchone()
         journal_ids = [row[0] for row in connection.execute(
             "SELECT client_order_id FROM order_intents")] if journal else []
+        book_orders = {row["client_order_id"]: dict(row) for row in connection.execute(
+            "SELECT * FROM book_orders WHERE desk = ?", (desk,))}
+        book_fills = [dict(row) for row in connection.execute(
+            "SELECT * FROM book_fills WHERE desk = ? ORDER BY seq", (desk,))]
+        book_positions = {row["symbol"]: Decimal(row["amount"]) for row in connection.execute(
+            "SELECT symbol, amount FROM book_positions WHERE desk = ?", (desk,))}
     finally:
         connection.close()
-    return Books(desk, messages, turns, orders, fills, balances, journal_ids)
+    return Books(desk, messages, turns, orders, fills, balances, journal_ids, book_orders,
+                 book_fills, book_positions)
 
 
 @dataclass(frozen=True)
@@ -367,6 +377,26 @@ def audit(books: Books, sent: Sequence[str]) -> set[str]:
     problems |= {f"{currency} balance {books.balances.get(currency, Decimal(0))}, the fills "
                  f"make it {amount}" for currency, amount in expected.items()
                  if books.balances.get(currency, Decimal(0)) != amount}
+
+    # The desk's own books hold every fill once: each order's counted part is its fills,
+    # and the position is what the fills make it.
+    counted: dict[str, Decimal] = defaultdict(Decimal)
+    for fill in books.book_fills:
+        counted[fill["client_order_id"]] += Decimal(fill["amount"])
+    for order in books.orders.values():
+        client_id = order["client_order_id"]
+        booked = books.book_orders.get(client_id)
+        if booked is None:
+            problems.add(f"order {order['id']} is not in the desk's books")
+        elif counted[client_id] != filled[order["id"]] or Decimal(booked["filled"]) != (
+                filled[order["id"]]):
+            problems.add(f"order {order['id']}: the desk's books count {counted[client_id]} "
+                         f"(order row {booked['filled']}), the fills are {filled[order['id']]}")
+    problems |= {f"fill {f} is {n} times in the desk's books"
+                 for f, n in Counter(f["fill_id"] for f in books.book_fills).items() if n > 1}
+    held = books.book_positions.get("BTC/USDT", Decimal(0))
+    if held != expected["BTC"]:
+        problems.add(f"the desk's books hold {held} BTC, the fills make it {expected['BTC']}")
 
     # No client order id twice; no step of a turn traded twice.
     for name, client_ids in (("paper orders", [o["client_order_id"]

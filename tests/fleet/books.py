@@ -34,7 +34,14 @@ def read_fleet_books(store_url: str, desk: str) -> Books:
         journal = rows("SELECT to_regclass('order_intents') IS NOT NULL AS present")[0]
         journal_ids = [str(row["client_order_id"]) for row in rows(
             "SELECT client_order_id FROM order_intents")] if journal["present"] else []
-    return Books(desk, messages, turns, orders, fills, balances, journal_ids)
+        book_orders = {str(row["client_order_id"]): dict(row) for row in rows(
+            "SELECT * FROM book_orders WHERE desk = %s", desk)}
+        book_fills = [dict(row) for row in rows(
+            "SELECT * FROM book_fills WHERE desk = %s ORDER BY seq", desk)]
+        book_positions = {str(row["symbol"]): Decimal(str(row["amount"])) for row in rows(
+            "SELECT symbol, amount FROM book_positions WHERE desk = %s", desk)}
+    return Books(desk, messages, turns, orders, fills, balances, journal_ids, book_orders,
+                 book_fills, book_positions)
 
 
 def _text(content: object) -> str:
