@@ -22,7 +22,7 @@ counted, for the daemon to announce.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import structlog
@@ -42,6 +42,13 @@ from trading_agent.trading.exchange import (
 )
 
 __all__ = ["STARTING_TURN", "BookedExchange"]
+
+_LOOK_UP_AFTER = timedelta(minutes=1)
+"""How old (on the exchange clock) an order noted without an answer must be before a
+refresh looks it up by client order id: younger, it may still be on its way."""
+
+_LOST_AFTER = timedelta(hours=1)
+"""How long a live exchange may take to show an order before it counts as never placed."""
 
 _log = structlog.get_logger(__name__)
 
@@ -164,14 +171,16 @@ class BookedExchange:
             The fills counted since the last call (by this look or by any other way the
             desk learned of them: an order's answer, a tool's look), oldest first.
         """
+        now = self.inner.now()
         for noted in await self.records.orders(open_only=True):
-            if noted.order_id is None:
-                continue  # its answer was lost: the order outcomes and reconciliation look
             try:
-                await self.fetch_order(noted.order_id, noted.symbol)
+                if noted.order_id is not None:
+                    await self.fetch_order(noted.order_id, noted.symbol)
+                elif now - noted.noted_at >= _LOOK_UP_AFTER:
+                    await self._look_up(noted, now)
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
-                             order_id=noted.order_id, error=str(exc))
+                             client_order_id=noted.client_order_id, error=str(exc))
         fresh, self._fresh = self._fresh, []
         return fresh
 
@@ -195,6 +204,19 @@ class BookedExchange:
                 client_order_id, client_order_id, position.symbol, side, "market",
                 position.amount, None, "closed", position.amount, price, ZERO, None, at))
         self._fresh.clear()  # nothing happened: nothing to announce
+
+    async def _look_up(self, noted: BookOrder, now: datetime) -> None:
+        """An order noted but never answered (the daemon died while it was sent, or its
+        answer was lost): looked up by its client order id. Found, it is counted; not found,
+        it was never placed: on paper at once (the paper books are the exchange), on a live
+        exchange once :data:`_LOST_AFTER` has passed (a venue may be slow to show it)."""
+        try:
+            await self.fetch_order_by_client_id(noted.client_order_id, noted.symbol)
+        except OrderRejectedError:
+            if not hasattr(self.inner, "order_journal") or now - noted.noted_at >= _LOST_AFTER:
+                await self.records.settle(noted.client_order_id, "lost")
+                _log.info("books_order_never_placed", desk=self.records.desk,
+                          client_order_id=noted.client_order_id)
 
     async def close(self) -> None:
         """Nothing: the inner exchange and the books are closed by whoever opened them."""
