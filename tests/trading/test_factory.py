@@ -9,7 +9,7 @@ import anyio
 import pytest
 from pydantic import ValidationError
 
-from trading_agent.errors import ConfigError
+from trading_agent.errors import ConfigError, RiskLimitError
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading import (
     CcxtExchangeConfig,
@@ -121,3 +121,35 @@ async def test_a_ccxt_feed_yields_new_completed_candles_by_polling(
     assert polls == [7.0]
     assert (candle.symbol, candle.close) == ("BTC/USDT", Decimal("16715.5"))
     assert candle.opened_at.isoformat() == "2023-01-02T17:05:00+00:00"
+
+
+async def test_desks_on_one_live_account_share_its_cap_and_each_counts_only_its_own(
+        ccxt_config: CcxtExchangeConfig, binance: FakeBinance, database: Path,
+        sleep: RecordingSleep) -> None:
+    # Both desks trade one key; together they may hold 5,000 USDT (BTC at 16,709.9).
+    config = ExchangeConfig(mode="live", ccxt=ccxt_config, max_account_notional=Decimal("5000"))
+    assert config.account_key("alpha") == config.account_key("beta")
+    limits = RiskLimits(max_order_notional=Decimal("4000"),
+                        max_position_notional=Decimal("4000"))
+
+    def buy(amount: str) -> OrderRequest:
+        return OrderRequest("BTC/USDT", "buy", "market", Decimal(amount))
+
+    async with open_exchange(config, state=TradingStateFile(database, desk="alpha"),
+                             account="alpha", environ=ENVIRON, sleep=sleep, risk_limits=limits,
+                             account_peers=["beta"]) as alpha, \
+            open_exchange(config, state=TradingStateFile(database, desk="beta"),
+                          account="beta", environ=ENVIRON, sleep=sleep, risk_limits=limits,
+                          account_peers=["alpha"]) as beta:
+        assert alpha.risk is not None and beta.risk is not None
+        await alpha.risk.place_order(buy("0.2"))  # 3,342 USDT
+        with pytest.raises(RiskLimitError) as refused:
+            await beta.risk.place_order(buy("0.1"))  # 1,671 more: 5,013 together
+        assert refused.value.limit == "max_account_notional"
+        assert str(refused.value) == (
+            "Refused (max_account_notional): the desks on this account (beta, alpha) could hold "
+            "5,012.97 USDT together (this desk 1,670.99 USDT with this order, the others "
+            "3,341.98 USDT), exceeding max_account_notional 5,000.00 USDT.")
+        await beta.risk.place_order(buy("0.09"))  # 4,845.87 together: within the cap
+        assert [p.amount for p in await alpha.exchange.fetch_positions()] == [Decimal("0.2")]
+        assert [p.amount for p in await beta.exchange.fetch_positions()] == [Decimal("0.09")]

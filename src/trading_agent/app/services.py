@@ -163,7 +163,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 desk_settings.exchange,
                 state=TradingStateFile(database, fence=fence, desk=name), account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
-                feed=feed, kill_switch=kill_switch))
+                feed=feed, kill_switch=kill_switch,
+                account_peers=_account_peers(name, desk_settings, in_force)))
             venues[name] = venue
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.transcripts.set_call_outcomes(name, OrderOutcomes(venue.exchange))
@@ -324,6 +325,13 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         services.append(("schedules", parts.schedules.run))
     services.extend((f"mcp {source.config.name}", source.run) for source in parts.mcp_sources)
     return DeskRuntime(parts.desk, services, parts.account, risk=venue.risk, books=venue.books)
+
+
+def _account_peers(name: str, desk: DeskSettings, settings: Settings) -> list[str]:
+    """The other desks of the config that trade the same account as ``name``."""
+    key = desk.exchange.account_key(name)
+    return [other for other, settings_of in settings.desks.items()
+            if other != name and settings_of.exchange.account_key(other) == key]
 
 
 def _halt_after(name: str, limit: int,

@@ -202,6 +202,11 @@ class ExchangeConfig(BaseModel):
         paper: The simulated exchange.
         replay: The replayed candles.
         ccxt: The real exchange (needed in live mode and for the ccxt feed).
+        max_account_notional: The most all desks on one account may hold together, in each
+            desk's quote currency (their positions by their own books, at the marks); an
+            order that would take the total past it is refused. Desks share an account when
+            they trade live on the same exchange with the same key; a paper desk's account
+            is its own. None: no cap beyond each desk's own limits.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -211,6 +216,14 @@ class ExchangeConfig(BaseModel):
     paper: PaperExchangeConfig = Field(default_factory=PaperExchangeConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     ccxt: CcxtExchangeConfig | None = None
+    max_account_notional: Decimal | None = Field(default=None, gt=0)
+
+    def account_key(self, desk: str) -> str:
+        """Which account a desk on this config trades: desks with the same key share it
+        (live on one exchange with one key); a paper desk's is its own."""
+        if self.mode != "live" or self.ccxt is None:
+            return f"paper {desk}"
+        return f"{self.ccxt.exchange_id} sandbox={self.ccxt.sandbox} key={self.ccxt.api_key_env}"
 
     @model_validator(mode="after")
     def _ccxt_when_needed(self) -> ExchangeConfig:

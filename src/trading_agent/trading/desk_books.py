@@ -112,6 +112,12 @@ class DeskBooks:
         position = (await self.records.positions()).get(symbol)
         return position.amount if position is not None else ZERO
 
+    async def holdings(self) -> dict[str, Decimal]:
+        """The desk's signed amount of each symbol it holds (flat ones left out)."""
+        return {symbol: position.amount
+                for symbol, position in (await self.records.positions()).items()
+                if position.amount != 0}
+
     async def orders(self, *, open_only: bool = True) -> list[BookOrder]:
         """The desk's orders (those that may still fill, by default)."""
         return await self.records.orders(open_only=open_only)

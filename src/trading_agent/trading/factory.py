@@ -46,7 +46,7 @@ from trading_agent.trading.ledger import PaperBooks
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
 from trading_agent.trading.replay import ReplayFeed
-from trading_agent.trading.risk import RiskPolicy
+from trading_agent.trading.risk import AccountCap, RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
 from trading_agent.trading.timing import Sleep
 
@@ -141,6 +141,7 @@ async def open_exchange(
     sleep: Sleep = anyio.sleep,
     feed: PriceFeed | None = None,
     kill_switch: KillSwitch | None = None,
+    account_peers: Sequence[str] = (),
 ) -> AsyncIterator[TradingVenue]:
     """Opens a desk's exchange and feed (and risk policy), and closes them on exit.
 
@@ -158,6 +159,9 @@ async def open_exchange(
             caller runs and closes it. A live exchange still sends its orders to ccxt.
         kill_switch: The daemon's kill switch, which the risk policy obeys; None for one of
             the desk's own, in memory.
+        account_peers: The other desks trading the same account (the same
+            :meth:`~trading_agent.trading.config.ExchangeConfig.account_key`), whose books
+            the account-wide cap adds to this desk's.
 
     Raises:
         ConfigError: A file, an exchange id or a credential is wrong.
@@ -205,8 +209,17 @@ async def open_exchange(
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,
                                                      booked.now())
             stack.push_async_callback(risk_journal.close)
+            cap = None
+            if config.max_account_notional is not None:
+                peers = []
+                for peer in account_peers:
+                    peer_records = await state.desk_books(peer)  # read only
+                    stack.push_async_callback(peer_records.close)
+                    peers.append(DeskBooks(peer_records, booked))
+                cap = AccountCap(config.max_account_notional, peers)
             risk = RiskPolicy(risk_limits, booked, journal=risk_journal,
-                              order_seconds=order_seconds(config), kill_switch=kill_switch)
+                              order_seconds=order_seconds(config), kill_switch=kill_switch,
+                              account_cap=cap)
         yield TradingVenue(config.mode, booked, feed, risk, DeskBooks(records, booked),
                            matcher, reconciler)
 

@@ -60,7 +60,7 @@ from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.risk_journal import DayState, RiskJournal
 from trading_agent.trading.valuation import Valuation, convert, value_account
 
-__all__ = ["RiskCheck", "RiskPolicy"]
+__all__ = ["AccountCap", "PeerHoldings", "RiskCheck", "RiskPolicy"]
 
 _ZERO = Decimal(0)
 
@@ -101,6 +101,37 @@ class RiskCheck:
     daily_loss: Decimal
 
 
+class PeerHoldings(Protocol):
+    """Another desk on the same account, as the account-wide cap reads it (its books)."""
+
+    @property
+    def desk(self) -> str:
+        """The desk."""
+        ...
+
+    async def holdings(self) -> dict[str, Decimal]:
+        """Its signed amount by symbol, by its own fills."""
+        ...
+
+
+@dataclass(frozen=True)
+class AccountCap:
+    """What all desks on one account may hold together (``[exchange]
+    max_account_notional``).
+
+    Attributes:
+        limit: The cap, in the desk's quote currency.
+        peers: The other desks on the account.
+    """
+
+    limit: Decimal
+    peers: Sequence[PeerHoldings] = ()
+
+
+def _quote_of(symbol: str) -> str:
+    return symbol.partition("/")[2].split(":")[0]
+
+
 class RiskPolicy:
     """A desk's limits, enforced on one exchange.
 
@@ -116,17 +147,21 @@ class RiskPolicy:
             own worst case (its request timeout plus its lookups).
         kill_switch: The daemon's kill switch (the desk is the journal's); None for one of
             its own, in memory.
+        account_cap: What all desks on the desk's account may hold together; None for no
+            such cap.
     """
 
     def __init__(self, limits: RiskLimits, exchange: Exchange, *,
                  journal: RiskJournal | None = None, check_seconds: float = 60.0,
-                 order_seconds: float = 60.0, kill_switch: KillSwitch | None = None) -> None:
+                 order_seconds: float = 60.0, kill_switch: KillSwitch | None = None,
+                 account_cap: AccountCap | None = None) -> None:
         self.limits = limits
         self.exchange = exchange
         self.journal = journal or RiskJournal.in_memory()
         self.check_seconds = check_seconds
         self.order_seconds = order_seconds
         self.kill_switch = kill_switch or KillSwitch.in_memory()
+        self.account_cap = account_cap
         self._lock = anyio.Lock()
 
     @property
@@ -276,6 +311,9 @@ class RiskPolicy:
                 f"orders {same_side}, this order {request.amount}), exceeding "
                 f"max_position_notional {format_amount(limits.max_position_notional, quote)}.")
 
+        if self.account_cap is not None and abs(projected) > abs(held):
+            await self._check_account_cap(request, projected, price, market_quote)
+
         if request.type == "limit" and len(open_orders) >= limits.max_open_orders:
             raise RiskLimitError("max_open_orders", f"Refused: {len(open_orders)} orders are "
                                  f"open and max_open_orders is {limits.max_open_orders}; cancel "
@@ -292,6 +330,34 @@ class RiskPolicy:
                                  f"{next_slot:%H:%M} UTC.")
         return RiskCheck(price, notional, projected, position_notional, len(open_orders),
                          len(recent), loss)
+
+    async def _check_account_cap(self, request: OrderRequest, projected: Decimal,
+                                 price: Decimal, market_quote: str) -> None:
+        """The account-wide cap: this desk's positions (this market's as it could become)
+        and every other desk's on the account, at the marks, together."""
+        cap = self.account_cap
+        assert cap is not None
+        quote = self.limits.quote_currency
+        own = await self._in_quote(abs(projected) * price, market_quote)
+        for position in await self.exchange.fetch_positions():
+            if position.symbol != request.symbol:
+                own += await self._in_quote(position.notional, _quote_of(position.symbol))
+        others = _ZERO
+        for peer in cap.peers:
+            for symbol, amount in (await peer.holdings()).items():
+                if amount:
+                    mark = (await self.exchange.fetch_ticker(symbol)).last
+                    others += await self._in_quote(abs(amount) * mark, _quote_of(symbol))
+        total = own + others
+        if total > cap.limit:
+            names = ", ".join([self.desk, *(peer.desk for peer in cap.peers)])
+            raise RiskLimitError(
+                "max_account_notional",
+                f"Refused (max_account_notional): the desks on this account ({names}) could "
+                f"hold {format_amount(total, quote)} together (this desk "
+                f"{format_amount(own, quote)} with this order, the others "
+                f"{format_amount(others, quote)}), exceeding max_account_notional "
+                f"{format_amount(cap.limit, quote)}.")
 
     async def _refuse_selling_more_than_held(self, request: OrderRequest, held: Decimal,
                                              selling: Decimal) -> None:
