@@ -58,7 +58,12 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
     balances TEXT NOT NULL,
     seen_at TEXT NOT NULL
 )""",
-)),)
+)), (2, (
+    # Whose order each intent is: desks on one account keep one journal, and a desk's
+    # unresolved and open-believed orders are its own (an intent written before this has
+    # none: it is every desk's, as before).
+    "ALTER TABLE order_intents ADD COLUMN desk TEXT",
+)))
 """Numbered migrations: a released one is never edited. The first is written with
 ``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
 
@@ -105,6 +110,14 @@ class SqliteOrderJournal:
         """
         return cls(await Database.open(target, MIGRATIONS, COMPONENT, fence=fence), desk)
 
+    def _own(self, column: str) -> str:
+        """The condition that keeps a desk's journal to its own intents (and those of no
+        desk, written before intents named theirs); nothing without a desk."""
+        return "" if self._desk is None else f" AND ({column} IS NULL OR {column} = ?)"
+
+    def _desks(self) -> tuple[str, ...]:
+        return () if self._desk is None else (self._desk,)
+
     async def record(self, request: OrderRequest, exchange: str, at: datetime) -> None:
         """Commits the intent to send ``request``; call it before sending.
 
@@ -114,13 +127,14 @@ class SqliteOrderJournal:
         """
         price = None if request.price is None else str(request.price)
         row = (request.client_order_id, exchange, request.symbol, request.side, request.type,
-               str(request.amount), price, "sending", at.isoformat(), at.isoformat())
+               str(request.amount), price, "sending", at.isoformat(), at.isoformat(),
+               self._desk)
 
         def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
-                "amount, price, state, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                "amount, price, state, created_at, updated_at, desk) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
         try:
             await self._database.write(write, desk=self._desk)
@@ -159,7 +173,8 @@ class SqliteOrderJournal:
         def read(connection: Connection) -> list[OrderIntent]:
             return [_intent(row) for row in connection.execute(
                 f"SELECT {_COLUMNS} FROM order_intents WHERE exchange = ? "
-                "AND state IN ('sending', 'unknown') ORDER BY created_at", (exchange,))]
+                f"AND state IN ('sending', 'unknown'){self._own('desk')} ORDER BY created_at",
+                (exchange, *self._desks()))]
 
         return await self._database.read(read)
 
@@ -212,7 +227,8 @@ class SqliteOrderJournal:
                 f"SELECT {columns} FROM order_intents AS i LEFT JOIN order_status AS s "
                 "ON s.client_order_id = i.client_order_id WHERE i.exchange = ? AND ("
                 "i.state IN ('sending', 'unknown') OR (i.state = 'placed' AND "
-                "COALESCE(s.status, 'open') = 'open')) ORDER BY i.created_at", (exchange,))]
+                f"COALESCE(s.status, 'open') = 'open')){self._own('i.desk')} "
+                "ORDER BY i.created_at", (exchange, *self._desks()))]
 
         return await self._database.read(read)
 
@@ -225,14 +241,15 @@ class SqliteOrderJournal:
         """
         price = None if order.price is None else str(order.price)
         intent = (order.client_order_id, exchange, order.symbol, order.side, order.type,
-                  str(order.amount), price, "placed", order.id, at.isoformat(), at.isoformat())
+                  str(order.amount), price, "placed", order.id, at.isoformat(), at.isoformat(),
+                  self._desk)
         status = (order.client_order_id, order.status, str(order.filled), at.isoformat())
 
         def write(connection: Connection) -> bool:
             added = connection.execute(
                 "INSERT INTO order_intents (client_order_id, exchange, symbol, side, type, "
-                "amount, price, state, exchange_order_id, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "amount, price, state, exchange_order_id, created_at, updated_at, desk) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 intent).rowcount
             if added:
                 connection.execute(
