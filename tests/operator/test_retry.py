@@ -123,3 +123,38 @@ async def test_retry_from_the_command_line_says_what_left_and_refuses_with_the_r
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().strip() == (
         "alpha's last answer (1 message) left what it is sent; its turn runs again.")
+
+
+async def test_a_turn_that_placed_an_order_is_not_retried_so_the_model_never_loses_it(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    buy = {"symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "0.01"}
+    too_big = {**buy, "amount": "50"}
+    scripted_server.add(
+        Reply(tool_calls=[ToolCall("place_order", buy)]),
+        Reply("Bought 0.01 BTC."),
+        Reply(tool_calls=[ToolCall("place_order", too_big)]),
+        Reply("The limits refused it."),
+        Reply("Holding instead."))
+    config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS)
+
+    async with in_process_daemon(config) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        assert (await _ask(client, "Buy a little."))["text"] == "Bought 0.01 BTC."
+        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        assert response.status_code == 409, response.text
+        message = response.json()["error"]["message"]
+        assert message.startswith("nothing was retried: the last turn placed an order (Order P1 "
+                                  "filled: bought "
+                                  "0.01 BTC on BTC/USDT at 16,654.22 (market)"), message
+        assert "send your correction as a new message instead" in message
+        transcript = (await client.get("/api/desks/alpha/transcript")).json()
+        assert not any(m["retracted"] for m in transcript["messages"])  # nothing hidden
+
+        # An order the risk limits refused never left: that turn may run again.
+        assert (await _ask(client, "Buy a lot."))["text"] == "The limits refused it."
+        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        assert response.status_code == 200, response.text
+        with anyio.fail_after(10):
+            await scripted_server.wait_for_requests(5)
+        # The retried turn still shows the first turn's order to the model.
+        assert any("Order P1 filled" in text for text in _contents(scripted_server, 4))

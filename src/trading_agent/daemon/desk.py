@@ -925,8 +925,8 @@ def _order_calls(messages: Sequence[Message]) -> list[str]:
             what = _ORDER_TOOLS.get(call.name)
             result = results.get(call.id)
             if what is None or (result is not None and result.is_error
-                                and result.text.startswith("Refused")):
-                continue
+                                and result.text.removeprefix("Error: ").startswith("Refused")):
+                continue  # the risk limits refused it: it never left
             said = result.text.strip().splitlines()[0] if result and result.text.strip() else (
                 "no answer recorded")
             found.append(f"{what} ({said[:200]})")
