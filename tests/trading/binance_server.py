@@ -10,6 +10,12 @@ also proves that credentials came through. Faults are scripted per endpoint:
 - ``"hang_after_processing"``: the request takes effect (an order is created), then no answer.
 - any key of ``fixtures/errors.json``: that Binance error response.
 
+Balances move as an exchange moves them: a market order fills at once at the ticker's last
+price, moving the base and the quote and paying the commission (0.1 %, in the quote); a limit
+order reserves what it may spend (the quote of a buy, the base of a sell) as ``locked`` until
+it is filled (:meth:`FakeBinance.fill`) or cancelled. An order the free balance cannot pay
+for is refused with Binance's ``-2010`` (insufficient balance), and nothing moves.
+
 By default ``/api/v3/klines`` answers the fixture's last ``limit`` candles whatever is asked.
 After :meth:`FakeBinance.serve_history` it pages a longer history the way Binance does:
 ``startTime``, ``endTime`` and ``limit`` honoured, at most a page of candles per answer.
@@ -23,6 +29,7 @@ import hmac
 import json
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -33,6 +40,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 KLINE_INTERVALS = frozenset({"1s", "1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h",
                              "12h", "1d", "3d", "1w", "1M"})
 """The intervals Binance's klines endpoint knows."""
+
+COMMISSION = Decimal("0.001")
+"""The commission rate of every fill (the account fixture's taker and maker rates)."""
 
 
 def fixture(name: str) -> Any:
@@ -113,6 +123,13 @@ class FakeBinance:
         self.account = self.account | {
             "balances": [*balances, {"asset": asset, "free": free, "locked": locked}]}
 
+    def balance(self, asset: str) -> tuple[Decimal, Decimal]:
+        """One asset's ``free`` and ``locked`` balance (zero for an asset never held)."""
+        for entry in self.account["balances"]:
+            if entry["asset"] == asset:
+                return Decimal(entry["free"]), Decimal(entry["locked"])
+        return Decimal(0), Decimal(0)
+
     def place_directly(self, client_order_id: str, *, side: str = "BUY", quantity: str = "0.01",
                        price: str = "15000.00000000", symbol: str = "BTCUSDT") -> int:
         """Rests a limit order on the book that did not come through ccxt (a person on the
@@ -121,14 +138,20 @@ class FakeBinance:
         self.orders[order_id] = fixture("order_template") | {
             "symbol": symbol, "orderId": order_id, "clientOrderId": client_order_id,
             "side": side, "type": "LIMIT", "origQty": quantity, "price": price}
+        self._lock_for(self.orders[order_id])  # the balance it may spend is locked, unchecked
         return order_id
 
     def fill(self, order_id: int) -> None:
-        """Fills a resting order in full at its price (while nobody watches)."""
+        """Fills a resting order in full at its price (while nobody watches): what it
+        reserved is released and the balances move, commission paid in the quote."""
         order = self.orders[order_id]
-        quantity, price = float(order["origQty"]), float(order["price"])
+        if order["status"] != "NEW":
+            raise ValueError(f"order {order_id} is {order['status']}, not resting")
+        quantity, price = Decimal(order["origQty"]), Decimal(order["price"])
+        self._unlock_for(order)
+        self._settle(order["symbol"], order["side"], quantity, price)
         order |= {"status": "FILLED", "executedQty": order["origQty"],
-                  "cummulativeQuoteQty": f"{quantity * price:.8f}"}
+                  "cummulativeQuoteQty": _text(quantity * price)}
 
     def forget(self, order_id: int) -> None:
         """Drops an order, as if the exchange never had it."""
@@ -251,6 +274,56 @@ class FakeBinance:
     def _account(self, params: dict[str, str]) -> tuple[int, Any]:
         return 200, self.account
 
+    # -- balances --------------------------------------------------------------------------
+
+    @staticmethod
+    def _assets(symbol: str) -> tuple[str, str]:
+        """A symbol's base and quote assets, as the exchange info names them."""
+        [market] = [m for m in fixture("exchange_info")["symbols"] if m["symbol"] == symbol]
+        return market["baseAsset"], market["quoteAsset"]
+
+    def _move(self, asset: str, free: Decimal = Decimal(0), locked: Decimal = Decimal(0)) -> None:
+        held_free, held_locked = self.balance(asset)
+        self.set_balance(asset, _text(held_free + free), _text(held_locked + locked))
+
+    def _reservation(self, order: dict[str, Any]) -> tuple[str, Decimal]:
+        """What a resting order locks: the quote a buy may spend, the base a sell gives."""
+        base, quote = self._assets(order["symbol"])
+        quantity = Decimal(order["origQty"])
+        if order["side"] == "BUY":
+            return quote, quantity * Decimal(order["price"])
+        return base, quantity
+
+    def _lock_for(self, order: dict[str, Any]) -> None:
+        asset, amount = self._reservation(order)
+        self._move(asset, free=-amount, locked=amount)
+
+    def _unlock_for(self, order: dict[str, Any]) -> None:
+        asset, amount = self._reservation(order)
+        self._move(asset, free=amount, locked=-amount)
+
+    def _settle(self, symbol: str, side: str, quantity: Decimal, price: Decimal) -> Decimal:
+        """Moves the free balances for a fill; returns the commission paid (in the quote)."""
+        base, quote = self._assets(symbol)
+        cost = quantity * price
+        commission = cost * COMMISSION
+        if side == "BUY":
+            self._move(base, free=quantity)
+            self._move(quote, free=-(cost + commission))
+        else:
+            self._move(base, free=-quantity)
+            self._move(quote, free=cost - commission)
+        return commission
+
+    def _affordable(self, symbol: str, side: str, quantity: Decimal, price: Decimal) -> bool:
+        """Whether the free balance pays for an order (a market buy's commission too)."""
+        base, quote = self._assets(symbol)
+        if side == "BUY":
+            return self.balance(quote)[0] >= quantity * price * (1 + COMMISSION)
+        return self.balance(base)[0] >= quantity
+
+    # -- orders ----------------------------------------------------------------------------
+
     def _create_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order_id = 28_000 + len(self.orders) + 1
         last = fixture("ticker_24hr")["lastPrice"]
@@ -264,16 +337,24 @@ class FakeBinance:
             "price": params.get("price", "0.00000000"),
             "timeInForce": params.get("timeInForce", "GTC"),
         }
-        if params["type"] == "MARKET":
-            quantity = float(params["quantity"])
+        quantity = Decimal(params["quantity"])
+        market = params["type"] == "MARKET"
+        price = Decimal(last) if market else Decimal(order["price"])
+        if not self._affordable(params["symbol"], params["side"], quantity, price):
+            return 400, self._errors["insufficient_funds"]["body"]
+        if market:
+            commission = self._settle(params["symbol"], params["side"], quantity, price)
             order |= {
                 "status": "FILLED",
                 "executedQty": params["quantity"],
-                "cummulativeQuoteQty": f"{quantity * float(last):.8f}",
+                "cummulativeQuoteQty": _text(quantity * price),
                 "fills": [{"price": last, "qty": params["quantity"],
-                           "commission": f"{quantity * float(last) * 0.001:.8f}",
-                           "commissionAsset": "USDT", "tradeId": 100 + order_id}],
+                           "commission": _text(commission),
+                           "commissionAsset": self._assets(params["symbol"])[1],
+                           "tradeId": 100 + order_id}],
             }
+        else:
+            self._lock_for(order)
         self.orders[order_id] = order
         return 200, order
 
@@ -302,9 +383,15 @@ class FakeBinance:
         if order is None or order["status"] != "NEW":
             return 400, {"code": -2011, "msg": "Unknown order sent."}
         order["status"] = "CANCELED"
+        self._unlock_for(order)
         canceled = {k: v for k, v in order.items() if k != "fills"}
         return 200, canceled | {"origClientOrderId": order["clientOrderId"]}
 
     def _open_orders(self, params: dict[str, str]) -> tuple[int, Any]:
         return 200, [self._as_queried(o) for o in self.orders.values() if o["status"] == "NEW"
                      and params.get("symbol", o["symbol"]) == o["symbol"]]
+
+
+def _text(amount: Decimal) -> str:
+    """An amount as Binance writes it: eight decimal places."""
+    return f"{amount.quantize(Decimal('1e-8')):f}"

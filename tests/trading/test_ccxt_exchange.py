@@ -126,6 +126,50 @@ async def test_a_market_order_reports_its_fill_and_fee(exchange: CcxtExchange) -
     assert order.fee == Decimal("0.167099") and order.fee_currency == "USDT"
 
 
+async def test_the_account_moves_with_every_fill_and_reserves_for_resting_orders(
+        exchange: CcxtExchange, binance: FakeBinance) -> None:
+    async def held(currency: str) -> tuple[Decimal, Decimal]:
+        balance = (await exchange.fetch_balances())[currency]
+        return balance.free, balance.used
+
+    assert await held("BTC") == (Decimal("0.5"), 0)
+    assert await held("USDT") == (Decimal("9500"), Decimal("500"))
+
+    bought = await exchange.create_order(
+        OrderRequest("BTC/USDT", "buy", "market", Decimal("0.01")))
+    # 0.01 BTC at 16,709.9 = 167.099 USDT, and the 0.1 % commission 0.167099 USDT.
+    assert bought.fee == Decimal("0.167099")
+    assert await held("BTC") == (Decimal("0.51"), 0)
+    assert await held("USDT") == (Decimal("9332.733901"), Decimal("500"))
+
+    sold = await exchange.create_order(
+        OrderRequest("BTC/USDT", "sell", "market", Decimal("0.02")))
+    assert sold.status == "closed"
+    assert await held("BTC") == (Decimal("0.49"), 0)
+    assert await held("USDT") == (Decimal("9332.733901") + Decimal("334.198")
+                                  - Decimal("0.334198"), Decimal("500"))
+
+    free_usdt = (await held("USDT"))[0]
+    resting = await exchange.create_order(limit_buy("0.01", "16000"))  # locks 160 USDT
+    selling = await exchange.create_order(
+        OrderRequest("BTC/USDT", "sell", "limit", Decimal("0.1"), Decimal("18000")))
+    assert await held("USDT") == (free_usdt - 160, Decimal("660"))
+    assert await held("BTC") == (Decimal("0.39"), Decimal("0.1"))
+
+    binance.fill(int(resting.id))  # 160 USDT spent, 0.16 USDT commission, 0.01 BTC in
+    await exchange.cancel_order(selling.id, "BTC/USDT")  # the 0.1 BTC is free again
+    assert await held("USDT") == (free_usdt - Decimal("160.16"), Decimal("500"))
+    assert await held("BTC") == (Decimal("0.5"), 0)
+
+    with pytest.raises(OrderRejectedError, match="insufficient funds"):
+        await exchange.create_order(
+            OrderRequest("BTC/USDT", "sell", "market", Decimal("0.6")))
+    with pytest.raises(OrderRejectedError, match="insufficient funds"):
+        await exchange.create_order(limit_buy("1", "16000"))  # 16,000 USDT: not there
+    assert await held("BTC") == (Decimal("0.5"), 0)  # nothing moved
+    assert await held("USDT") == (free_usdt - Decimal("160.16"), Decimal("500"))
+
+
 async def test_the_intent_is_journaled_before_the_request_is_sent(
         exchange: CcxtExchange, binance: FakeBinance, journal: OrderJournal) -> None:
     request = limit_buy()

@@ -272,6 +272,8 @@
 
   // Events after which the selected desk's positions, orders and trades are read again.
   const BOOK_EVENTS = new Set(["order_filled", "kill_switch", "reconciliation", "order_cancelled", "order_placed"]);
+  // Tools whose result changes the books without a fill (an order left resting, a cancel).
+  const ORDER_TOOLS = new Set(["place_order", "cancel_order"]);
 
   function signed(value) {
     const n = Number(value);
@@ -611,7 +613,8 @@
       handleApproval(data);
     }
     if (data.type === "turn_start" || data.type === "turn_end" || CONTROL_EVENTS.has(data.type)) scheduleRefresh();
-    if (BOOK_EVENTS.has(data.type) && (data.desk === state.selected || data.desk === "*")) scheduleBooks();
+    const booksChanged = BOOK_EVENTS.has(data.type) || (data.type === "tool_result" && ORDER_TOOLS.has(data.name));
+    if (booksChanged && (data.desk === state.selected || data.desk === "*")) scheduleBooks();
     // A daemon-wide control event (desk "*") concerns every desk: each desk's log shows it.
     if (data.desk !== state.selected && !(data.desk === "*" && CONTROL_EVENTS.has(data.type))) return;
     const turnId = data.turn || "none";
