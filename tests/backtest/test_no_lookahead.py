@@ -661,6 +661,9 @@ def test_a_marketable_limit_order_fills_at_the_next_open() -> None:
     assert (start.turn, start.client_order_id, start.filled_at) == (
         STARTING_TURN, "start-BTC/USDT", runs.full.start), start
     assert len(fills) >= 3, fills
+    # The books' first round trip opens with them, at the start.
+    assert (runs.full.trades[0].opened_turn, runs.full.trades[0].opened_at) == (
+        STARTING_TURN, runs.full.start)
     assert check_fills(runs.full, scenario.data(cut=False),
                        runs.settings.desks[DESK].exchange.paper) == len(fills)
     taker = runs.settings.desks[DESK].exchange.paper.taker_fee
