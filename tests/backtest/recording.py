@@ -44,8 +44,9 @@ from typing import Any
 
 from tests.scripted_server import ScriptedServer
 from trading_agent.backtest.engine import Progress
-from trading_agent.backtest.record import BacktestRecord, TradeRecord
+from trading_agent.backtest.record import BacktestRecord, FillRecord
 from trading_agent.tools.charts import render_chart_png
+from trading_agent.trading.booked_exchange import STARTING_TURN
 from trading_agent.trading.config import PaperExchangeConfig
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.feed import resample
@@ -668,46 +669,64 @@ def check_fills(record: BacktestRecord, candles: Mapping[str, Sequence[Candle]],
         paper: The desk's ``[exchange.paper]`` settings.
 
     Returns:
-        How many fills were checked.
+        How many fills of orders were checked (what the account held at the start is
+        checked to be adopted at the start, and not counted).
 
     Raises:
         LookAheadError: A fill at another time or price, or of an order nobody placed.
     """
     placed = _placed_orders(record)
-    for trade in record.trades:
-        order = placed.get(trade.client_order_id)
-        what = (f"the fill of {trade.side} {trade.amount} {trade.symbol} (client id "
-                f"{trade.client_order_id}) at {trade.price} on {_stamp(trade.filled_at)}, fee "
-                f"{trade.fee}")
+    checked = 0
+    for fill in record.fills:
+        if fill.turn == STARTING_TURN:
+            _check_starting_holding(record, fill)
+            continue  # no decision: what the account held when the run began
+        checked += 1
+        order = placed.get(fill.client_order_id)
+        what = (f"the fill of {fill.side} {fill.amount} {fill.symbol} (client id "
+                f"{fill.client_order_id}) at {fill.price} on {_stamp(fill.filled_at)}, fee "
+                f"{fill.fee}")
         if order is None:
             raise LookAheadError(f"{what}: no decision placed it")
-        if trade.decided_at != order.decided_at:
-            raise LookAheadError(f"{what}: decided at {_stamp(trade.decided_at)} by the "
+        if fill.decided_at != order.decided_at:
+            raise LookAheadError(f"{what}: decided at {_stamp(fill.decided_at)} by the "
                                  f"record, at {_stamp(order.decided_at)} by decision "
                                  f"{order.decision}")
-        series = candles[trade.symbol]
+        series = candles[fill.symbol]
         later = series[bisect.bisect_left([c.opened_at for c in series], order.decided_at):]
         if not later or later[0].opened_at != order.decided_at:
             raise LookAheadError(f"{what}: no candle opens at the decision, "
                                  f"{_stamp(order.decided_at)}")
-        expected, rule = _expected_fill(trade, order, later, paper)
-        if (trade.filled_at, trade.price, trade.fee) != expected:
+        expected, rule = _expected_fill(fill, order, later, paper)
+        if (fill.filled_at, fill.price, fill.fee) != expected:
             raise LookAheadError(
                 f"{what}: {rule}; expected at {_stamp(expected[0])}, price {expected[1]}, fee "
                 f"{expected[2]}")
-    return len(record.trades)
+    return checked
+
+
+def _check_starting_holding(record: BacktestRecord, fill: FillRecord) -> None:
+    """The books adopt a paper account's starting coins as one opening fill each, at the
+    start, for no fee: nothing after the start can have priced it."""
+    if (fill.client_order_id, fill.side, fill.fee) != (f"{STARTING_TURN}-{fill.symbol}",
+                                                        "buy", 0) or \
+            not fill.decided_at == fill.filled_at == record.start:
+        raise LookAheadError(
+            f"the starting holding of {fill.amount} {fill.symbol} (client id "
+            f"{fill.client_order_id}) is a buy at the start, {_stamp(record.start)}, for no "
+            f"fee; the record has a {fill.side} on {_stamp(fill.filled_at)}, fee {fill.fee}")
 
 
 _Fill = tuple[datetime, Decimal, Decimal]
 
 
-def _expected_fill(trade: TradeRecord, order: _Placed, later: Sequence[Candle],
+def _expected_fill(fill: FillRecord, order: _Placed, later: Sequence[Candle],
                    paper: PaperExchangeConfig) -> tuple[_Fill, str]:
     """When, at what price and fee ``order`` fills on ``later`` (the candles from its
     decision on), and the rule, in words."""
-    first, buy = later[0], trade.side == "buy"
+    first, buy = later[0], fill.side == "buy"
     slipped = first.open * (1 + (1 if buy else -1) * paper.slippage_bps / Decimal(10000))
-    at_open = (first.opened_at, slipped, trade.amount * slipped * paper.taker_fee)
+    at_open = (first.opened_at, slipped, fill.amount * slipped * paper.taker_fee)
     decided = _stamp(order.decided_at)
     opening = (f"the open of the candle opening then, {first.open}, "
                f"{'+' if buy else '-'}{paper.slippage_bps} bps, taker fee {paper.taker_fee}")
@@ -716,15 +735,15 @@ def _expected_fill(trade: TradeRecord, order: _Placed, later: Sequence[Candle],
     limit = Decimal(str(order.arguments["price"]))
     through = [c for c in later if (c.low < limit if buy else c.high > limit)]
     if not through:
-        raise LookAheadError(f"the fill of {trade.side} {trade.amount} {trade.symbol} (client "
-                             f"id {trade.client_order_id}) on {_stamp(trade.filled_at)}: no "
+        raise LookAheadError(f"the fill of {fill.side} {fill.amount} {fill.symbol} (client "
+                             f"id {fill.client_order_id}) on {_stamp(fill.filled_at)}: no "
                              f"candle from the decision at {decided} trades through {limit}")
     if through[0] is first and (slipped <= limit if buy else slipped >= limit):
-        return at_open, (f"a limit {trade.side} at {limit} decided at {decided} reaches the "
+        return at_open, (f"a limit {fill.side} at {limit} decided at {decided} reaches the "
                          f"book already beaten by {opening}: it fills there")
     candle = through[0]
-    return (candle.closes_at, limit, trade.amount * limit * paper.maker_fee), (
-        f"a limit {trade.side} at {limit} decided at {decided} rests from the next open and "
+    return (candle.closes_at, limit, fill.amount * limit * paper.maker_fee), (
+        f"a limit {fill.side} at {limit} decided at {decided} rests from the next open and "
         f"fills at its price when a candle trades through it, first the one of "
         f"{_stamp(candle.opened_at)} (open {candle.open}, low {candle.low}, high "
         f"{candle.high}), at its close, maker fee {paper.maker_fee}")

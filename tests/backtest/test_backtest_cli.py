@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -73,18 +74,53 @@ def test_a_backtest_writes_its_report_and_a_strict_rerun_replays_it_for_free(
     for key in ("desk", "from", "to", "candles", "decisions", "model_calls", "cache_hits",
                 "input_tokens", "output_tokens", "cost", "total_return",
                 "buy_and_hold_return", "max_drawdown", "sharpe", "sortino", "trades",
-                "win_rate", "fees", "exposure"):
+                "open_trades", "fills", "win_rate", "realized_profit", "fees", "exposure"):
         assert key in report, key
     # Six hours of 5-minute candles; the schedule fires at 01:00 ... 06:00.
     assert (report["desk"], report["candles"], report["decisions"]) == ("hourly", 72, 6)
     assert report["model_calls"] == asked == 18 and report["cache_hits"] == 0
-    assert report["trades"] == 5  # filled at the next opens; the 06:00 order still waits
+    # Buy, sell, buy, sell, buy filled at the next opens (the 06:00 sell still waits): two
+    # round trips closed and one open, out of five fills.
+    assert (report["fills"], report["trades"], report["open_trades"]) == (5, 2, 1)
+    with (tmp_path / "first" / "fills.csv").open(newline="") as handle:
+        fills = list(csv.DictReader(handle))
+    assert list(fills[0]) == ["decided_at", "filled_at", "symbol", "side", "amount", "price",
+                              "fee", "client_order_id", "reason"]
+    assert [f["side"] for f in fills] == ["buy", "sell", "buy", "sell", "buy"]
+    assert [f["decided_at"][11:16] for f in fills] == ["01:00", "02:00", "03:00", "04:00",
+                                                       "05:00"]
+    assert all(f["filled_at"] == f["decided_at"] for f in fills)  # the next candle's open
+    assert fills[0]["reason"].startswith("Traded 0.01 BTC")
     with (tmp_path / "first" / "trades.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["decided_at", "filled_at", "symbol", "side", "amount", "price",
-                             "fee", "client_order_id", "reason"]
-    assert rows[0]["decided_at"].startswith("2023-01-05T01:00")
-    assert rows[0]["reason"].startswith("Traded 0.01 BTC")
+        trades = list(csv.DictReader(handle))
+    assert list(trades[0]) == ["opened_at", "closed_at", "symbol", "side", "amount",
+                               "entry_price", "exit_price", "profit", "profit_percent", "fees",
+                               "exit_reason", "opened_turn", "closed_turn"]
+    assert [(t["opened_turn"], t["closed_turn"], t["exit_reason"]) for t in trades] == [
+        ("t000001", "t000002", "decision"), ("t000003", "t000004", "decision"),
+        ("t000005", "", "open")]
+    # Each closed one, by hand from its two fills: (exit - entry) x amount - both fees.
+    profits = []
+    for trade, (buy, sell) in zip(trades, [(fills[0], fills[1]), (fills[2], fills[3])],
+                                  strict=False):
+        assert (trade["opened_at"], trade["closed_at"]) == (buy["filled_at"],
+                                                            sell["filled_at"])
+        assert (trade["side"], trade["amount"]) == ("long", "0.01")
+        assert (Decimal(trade["entry_price"]), Decimal(trade["exit_price"])) == (
+            Decimal(buy["price"]), Decimal(sell["price"]))
+        fees = Decimal(buy["fee"]) + Decimal(sell["fee"])
+        assert Decimal(trade["fees"]) == fees
+        profit = (Decimal(sell["price"]) - Decimal(buy["price"])) * Decimal("0.01") - fees
+        assert Decimal(trade["profit"]) == profit
+        profits.append(profit)
+    still = trades[2]
+    assert (still["opened_at"], still["closed_at"], still["exit_price"]) == (
+        fills[4]["filled_at"], "", "")
+    assert Decimal(still["profit"]) == -Decimal(fills[4]["fee"])  # its entry fee, so far
+    assert report["win_rate"] == sum(p > 0 for p in profits) / 2
+    assert report["realized_profit"] == pytest.approx(float(sum(profits)
+                                                            - Decimal(fills[4]["fee"])))
+    assert report["fees"] == pytest.approx(float(sum(Decimal(f["fee"]) for f in fills)))
     assert "hourly" in printed and "report.html" in printed
 
     assert backtest(config, tmp_path / "second", cache, "--cache", "strict") == 0
@@ -94,8 +130,9 @@ def test_a_backtest_writes_its_report_and_a_strict_rerun_replays_it_for_free(
     same = {key: value for key, value in report.items() if key not in ("model_calls",
                                                                        "cache_hits")}
     assert {key: again[key] for key in same} == same
-    assert (tmp_path / "second" / "trades.csv").read_bytes() == \
-        (tmp_path / "first" / "trades.csv").read_bytes()
+    for name in ("trades.csv", "fills.csv"):
+        assert (tmp_path / "second" / name).read_bytes() == \
+            (tmp_path / "first" / name).read_bytes(), name
 
 
 def test_an_out_folder_that_is_not_empty_is_refused_unless_forced(
@@ -111,7 +148,7 @@ def test_an_out_folder_that_is_not_empty_is_refused_unless_forced(
     assert server.requests == []
 
     assert backtest(config, out, tmp_path / "cache", "--force") == 0
-    assert sorted(p.name for p in out.iterdir()) == ["equity.png", "report.html",
+    assert sorted(p.name for p in out.iterdir()) == ["equity.png", "fills.csv", "report.html",
                                                      "report.json", "trades.csv"]
 
 

@@ -107,6 +107,53 @@ async def test_scripted_operator_messages_reach_the_desk_at_their_time(
     assert asked, "the model was never told"
 
 
+async def test_a_buy_then_a_sell_is_one_round_trip_of_the_books(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    """The scripted trader buys 0.01 BTC at 02:00, sells it at 04:00, buys again at 06:00 and
+    sells at 08:00, the end (that order never fills). Each market order fills at the open of
+    the candle opening at its decision, slipped and charged the taker fee."""
+    spec = _spec(tmp_path, server)
+    record = await run_backtest(spec)
+    paper = spec.settings.desks["pair"].exchange.paper
+    btc = {candle.opened_at: candle for candle in record.candles["BTC/USDT"]}
+    amount = Decimal("0.01")
+
+    def filled(hour: int, side: str) -> tuple[Decimal, Decimal]:
+        """Price and fee of a market order decided at ``hour``:00, worked out by hand."""
+        slip = paper.slippage_bps / Decimal(10_000)
+        price = btc[parse_time(f"2023-01-06T{hour:02d}:00")].open * (
+            1 + slip if side == "buy" else 1 - slip)
+        return price, amount * price * paper.taker_fee
+
+    entry, entry_fee = filled(2, "buy")
+    exit_price, exit_fee = filled(4, "sell")
+    again, again_fee = filled(6, "buy")
+    assert [(f.side, f.filled_at.hour, f.price, f.fee, f.turn) for f in record.fills] == [
+        ("buy", 2, entry, entry_fee, "t000001"), ("sell", 4, exit_price, exit_fee, "t000002"),
+        ("buy", 6, again, again_fee, "t000003")]
+    assert [d.turn for d in record.decisions] == ["t000001", "t000002", "t000003", "t000004"]
+
+    closed, still = record.trades
+    assert (closed.symbol, closed.side, closed.amount) == ("BTC/USDT", "long", amount)
+    assert (closed.opened_at, closed.closed_at) == (parse_time("2023-01-06T02:00"),
+                                                    parse_time("2023-01-06T04:00"))
+    assert (closed.entry_price, closed.exit_price) == (entry, exit_price)
+    assert closed.fees == entry_fee + exit_fee
+    assert closed.profit == (exit_price - entry) * amount - entry_fee - exit_fee
+    assert (closed.exit_reason, closed.opened_turn, closed.closed_turn) == (
+        "decision", "t000001", "t000002")
+    # The second is open at the end: it has realized nothing but its entry fee.
+    assert still.is_open and (still.opened_at, still.entry_price) == (
+        parse_time("2023-01-06T06:00"), again)
+    assert (still.profit, still.fees, still.opened_turn) == (-again_fee, again_fee, "t000003")
+
+    figures = compute_figures(record)
+    assert (figures.trades, figures.open_trades, figures.fills) == (1, 1, 3)
+    assert figures.win_rate == (1.0 if closed.profit > 0 else 0.0)
+    assert figures.realized_profit == float(closed.profit - again_fee)
+    assert figures.fees == float(entry_fee + exit_fee + again_fee)
+
+
 def test_a_messages_file_is_read_in_time_order_with_its_line_breaks(tmp_path: Path) -> None:
     path = tmp_path / "messages.txt"
     path.write_text("# the operator's day\n2023-01-06T03:00 Hold.\n\n"

@@ -20,9 +20,10 @@ from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
     EquityPoint,
+    FillRecord,
     ModelUsage,
-    TradeRecord,
 )
+from trading_agent.trading.books import RoundTrip
 from trading_agent.trading.exchange import Candle
 
 START = datetime(2023, 1, 5, tzinfo=UTC)
@@ -38,7 +39,8 @@ def _candles(symbol: str, prices: Sequence[tuple[str, str]]) -> list[Candle]:
 
 
 def _record(equity: Sequence[str], *, starting: str = "100", exposure: Sequence[str] = (),
-            trades: Sequence[TradeRecord] = (), candles: dict[str, list[Candle]] | None = None,
+            trades: Sequence[RoundTrip] = (), fills: Sequence[FillRecord] = (),
+            candles: dict[str, list[Candle]] | None = None,
             timeframe: str = "1h") -> BacktestRecord:
     """A record whose equity points close hourly candles from START."""
     shares = list(exposure) or ["0"] * len(equity)
@@ -49,15 +51,31 @@ def _record(equity: Sequence[str], *, starting: str = "100", exposure: Sequence[
     return BacktestRecord(desk="alpha", model="gemma-3-270m", start=START,
                           end=START + len(equity) * HOUR, timeframe=timeframe,
                           quote_currency="USDT", candles=candles,
-                          starting_equity=Decimal(starting), equity=points, trades=list(trades))
+                          starting_equity=Decimal(starting), equity=points, trades=list(trades),
+                          fills=list(fills))
 
 
-def _trade(side: str, amount: str, price: str, fee: str, *, symbol: str = "BTC/USDT",
-           hour: int = 1) -> TradeRecord:
-    return TradeRecord(decided_at=START + (hour - 1) * HOUR, filled_at=START + hour * HOUR,
-                       symbol=symbol, side="buy" if side == "buy" else "sell",
-                       amount=Decimal(amount), price=Decimal(price), fee=Decimal(fee),
-                       client_order_id=f"ta{hour:030d}", reason="because")
+def _trip(number: int, entry: str, exit_price: str | None, profit: str, fees: str, *,
+          amount: str = "1") -> RoundTrip:
+    """A round trip as the desk's books hold it, opened at hour ``number`` and closed an hour
+    later (or still open when ``exit_price`` is None)."""
+    opened = START + number * HOUR
+    closed = exit_price is not None
+    return RoundTrip(number, "BTC/USDT", "long", opened, Decimal(amount), Decimal(entry),
+                     closed_at=opened + HOUR if closed else None,
+                     exit_price=Decimal(exit_price) if closed else None,
+                     exited=Decimal(amount) if closed else Decimal(0), profit=Decimal(profit),
+                     fees=Decimal(fees), exit_reason="decision" if closed else None,
+                     opened_turn=f"t{number:06d}",
+                     closed_turn=f"t{number + 1:06d}" if closed else None)
+
+
+def _fill(hour: int, side: str) -> FillRecord:
+    return FillRecord(decided_at=START + hour * HOUR, filled_at=START + hour * HOUR,
+                      symbol="BTC/USDT", side="buy" if side == "buy" else "sell",
+                      amount=Decimal(1), price=Decimal(100), fee=Decimal("0.1"),
+                      client_order_id=f"ta{hour:030d}", reason="because",
+                      turn=f"t{hour:06d}")
 
 
 def test_flat_equity_has_no_return_no_drawdown_and_no_sharpe() -> None:
@@ -146,41 +164,50 @@ def test_buy_and_hold_over_two_symbols() -> None:
         500 * 1.10 + 500 * 0.95, 500 * 1.20 + 500 * 1.10, 500 * 1.50 + 500 * 0.90])
 
 
-def test_win_rate_counts_fees_on_both_sides() -> None:
+def test_trades_and_the_win_rate_are_the_closed_round_trips_of_the_books() -> None:
     trades = [
-        # 1 BTC for 100 + 1 fee: a cost of 101, or 50.50 per half.
-        _trade("buy", "1", "100", "1", hour=1),
-        # Half sold at 101.50: 50.75 - 0.60 fee = 50.15 < 50.50, a loss though the price
-        # rose (without either fee it would count as a win).
-        _trade("sell", "0.5", "101.5", "0.6", hour=2),
-        # The other half at 104: 52.00 - 0.50 = 51.50 > 50.50, a win.
-        _trade("sell", "0.5", "104", "0.5", hour=3),
+        # Bought 1 at 100, sold at 102, 0.50 of fees in all: (102 - 100) x 1 - 0.50 = 1.50.
+        _trip(1, "100", "102", "1.5", "0.5"),
+        # Sold above the entry, yet a loss once both fees are paid: 0.50 - 0.75 = -0.25.
+        _trip(3, "100", "100.5", "-0.25", "0.75"),
+        # Still open at the end: what it realized so far is its entry fee.
+        _trip(5, "101", None, "-0.1", "0.1"),
     ]
-    figures = compute_figures(_record(["100", "99.55", "101.05"], trades=trades))
+    fills = [_fill(1, "buy"), _fill(2, "sell"), _fill(3, "buy"), _fill(4, "sell"),
+             _fill(5, "buy")]
+    figures = compute_figures(_record(["100", "101", "101", "100.75", "100.65"],
+                                      trades=trades, fills=fills))
+    assert (figures.trades, figures.open_trades, figures.fills) == (2, 1, 5)
     assert figures.win_rate == pytest.approx(0.5)
-    assert figures.trades == 3
-    assert figures.fees == pytest.approx(2.1)
+    assert figures.realized_profit == pytest.approx(1.5 - 0.25 - 0.1)
+    assert figures.fees == pytest.approx(0.5 + 0.75 + 0.1)
+    content = figures.to_json()
+    assert (content["trades"], content["open_trades"], content["fills"]) == (2, 1, 5)
+    assert content["realized_profit"] == pytest.approx(1.15)
 
 
-def test_win_rate_weighs_the_average_cost_of_several_buys() -> None:
-    trades = [
-        _trade("buy", "1", "100", "0", hour=1),
-        _trade("buy", "1", "120", "0", hour=2),
-        # Average cost 110: selling at 112 wins though it is under the last buy.
-        _trade("sell", "1", "112", "0", hour=3),
-        # A sell of what was never bought within the run has no cost: not counted.
-        _trade("sell", "3", "50", "0", symbol="ETH/USDT", hour=4),
-    ]
+def test_a_round_trip_that_breaks_even_is_not_a_win() -> None:
+    trades = [_trip(1, "100", "100.2", "0", "0.2"), _trip(3, "100", "101", "0.8", "0.2")]
     figures = compute_figures(_record(["100", "100", "100", "100"], trades=trades))
-    assert figures.win_rate == 1.0
-    assert figures.trades == 4
+    assert figures.win_rate == pytest.approx(0.5)
+    assert figures.trades == 2
 
 
-def test_win_rate_is_undefined_without_sells() -> None:
-    figures = compute_figures(_record(["100", "100"], trades=[_trade("buy", "1", "100", "0.1")]))
+def test_win_rate_is_undefined_before_a_round_trip_closes() -> None:
+    figures = compute_figures(_record(["100", "100"], trades=[_trip(1, "100", None, "-0.1",
+                                                                     "0.1")],
+                                      fills=[_fill(1, "buy")]))
     assert figures.win_rate is None
+    assert (figures.trades, figures.open_trades, figures.fills) == (0, 1, 1)
     assert figures.fees == pytest.approx(0.1)
+    assert figures.realized_profit == pytest.approx(-0.1)
     assert figures.to_json()["win_rate"] is None
+
+
+def test_no_trade_no_profit() -> None:
+    figures = compute_figures(_record(["100", "100"]))
+    assert (figures.trades, figures.open_trades, figures.fills) == (0, 0, 0)
+    assert (figures.win_rate, figures.realized_profit, figures.fees) == (None, 0.0, 0.0)
 
 
 def test_exposure_is_the_mean_share_held() -> None:
@@ -199,7 +226,7 @@ def test_usage_and_span_reach_the_json() -> None:
     required = {"desk", "from", "to", "candles", "decisions", "model_calls", "cache_hits",
                 "input_tokens", "output_tokens", "cost", "total_return",
                 "buy_and_hold_return", "max_drawdown", "sharpe", "sortino", "trades",
-                "win_rate", "fees", "exposure"}
+                "open_trades", "fills", "win_rate", "realized_profit", "fees", "exposure"}
     assert required <= content.keys()
     assert content["from"] == "2023-01-05T00:00:00+00:00"
     assert content["to"] == "2023-01-05T02:00:00+00:00"
@@ -207,7 +234,7 @@ def test_usage_and_span_reach_the_json() -> None:
     assert (content["input_tokens"], content["output_tokens"]) == (12_000, 900)
     assert content["cost"] == 0.0123
     for key in ("total_return", "buy_and_hold_return", "max_drawdown", "fees", "exposure",
-                "starting_equity", "final_equity"):
+                "starting_equity", "final_equity", "realized_profit"):
         assert type(content[key]) is float, key
     assert content["total_return"] == pytest.approx(0.02)
     json.dumps(content, allow_nan=False)  # plain JSON, nothing a strict reader refuses

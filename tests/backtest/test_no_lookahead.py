@@ -75,8 +75,9 @@ from tests.scripted_server import (
 )
 from trading_agent.backtest.cache import CacheMissError, CacheMode
 from trading_agent.backtest.engine import BacktestSpec, ScriptedMessage, run_backtest
-from trading_agent.backtest.record import BacktestRecord, Decision, TradeRecord, TranscriptEntry
+from trading_agent.backtest.record import BacktestRecord, Decision, FillRecord, TranscriptEntry
 from trading_agent.settings import Settings, load_settings
+from trading_agent.trading.booked_exchange import STARTING_TURN
 from trading_agent.trading.config import PACKAGED_CANDLES, PaperExchangeConfig
 from trading_agent.trading.exchange import Candle
 from trading_agent.trading.replay import ReplayFeed, load_candles_csv
@@ -464,7 +465,8 @@ def examine(scenario: Scenario, root: Path) -> Findings:
     fills = check_fills(runs.full, data, runs.settings.desks[DESK].exchange.paper)
     # A market order fills at the open of the candle opening at its decision; a limit order
     # at the close of a candle after it.
-    findings.market_fills = sum(1 for t in runs.full.trades if t.filled_at == t.decided_at)
+    findings.market_fills = sum(1 for f in runs.full.fills
+                                if f.filled_at == f.decided_at and f.turn != STARTING_TURN)
     findings.limit_fills = fills - findings.market_fills
     return findings
 
@@ -576,10 +578,10 @@ def _place_order(arguments: Mapping[str, str]) -> TranscriptEntry:
 
 
 def _trade(decided: datetime, filled: datetime, price: Decimal, fee_rate: str,
-           cid: str) -> TradeRecord:
+           cid: str) -> FillRecord:
     amount = Decimal("0.01")
-    return TradeRecord(decided, filled, "BTC/USDT", "buy", amount, price,
-                       amount * price * Decimal(fee_rate), cid, "")
+    return FillRecord(decided, filled, "BTC/USDT", "buy", amount, price,
+                      amount * price * Decimal(fee_rate), cid, "")
 
 
 def test_fills_at_the_decision_or_through_no_later_candle_are_caught() -> None:
@@ -608,26 +610,26 @@ def test_fills_at_the_decision_or_through_no_later_candle_are_caught() -> None:
     at_open = candles[3].open * Decimal("1.001")
     through = next(c for c in candles[3:] if c.low < below)
     market = _trade(decided, decided, at_open, "0.001", "m1")
-    record.trades = [market, _trade(decided, through.closes_at, below, "0.0008", "l1"),
+    record.fills = [market, _trade(decided, through.closes_at, below, "0.0008", "l1"),
                      _trade(decided, decided, at_open, "0.001", "l3")]
     assert check_fills(record, data, paper) == 3
 
     at_close = candles[2].close * Decimal("1.001")
     assert at_close != at_open  # the data: this close is not the next open
-    record.trades = [_trade(decided, decided, at_close, "0.001", "m1")]
+    record.fills = [_trade(decided, decided, at_close, "0.001", "m1")]
     with pytest.raises(LookAheadError, match=r"the fill of buy 0.01 BTC/USDT .* a market order "
                        r"decided at .* fills at the open of the candle opening then, "
                        rf"{candles[3].open}, \+10 bps.*expected at .*, price {at_open}"):
         check_fills(record, data, paper)
-    record.trades = [market, _trade(decided, decided, below, "0.0008", "l1")]
+    record.fills = [market, _trade(decided, decided, below, "0.0008", "l1")]
     with pytest.raises(LookAheadError, match=r"a limit buy at .* rests from the next open and "
                        r"fills at its price when a candle trades through it"):
         check_fills(record, data, paper)
-    record.trades = [market, _trade(decided, candles[5].closes_at, never, "0.0008", "l2")]
+    record.fills = [market, _trade(decided, candles[5].closes_at, never, "0.0008", "l2")]
     with pytest.raises(LookAheadError, match=rf"no candle from the decision at .* trades "
                        rf"through {never}"):
         check_fills(record, data, paper)
-    record.trades = [market, _trade(decided, candles[3].closes_at, above, "0.0008", "l3")]
+    record.fills = [market, _trade(decided, candles[3].closes_at, above, "0.0008", "l3")]
     with pytest.raises(LookAheadError, match=rf"a limit buy at {above} .* reaches the book "
                        r"already beaten by the open of the candle opening then"):
         check_fills(record, data, paper)
@@ -654,10 +656,16 @@ def test_a_marketable_limit_order_fills_at_the_next_open() -> None:
     scenario = Scenario(first=3000, length=24, cut_after=23, schedules=("30m",))
     with tempfile.TemporaryDirectory(prefix="no-lookahead-") as folder:
         runs = run_scenario(scenario, Path(folder), marketable_buyer)
-    trades = runs.full.trades
-    assert len(trades) >= 3, trades
+    # The account's starting coins are the books' first fill, at the start; then the orders.
+    start, *fills = runs.full.fills
+    assert (start.turn, start.client_order_id, start.filled_at) == (
+        STARTING_TURN, "start-BTC/USDT", runs.full.start), start
+    assert len(fills) >= 3, fills
+    # The books' first round trip opens with them, at the start.
+    assert (runs.full.trades[0].opened_turn, runs.full.trades[0].opened_at) == (
+        STARTING_TURN, runs.full.start)
     assert check_fills(runs.full, scenario.data(cut=False),
-                       runs.settings.desks[DESK].exchange.paper) == len(trades)
+                       runs.settings.desks[DESK].exchange.paper) == len(fills)
     taker = runs.settings.desks[DESK].exchange.paper.taker_fee
-    assert all(t.filled_at == t.decided_at and t.fee == t.amount * t.price * taker
-               for t in trades), trades
+    assert all(f.filled_at == f.decided_at and f.fee == f.amount * f.price * taker
+               for f in fills), fills

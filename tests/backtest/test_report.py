@@ -1,5 +1,6 @@
-"""The report of a backtest as a user opens it: report.json, trades.csv, equity.png and
-report.html, written from a realistic record; a comparison of two runs; the terminal table."""
+"""The report of a backtest as a user opens it: report.json, trades.csv, fills.csv,
+equity.png and report.html, written from a realistic record; a comparison of two runs; the
+terminal table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import io
 import json
 import random
 import re
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -20,12 +23,13 @@ from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
     EquityPoint,
+    FillRecord,
     ModelUsage,
-    TradeRecord,
     TranscriptEntry,
 )
 from trading_agent.backtest.report import (
     CHART_SIZE,
+    FILL_COLUMNS,
     TRADE_COLUMNS,
     equity_chart_png,
     summary_table,
@@ -33,6 +37,7 @@ from trading_agent.backtest.report import (
     write_report,
 )
 from trading_agent.tools.charts import DARK
+from trading_agent.trading.books import BookFill, BookPosition, RoundTrip, apply_fill
 from trading_agent.trading.exchange import Candle
 
 START = datetime(2023, 1, 5, tzinfo=UTC)
@@ -42,6 +47,30 @@ TRICKY_REASON = 'BTC broke 17,000, "cleanly",\nso I bought; stop at 16,650.'
 SCRIPT = '<script>alert("owned")</script>'
 
 Color = tuple[int, int, int]
+
+
+def round_trips(fills: Sequence[FillRecord]) -> list[RoundTrip]:
+    """The round trips a desk's books make of these fills, by the books' own accounting (as
+    a backtest's books count the paper fills)."""
+    positions: dict[str, BookPosition] = {}
+    holding: dict[str, RoundTrip] = {}
+    trips: list[RoundTrip] = []
+    for number, fill in enumerate(fills, start=1):
+        book = BookFill(f"P{number}@{fill.amount}", f"P{number}", fill.client_order_id,
+                        fill.symbol, fill.side, fill.amount, fill.price, fill.fee, "USDT",
+                        fill.filled_at, fill.turn)
+        effect = apply_fill(positions.get(fill.symbol) or BookPosition(fill.symbol),
+                            holding.get(fill.symbol), book)
+        positions[fill.symbol] = effect.position
+        if effect.closed is not None:
+            trips[effect.closed.id - 1] = effect.closed
+            del holding[fill.symbol]
+        if effect.opened is not None:
+            trips.append(replace(effect.opened, id=len(trips) + 1))
+            holding[fill.symbol] = trips[-1]
+        elif effect.updated is not None:
+            trips[effect.updated.id - 1] = holding[fill.symbol] = effect.updated
+    return trips
 
 
 def make_record(*, seed: int = 11, hours: int = 300, desk: str = "btc-swing",
@@ -75,7 +104,7 @@ def make_record(*, seed: int = 11, hours: int = 300, desk: str = "btc-swing",
     held = {symbol: Decimal(0) for symbol in prices}
     pending: list[tuple[Decision, str, str, Decimal]] = []
     decisions: list[Decision] = []
-    trades: list[TradeRecord] = []
+    fills: list[FillRecord] = []
     equity: list[EquityPoint] = []
     for index in range(hours):
         for decision, symbol, side, share in pending:
@@ -92,9 +121,9 @@ def make_record(*, seed: int = 11, hours: int = 300, desk: str = "btc-swing",
             else:
                 cash += amount * price - fee
                 held[symbol] -= amount
-            trades.append(TradeRecord(decision.at, candle.opened_at, symbol,
-                                      "buy" if side == "buy" else "sell", amount, price, fee,
-                                      decision.orders[0], decision.final_text))
+            fills.append(FillRecord(decision.at, candle.opened_at, symbol,
+                                    "buy" if side == "buy" else "sell", amount, price, fee,
+                                    decision.orders[0], decision.final_text, decision.turn))
         pending = []
         closes = {symbol: candles[symbol][index].close for symbol in prices}
         positions = sum((held[s] * closes[s] for s in prices), Decimal(0))
@@ -131,7 +160,8 @@ def make_record(*, seed: int = 11, hours: int = 300, desk: str = "btc-swing",
             transcript.append(TranscriptEntry("tool_result", f"order {orders[0]} accepted"))
         transcript.append(TranscriptEntry("text", final))
         decision = Decision(number, at, "candle: BTC/USDT 1h", final, tuple(transcript),
-                            orders, model_calls=2 if order is None else 3)
+                            orders, model_calls=2 if order is None else 3,
+                            turn=f"t{number:06d}")
         decisions.append(decision)
         if order is not None:
             pending.append((decision, *order))
@@ -139,7 +169,8 @@ def make_record(*, seed: int = 11, hours: int = 300, desk: str = "btc-swing",
     return BacktestRecord(
         desk=desk, model="gemma-3-270m", start=START, end=START + hours * HOUR,
         timeframe="1h", quote_currency="USDT", candles=candles,
-        starting_equity=Decimal(10_000), equity=equity, trades=trades, decisions=decisions,
+        starting_equity=Decimal(10_000), equity=equity, trades=round_trips(fills),
+        fills=fills, decisions=decisions,
         usage=ModelUsage(model_calls=calls, cache_hits=0, input_tokens=calls * 2_100,
                          output_tokens=calls * 180, cost=round(calls * 0.00042, 6)))
 
@@ -184,8 +215,14 @@ def written(record: BacktestRecord, tmp_path: Path) -> Path:
 def test_the_record_is_realistic(record: BacktestRecord) -> None:
     assert len(record.equity) == 300
     assert len(record.decisions) == 25
-    assert len(record.trades) == 7
-    assert {t.side for t in record.trades} == {"buy", "sell"}
+    assert len(record.fills) == 7
+    assert {f.side for f in record.fills} == {"buy", "sell"}
+    # BTC bought and sold whole, ETH bought and sold in two halves, BTC again: three round
+    # trips, all closed by the end.
+    assert [(t.symbol, t.opened_turn, t.closed_turn) for t in record.trades] == [
+        ("BTC/USDT", "t000002", "t000005"), ("ETH/USDT", "t000007", "t000018"),
+        ("BTC/USDT", "t000016", "t000022")]
+    assert not any(t.is_open for t in record.trades)
 
 
 def test_report_json_holds_the_figures(record: BacktestRecord, written: Path) -> None:
@@ -197,31 +234,86 @@ def test_report_json_holds_the_figures(record: BacktestRecord, written: Path) ->
     assert content["desk"] == "btc-swing"
     assert content["from"] == "2023-01-05T00:00:00+00:00"
     assert content["to"] == "2023-01-17T12:00:00+00:00"
-    assert content["candles"] == 300 and content["decisions"] == 25 and content["trades"] == 7
+    assert content["candles"] == 300 and content["decisions"] == 25
+    # Trades are the round trips of the books; the fills are counted apart.
+    assert (content["trades"], content["open_trades"], content["fills"]) == (3, 0, 7)
     final = record.equity[-1].equity
     assert content["total_return"] == pytest.approx(float(final / 10_000 - 1))
-    assert content["fees"] == pytest.approx(float(sum(t.fee for t in record.trades)))
+    assert content["fees"] == pytest.approx(float(sum(f.fee for f in record.fills)))
+    # Every trade closed, so what they realized is the whole change of the equity.
+    assert content["realized_profit"] == pytest.approx(float(final - 10_000))
+    wins = sum(1 for t in record.trades if t.profit > 0)
+    assert 0 < wins < 3 and content["win_rate"] == pytest.approx(wins / 3)
     assert 0 < content["max_drawdown"] < 0.5
     assert 0 < content["exposure"] < 1
-    assert content["win_rate"] is not None and 0 <= content["win_rate"] <= 1
     assert text.startswith('{\n  "desk": "btc-swing",')  # indented, for people too
 
 
-def test_trades_csv_reads_back_exactly(record: BacktestRecord, written: Path) -> None:
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_trades_csv_has_one_row_per_round_trip(record: BacktestRecord, written: Path) -> None:
     raw = (written / "trades.csv").read_bytes().decode()
-    assert raw.splitlines()[0] == ",".join(TRADE_COLUMNS)
-    with (written / "trades.csv").open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    assert len(rows) == len(record.trades)
+    assert raw.splitlines()[0] == ",".join(TRADE_COLUMNS) == (
+        "opened_at,closed_at,symbol,side,amount,entry_price,exit_price,profit,"
+        "profit_percent,fees,exit_reason,opened_turn,closed_turn")
+    rows = _rows(written / "trades.csv")
+    assert len(rows) == len(record.trades) == 3
+    # The first, by hand: decision 2 bought BTC at the next open, decision 5 sold it all.
+    buy, sell = record.fills[0], record.fills[1]
+    first = rows[0]
+    assert (first["opened_at"], first["closed_at"]) == (buy.filled_at.isoformat(),
+                                                        sell.filled_at.isoformat())
+    assert first["opened_at"] == "2023-01-06T00:00:00+00:00"
+    assert (first["symbol"], first["side"], first["exit_reason"]) == ("BTC/USDT", "long",
+                                                                      "decision")
+    assert Decimal(first["amount"]) == buy.amount == sell.amount
+    assert Decimal(first["entry_price"]) == buy.price
+    assert Decimal(first["exit_price"]) == sell.price
+    assert Decimal(first["fees"]) == buy.fee + sell.fee
+    assert Decimal(first["profit"]) == (sell.price - buy.price) * buy.amount - buy.fee - sell.fee
+    assert Decimal(first["profit_percent"]) == (
+        Decimal(first["profit"]) / (buy.price * buy.amount) * 100).quantize(Decimal("0.0001"))
+    assert (first["opened_turn"], first["closed_turn"]) == ("t000002", "t000005")
     for row, trade in zip(rows, record.trades, strict=True):
-        assert row["decided_at"] == trade.decided_at.isoformat()
-        assert row["filled_at"] == trade.filled_at.isoformat()
-        assert (row["symbol"], row["side"]) == (trade.symbol, trade.side)
-        assert Decimal(row["amount"]) == trade.amount and row["amount"] == str(trade.amount)
-        assert Decimal(row["price"]) == trade.price
-        assert row["fee"] == str(trade.fee)
-        assert row["client_order_id"] == trade.client_order_id
-        assert row["reason"] == trade.reason
+        assert Decimal(row["profit"]) == trade.profit and row["profit"] == str(trade.profit)
+        assert row["closed_at"] == (trade.closed_at.isoformat() if trade.closed_at else "")
+
+
+def test_an_open_round_trip_is_listed_as_open(tmp_path: Path) -> None:
+    record = make_record(hours=48)  # decision 2 bought BTC; nothing sold it
+    write_report(record, tmp_path)
+    [row] = _rows(tmp_path / "trades.csv")
+    [buy] = record.fills
+    assert (row["closed_at"], row["exit_price"], row["exit_reason"]) == ("", "", "open")
+    assert (row["opened_turn"], row["closed_turn"]) == ("t000002", "")
+    # What it realized so far: nothing but its entry fee.
+    assert Decimal(row["profit"]) == -buy.fee and Decimal(row["fees"]) == buy.fee
+    content = json.loads((tmp_path / "report.json").read_text())
+    assert (content["trades"], content["open_trades"], content["fills"]) == (0, 1, 1)
+    assert content["win_rate"] is None
+    assert content["realized_profit"] == pytest.approx(float(-buy.fee))
+    page = (tmp_path / "report.html").read_text()
+    assert "<td>open</td>" in page and "what it realized so far" in page
+
+
+def test_fills_csv_reads_back_exactly(record: BacktestRecord, written: Path) -> None:
+    raw = (written / "fills.csv").read_bytes().decode()
+    assert raw.splitlines()[0] == ",".join(FILL_COLUMNS) == (
+        "decided_at,filled_at,symbol,side,amount,price,fee,client_order_id,reason")
+    rows = _rows(written / "fills.csv")
+    assert len(rows) == len(record.fills)
+    for row, fill in zip(rows, record.fills, strict=True):
+        assert row["decided_at"] == fill.decided_at.isoformat()
+        assert row["filled_at"] == fill.filled_at.isoformat()
+        assert (row["symbol"], row["side"]) == (fill.symbol, fill.side)
+        assert Decimal(row["amount"]) == fill.amount and row["amount"] == str(fill.amount)
+        assert Decimal(row["price"]) == fill.price
+        assert row["fee"] == str(fill.fee)
+        assert row["client_order_id"] == fill.client_order_id
+        assert row["reason"] == fill.reason
     assert rows[0]["reason"] == TRICKY_REASON  # comma, quotes and a newline survive
     assert rows[0]["decided_at"] == "2023-01-06T00:00:00+00:00"
     assert rows[0]["filled_at"] == "2023-01-06T00:00:00+00:00"
@@ -229,15 +321,15 @@ def test_trades_csv_reads_back_exactly(record: BacktestRecord, written: Path) ->
 
 def test_tiny_amounts_are_written_in_full(tmp_path: Path) -> None:
     record = make_record(hours=48)
-    first = record.trades[0]
-    record.trades[0] = TradeRecord(first.decided_at, first.filled_at, first.symbol,
-                                   first.side, Decimal("1E-8"), first.price, Decimal("0E-10"),
-                                   first.client_order_id, first.reason)
+    record.fills[0] = replace(record.fills[0], amount=Decimal("1E-8"), fee=Decimal("0E-10"))
+    record.trades = round_trips(record.fills)
     write_report(record, tmp_path)
-    with (tmp_path / "trades.csv").open(newline="") as handle:
-        row = next(csv.DictReader(handle))
+    row = _rows(tmp_path / "fills.csv")[0]
     assert row["amount"] == "0.00000001"
     assert row["fee"] == "0.0000000000"
+    trade = _rows(tmp_path / "trades.csv")[0]
+    assert trade["amount"] == "0.00000001"
+    assert trade["fees"] == "0.0000000000"
 
 
 def test_the_chart_shows_equity_buy_and_hold_and_drawdown(written: Path) -> None:
@@ -296,8 +388,18 @@ def test_the_page_shows_figures_trades_and_every_decision(record: BacktestRecord
     assert row is not None and row.group(1) == f"{figures.total_return * 100:+.2f}%"
     ids = re.findall(r'<details class="decision" id="decision-(\d+)">', page)
     assert ids == [str(n) for n in range(1, 26)]
-    # Each trade links to the decision that placed it.
-    links = re.findall(r'<a href="#decision-(\d+)">', page)
+    # Each trade links to the decisions that opened and closed it, with its profit...
+    trades = re.search(r'<table class="trades">(.*?)</table>', page, re.DOTALL)
+    assert trades is not None
+    links = re.findall(r'<a href="#decision-(\d+)">', trades.group(1))
+    assert links == ["2", "5", "7", "18", "16", "22"]
+    for trade in record.trades:
+        row = re.search(rf'<tr data-trade="{trade.id}">(.*?)</tr>', trades.group(1))
+        assert row is not None and f">{trade.profit}</td>" in row.group(1)
+    # ...and each fill to the decision that placed it.
+    fills = re.search(r'<table class="fills">(.*?)</table>', page, re.DOTALL)
+    assert fills is not None
+    links = re.findall(r'<a href="#decision-(\d+)">', fills.group(1))
     assert links == ["2", "5", "7", "12", "16", "18", "22"]
     # Model output is shown as text, never run.
     assert html_escaped(SCRIPT) in page
@@ -318,7 +420,7 @@ def test_two_writes_of_one_record_are_identical(record: BacktestRecord, written:
     again.mkdir()
     write_report(record, again)
     names = sorted(p.name for p in written.iterdir())
-    assert names == ["equity.png", "report.html", "report.json", "trades.csv"]
+    assert names == ["equity.png", "fills.csv", "report.html", "report.json", "trades.csv"]
     assert sorted(p.name for p in again.iterdir()) == names
     for name in names:
         assert (again / name).read_bytes() == (written / name).read_bytes(), name
@@ -338,8 +440,8 @@ def test_a_comparison_puts_runs_side_by_side(tmp_path: Path) -> None:
     eager = make_record(seed=11, desk="btc-scalper", wake_every=6)
     figures = write_comparison([calm, eager], ["swing prompt", "Scalper v2"], tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "equity.png", "report.html", "report.json", "trades-scalper-v2.csv",
-        "trades-swing-prompt.csv"]
+        "equity.png", "fills-scalper-v2.csv", "fills-swing-prompt.csv", "report.html",
+        "report.json", "trades-scalper-v2.csv", "trades-swing-prompt.csv"]
     content = json.loads((tmp_path / "report.json").read_text())
     assert content["from"] == "2023-01-05T00:00:00+00:00"
     assert content["to"] == "2023-01-17T12:00:00+00:00"
@@ -350,8 +452,11 @@ def test_a_comparison_puts_runs_side_by_side(tmp_path: Path) -> None:
     # Same span, same candles: the same buy-and-hold for both.
     assert content["runs"][0]["buy_and_hold_return"] == content["runs"][1][
         "buy_and_hold_return"]
-    with (tmp_path / "trades-scalper-v2.csv").open(newline="") as handle:
-        assert len(list(csv.DictReader(handle))) == len(eager.trades)
+    assert len(_rows(tmp_path / "trades-scalper-v2.csv")) == len(eager.trades)
+    assert len(_rows(tmp_path / "fills-scalper-v2.csv")) == len(eager.fills)
+    assert len(_rows(tmp_path / "fills-swing-prompt.csv")) == len(calm.fills) == 7
+    assert [run["trades"] for run in content["runs"]] == [
+        sum(1 for t in run.trades if not t.is_open) for run in (calm, eager)]
 
     page = (tmp_path / "report.html").read_text()
     header = re.search(r"<table class=\"figures\">\n<thead><tr><th></th>(.*?)</tr></thead>",
@@ -391,6 +496,9 @@ def test_summary_table_shows_the_figures(record: BacktestRecord) -> None:
     assert by_name["Total return"][1] == "+0.00%"
     assert by_name["Win rate"][1] == "n/a"
     assert by_name["Fees"][:2] == [f"{figures.fees:,.2f}", "USDT"]
+    assert by_name["Realized profit"][:2] == [f"{figures.realized_profit:,.2f}", "USDT"]
+    assert by_name["Trades"] == ["3", "0"] and by_name["Fills"] == ["7", "0"]
+    assert by_name["Open trades"] == ["0", "0"]
     assert by_name["Final equity"][:2] == [f"{figures.final_equity:,.2f}", "USDT"]
     assert by_name["Decisions"] == ["25", "2"]
     assert by_name["Sharpe"][0] == f"{figures.sharpe:.2f}"
@@ -400,14 +508,10 @@ def test_summary_table_shows_the_figures(record: BacktestRecord) -> None:
 
 def test_half_an_emoji_from_a_broken_stream_does_not_break_the_report(tmp_path: Path) -> None:
     record = make_record(hours=48)
-    first = record.trades[0]
-    record.trades[0] = TradeRecord(first.decided_at, first.filled_at, first.symbol,
-                                   first.side, first.amount, first.price, first.fee,
-                                   first.client_order_id, "rocket \ud83d then cut")
+    record.fills[0] = replace(record.fills[0], reason="rocket \ud83d then cut")
     decision = record.decisions[0]
     record.decisions[0] = Decision(decision.index, decision.at, decision.trigger,
                                    "half \ud83d", (TranscriptEntry("text", "half \ud83d"),))
     write_report(record, tmp_path)
-    with (tmp_path / "trades.csv").open(newline="", encoding="utf-8") as handle:
-        assert next(csv.DictReader(handle))["reason"] == "rocket \ufffd then cut"
+    assert _rows(tmp_path / "fills.csv")[0]["reason"] == "rocket \ufffd then cut"
     assert "half \ufffd" in (tmp_path / "report.html").read_text(encoding="utf-8")

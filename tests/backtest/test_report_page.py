@@ -1,6 +1,6 @@
 """report.html in headless Chromium (driven by Playwright), opened from disk as a user would:
-the chart shows, the figures read right, a transcript opens on a click, a trade's link leads
-to its decision, and the page asks the network for nothing."""
+the chart shows, the figures read right, a transcript opens on a click, a trade's and a fill's
+links lead to their decisions, and the page asks the network for nothing."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ async def _open(tab: BrowserPage, page: Path) -> str:
 async def test_the_report_page_in_chromium(tmp_path: Path) -> None:
     out = tmp_path / "report"
     out.mkdir()
-    figures = write_report(make_record(), out)
+    record = make_record()
+    figures = write_report(record, out)
     total_return = f"{figures.total_return * 100:+.2f}%"
     async with open_page() as tab:
         page = tab.page
@@ -90,7 +91,13 @@ async def test_the_report_page_in_chromium(tmp_path: Path) -> None:
                 "#decision-4 ol.transcript").inner_text()
             assert await page.evaluate("document.scripts.length") == 0
 
-            # A trade's link leads to the decision that placed it.
+            # Each round trip shows its profit; a fill's link leads to the decision that
+            # placed it, a trade's to the decisions that opened and closed it.
+            first = record.trades[0]
+            await expect(page.locator("table.trades tr[data-trade='1']")).to_contain_text(
+                str(first.profit), use_inner_text=True)
+            await _click(tab, "table.fills a[href='#decision-12']")
+            await tab.wait_for("location.hash === '#decision-12'", "the fill's decision")
             await page.evaluate("window.scrollTo(0, 0)")
             await _click(tab, "table.trades a[href='#decision-5']")
             await tab.wait_for("location.hash === '#decision-5'", "the decision's anchor")

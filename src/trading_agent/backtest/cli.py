@@ -51,7 +51,8 @@ def add_backtest_subcommand(subparsers: Any) -> None:
         "backtest", help="run a desk over historical candles and write a report",
         description="Runs a desk over historical candles exactly as the daemon runs it (the "
                     "same loop, tools, risk limits and paper exchange, on a simulated "
-                    "clock) and writes report.json, trades.csv and report.html to --out. "
+                    "clock) and writes report.json, trades.csv (round trips), fills.csv and "
+                    "report.html to --out. "
                     "Model answers are cached: a re-run replays them for free.")
     parser.add_argument("config", type=Path, nargs="?", metavar="CONFIG",
                         help="the TOML config file")
@@ -129,8 +130,9 @@ def _backtest(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(summary_table(figures))
-    trades = "trades.csv" if len(records) == 1 else "a trades-<run>.csv per run"
-    print(f"\nReport: {out / 'report.html'} (with report.json and {trades})")
+    trades = ("trades.csv and fills.csv" if len(records) == 1
+              else "a trades-<run>.csv and a fills-<run>.csv per run")
+    print(f"\nReport: {out / 'report.html'} (with report.json, {trades})")
     return 0
 
 

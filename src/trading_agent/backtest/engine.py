@@ -21,7 +21,10 @@ slippage. What differs is only who moves time:
 - **Nobody to approve.** Orders that pass the risk limits are not held for an operator.
 
 The run produces a :class:`~trading_agent.backtest.record.BacktestRecord`; the figures and the
-report are computed from it elsewhere.
+report are computed from it elsewhere. Its trades and fills are the desk's own books, which
+the venue keeps on the way through its exchange as it does for a running desk: one round trip
+per position opened and closed, one fill per paper fill (and an opening fill for what the
+paper account held at the start, turn ``start``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -68,8 +71,8 @@ from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
     EquityPoint,
+    FillRecord,
     ModelUsage,
-    TradeRecord,
     TranscriptEntry,
     TranscriptSpool,
 )
@@ -79,6 +82,8 @@ from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.store import Store
 from trading_agent.store.trading_state import TradingStateFile
+from trading_agent.trading.booked_exchange import STARTING_TURN
+from trading_agent.trading.books import BookFill, BookPosition, RoundTrip, apply_fill
 from trading_agent.trading.config import ExchangeConfig
 from trading_agent.trading.exchange import Candle, client_order_id_for, timeframe_delta
 from trading_agent.trading.factory import TradingVenue, open_exchange
@@ -375,8 +380,6 @@ class _Run:
         self.spool = TranscriptSpool()
         """Where decisions' transcripts wait for the report, out of memory."""
         self._turns: dict[str, _TurnNotes] = {}
-        self._orders: dict[str, str] = {}
-        """Client order id → the turn that placed it."""
         self._label: str | None = None
         """What woke the desk, for the turn it starts now (taken by the turn's first event)."""
         parts.desk.on_turn_start.append(self._turn_starts)
@@ -419,7 +422,7 @@ class _Run:
         # Orders still waiting at the end are matched against nothing more: they stay open.
         self.record.end = feed.now()
         self.record.candles = span
-        self.record.trades = await self._trades()
+        self.record.trades, self.record.fills = await self._ledger()
         self.record.usage = ModelUsage(
             model_calls=self.cache.model_calls, cache_hits=self.cache.cache_hits,
             input_tokens=self._input, output_tokens=self._output, cost=self._cost)
@@ -484,7 +487,6 @@ class _Run:
             notes.entries.append(TranscriptEntry("tool_call", f"{event.name}({event.arguments})"))
             if event.name == "place_order":
                 cid = client_order_id_for(self.spec.desk, event.turn, event.call_id)
-                self._orders[cid] = event.turn
                 notes.orders.append(cid)
         elif isinstance(event, ToolResultReady):
             notes.entries.append(TranscriptEntry("tool_result", event.text, event.is_error))
@@ -493,32 +495,87 @@ class _Run:
             notes.entries.append(TranscriptEntry("operator", event.text))
         elif isinstance(event, TurnEnded):
             notes.close_text()
-            self._decide(notes, event.final_text)
+            self._decide(event.turn, notes, event.final_text)
 
-    def _decide(self, notes: _TurnNotes, final_text: str) -> None:
+    def _decide(self, turn: str, notes: _TurnNotes, final_text: str) -> None:
         self.record.decisions.append(Decision(
             index=len(self.record.decisions) + 1, at=notes.at, trigger=notes.kind,
             final_text=final_text, transcript=self.spool.add(notes.entries),
-            orders=tuple(notes.orders), model_calls=notes.model_calls))
+            orders=tuple(notes.orders), model_calls=notes.model_calls, turn=turn))
         notes.decision = len(self.record.decisions)
         notes.entries = []  # kept once, in the decision
 
-    async def _trades(self) -> list[TradeRecord]:
-        exchange = self.venue.exchange
-        fills_of = getattr(exchange, "fills", None)
-        assert fills_of is not None  # the paper exchange
-        reasons = {turn: self.record.decisions[notes.decision - 1].final_text
-                   for turn, notes in self._turns.items() if notes.decision}
-        trades = []
-        for fill in await fills_of():
-            order = await exchange.fetch_order(fill.order_id, fill.symbol)
-            turn = self._orders.get(order.client_order_id)
-            trades.append(TradeRecord(
-                decided_at=order.created_at, filled_at=fill.at, symbol=fill.symbol,
-                side=fill.side, amount=fill.amount, price=fill.price, fee=fill.fee,
-                client_order_id=order.client_order_id,
-                reason=reasons.get(turn, "") if turn is not None else ""))
-        return trades
+    async def _ledger(self) -> tuple[list[RoundTrip], list[FillRecord]]:
+        """The desk's round trips and fills from its books, at the times they filled.
+
+        The books count a paper fill when the desk next looks at its order, at the close of
+        the candle it filled on; the paper exchange knows the fill's own time (a market
+        order's: the open of that candle). Both files give that time.
+        """
+        books = self.venue.books
+        paper_fills = getattr(self.venue.exchange, "fills", None)
+        assert paper_fills is not None  # the paper exchange's, through the booked one
+        filled_at: dict[str, datetime] = {}
+        for fill in await paper_fills():
+            filled_at.setdefault(fill.order_id, fill.at)
+        noted = {order.client_order_id: order.noted_at
+                 for order in await books.orders(open_only=False)}
+        reasons = {decision.turn: decision.final_text for decision in self.record.decisions
+                   if decision.turn is not None}
+        reasons[STARTING_TURN] = "what the paper account held at the start"
+        counted = await books.fills()
+
+        def moment(fill: BookFill) -> datetime:
+            return filled_at.get(fill.order_id, fill.at)
+
+        fills = [FillRecord(
+            decided_at=noted.get(fill.client_order_id, fill.at), filled_at=moment(fill),
+            symbol=fill.symbol, side=fill.side, amount=fill.amount, price=fill.price,
+            fee=fill.fee, client_order_id=fill.client_order_id,
+            reason=reasons.get(fill.turn, "") if fill.turn is not None else "",
+            turn=fill.turn) for fill in counted]
+        return _at_fill_times(await books.trades(), counted, moment), fills
+
+
+def _at_fill_times(trips: Sequence[RoundTrip], fills: Sequence[BookFill],
+                  moment: Callable[[BookFill], datetime]) -> list[RoundTrip]:
+    """The round trips, each opened and closed at ``moment`` of the fill that did it.
+
+    The books date a round trip by the fill that opened it and the one that closed it; which
+    fills those were is found by applying the fills again, in order, with the books' own
+    accounting (:func:`~trading_agent.trading.books.apply_fill`). Should that not give the
+    books' round trips (it always does), they are kept as the books date them.
+
+    Args:
+        trips: The desk's round trips, as its books hold them.
+        fills: The desk's fills, oldest first.
+        moment: When a fill filled.
+
+    Returns:
+        The round trips, oldest first.
+    """
+    positions: dict[str, BookPosition] = {}
+    holding: dict[str, tuple[int, RoundTrip]] = {}
+    found: list[tuple[str, datetime, datetime | None]] = []
+    for fill in fills:
+        position = positions.get(fill.symbol) or BookPosition(fill.symbol)
+        index, trip = holding.get(fill.symbol, (-1, None))
+        effect = apply_fill(position, trip, fill)
+        positions[fill.symbol] = effect.position
+        if effect.closed is not None:
+            symbol, opened, _ = found[index]
+            found[index] = (symbol, opened, moment(fill))
+            del holding[fill.symbol]
+        if effect.opened is not None:
+            holding[fill.symbol] = (len(found), effect.opened)
+            found.append((fill.symbol, moment(fill), None))
+        elif effect.updated is not None:
+            holding[fill.symbol] = (index, effect.updated)
+    ordered = sorted(trips, key=lambda trip: trip.id)
+    if [(t.symbol, t.is_open) for t in ordered] != [(s, c is None) for s, _, c in found]:
+        return ordered
+    return [replace(trip, opened_at=opened, closed_at=closed)
+            for trip, (_, opened, closed) in zip(ordered, found, strict=True)]
 
 
 @dataclass

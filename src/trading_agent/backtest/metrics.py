@@ -19,12 +19,16 @@ Definitions (the README quotes them):
 - ``sortino``: mean return / downside deviation × √(candles per year), the downside
   deviation being √(mean over all returns of min(r, 0)²). None when there is no negative
   return (or fewer than two returns).
-- ``trades``: the number of fills. ``fees``: their fees summed, in the quote currency.
-- ``win_rate``: over sells, each compared with the average cost (buy fees included) of the
-  amount held in that symbol when it sold: a win when the proceeds net of the sell's fee
-  exceed that cost. Wins / sells; None when nothing was sold. Only what was bought within
-  the run has a cost: a sell of more than that is judged on the part bought (its share of
-  the proceeds), and a sell when nothing was bought is not counted.
+- Trades are the round trips of the desk's books (:class:`~trading_agent.trading.books.
+  RoundTrip`: a position opened and brought back to zero), the ledger the operator views
+  read too. ``trades``: the closed round trips (before the books, this counted fills).
+  ``open_trades``: those still open at the end. ``fills``: the fills of the books.
+- ``win_rate``: closed round trips whose profit (fees of both sides subtracted) is above
+  zero, over closed round trips; None when none closed.
+- ``realized_profit``: the profit every round trip realized, every quote fee subtracted (an
+  open one's: what its reductions realized so far less its fees; what it would make now is
+  in the final equity, not here); the books' realized total. ``fees``: the quote-currency
+  fees of the books' fills.
 - ``exposure``: the mean over equity points of the share of equity held in positions.
 - ``candles``: the number of equity points (steps); ``decisions``: the desk's turns;
   ``model_calls``, ``cache_hits``, ``input_tokens``, ``output_tokens``, ``cost``: from the
@@ -80,7 +84,10 @@ class Figures:
     sharpe: float | None
     sortino: float | None
     trades: int
+    open_trades: int
+    fills: int
     win_rate: float | None
+    realized_profit: float
     fees: float
     exposure: float
 
@@ -114,7 +121,10 @@ class Figures:
             "sharpe": self.sharpe,
             "sortino": self.sortino,
             "trades": self.trades,
+            "open_trades": self.open_trades,
+            "fills": self.fills,
             "win_rate": self.win_rate,
+            "realized_profit": self.realized_profit,
             "fees": self.fees,
             "exposure": self.exposure,
         }
@@ -161,6 +171,7 @@ def compute_figures(record: BacktestRecord) -> Figures:
     returns = _returns(float(starting), values)
     annualizer = math.sqrt(candles_per_year(record.timeframe))
     benchmark = buy_and_hold_curve(record)
+    closed = [trade for trade in record.trades if not trade.is_open]
     return Figures(
         desk=record.desk,
         model=record.model,
@@ -183,9 +194,13 @@ def compute_figures(record: BacktestRecord) -> Figures:
         max_drawdown=max(0.0, -min(drawdown_curve([float(starting), *values]))),
         sharpe=_sharpe(returns, annualizer),
         sortino=_sortino(returns, annualizer),
-        trades=len(record.trades),
-        win_rate=_win_rate(record),
-        fees=float(sum((trade.fee for trade in record.trades), Decimal(0))),
+        trades=len(closed),
+        open_trades=len(record.trades) - len(closed),
+        fills=len(record.fills),
+        win_rate=sum(1 for trade in closed if trade.profit > 0) / len(closed) if closed
+        else None,
+        realized_profit=float(sum((trade.profit for trade in record.trades), Decimal(0))),
+        fees=float(sum((trade.fees for trade in record.trades), Decimal(0))),
         exposure=math.fsum(float(point.exposure) for point in record.equity)
         / len(record.equity),
     )
@@ -293,25 +308,3 @@ def _sortino(returns: Sequence[float], annualizer: float) -> float | None:
         return None
     return math.fsum(returns) / len(returns) / downside * annualizer
 
-
-def _win_rate(record: BacktestRecord) -> float | None:
-    held: dict[str, Decimal] = {}
-    cost: dict[str, Decimal] = {}
-    wins = sells = 0
-    for trade in record.trades:
-        amount = held.get(trade.symbol, Decimal(0))
-        paid = cost.get(trade.symbol, Decimal(0))
-        if trade.side == "buy":
-            held[trade.symbol] = amount + trade.amount
-            cost[trade.symbol] = paid + trade.amount * trade.price + trade.fee
-            continue
-        if amount <= 0 or trade.amount <= 0:
-            continue  # nothing bought within the run: no cost to compare with
-        sold = min(trade.amount, amount)
-        basis = paid * sold / amount
-        proceeds = (trade.amount * trade.price - trade.fee) * sold / trade.amount
-        sells += 1
-        wins += proceeds > basis
-        held[trade.symbol] = amount - sold
-        cost[trade.symbol] = paid - basis
-    return wins / sells if sells else None

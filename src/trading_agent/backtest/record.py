@@ -3,6 +3,12 @@
 The engine fills a :class:`BacktestRecord` as the run goes; :mod:`.metrics` and
 :mod:`.report` read it and nothing else, so the figures are pure functions of the ledger
 and the candles (and can be checked by hand on a record made up in a test).
+
+The ledger is the desk's own books (:mod:`trading_agent.trading.books`), the same ones a
+running desk keeps: its round trips (:class:`~trading_agent.trading.books.RoundTrip`) are
+the record's trades, and its fills, each with the decision that led to it, the record's
+fills. A backtest's win rate, trade count and profit are thus the ones the operator views
+would show for the same fills.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import IO, Literal, overload
 
+from trading_agent.trading.books import RoundTrip
 from trading_agent.trading.exchange import Candle
 
-__all__ = ["BacktestRecord", "Decision", "EquityPoint", "ModelUsage", "TradeRecord",
+__all__ = ["BacktestRecord", "Decision", "EquityPoint", "FillRecord", "ModelUsage",
            "TranscriptEntry", "TranscriptSpool"]
 
 
@@ -39,19 +46,23 @@ class EquityPoint:
 
 
 @dataclass(frozen=True)
-class TradeRecord:
-    """One fill, with the decision that led to it.
+class FillRecord:
+    """One fill of the desk's books, with the decision that led to it.
 
     Attributes:
-        decided_at: The simulated time of the turn that placed the order.
+        decided_at: The simulated time of the turn that placed the order (for what the
+            account held at the start, the start).
         filled_at: When it filled (a market order: the next candle's open).
         symbol: The market.
         side: ``buy`` or ``sell``.
         amount: Base amount.
         price: Fill price, slippage included.
         fee: Fee paid, in the quote currency.
-        client_order_id: The order's client order id.
+        client_order_id: The order's client order id (``start-<symbol>`` for what the
+            account held at the start).
         reason: The desk's own words at the decision (its final answer of that turn).
+        turn: The turn that placed the order (``t000001``...; ``start`` for the starting
+            holding), None when unknown.
     """
 
     decided_at: datetime
@@ -63,6 +74,7 @@ class TradeRecord:
     fee: Decimal
     client_order_id: str
     reason: str
+    turn: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +177,8 @@ class Decision:
         transcript: The turn, step by step.
         orders: Client order ids of the orders it placed.
         model_calls: Model requests the turn made (cache hits included).
+        turn: The turn's id (``t000001``...): what the books note on its orders, and so
+            what a round trip's ``opened_turn`` and ``closed_turn`` name.
     """
 
     index: int
@@ -174,6 +188,7 @@ class Decision:
     transcript: Sequence[TranscriptEntry] = ()
     orders: Sequence[str] = ()
     model_calls: int = 0
+    turn: str | None = None
 
 
 @dataclass
@@ -211,7 +226,9 @@ class BacktestRecord:
         candles: Each symbol's candles of the span (the steps taken), oldest first.
         starting_equity: The account's value at ``start``.
         equity: One point per step.
-        trades: Every fill, oldest first.
+        trades: The desk's round trips from its books, oldest first; one still open at the
+            end has no ``closed_at`` (its profit is what it realized so far less fees).
+        fills: Every fill of the desk's books, oldest first.
         decisions: Every turn, oldest first.
         usage: Model calls, cache hits, tokens, cost.
     """
@@ -225,6 +242,7 @@ class BacktestRecord:
     candles: Mapping[str, Sequence[Candle]]
     starting_equity: Decimal
     equity: list[EquityPoint] = field(default_factory=list)
-    trades: list[TradeRecord] = field(default_factory=list)
+    trades: list[RoundTrip] = field(default_factory=list)
+    fills: list[FillRecord] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     usage: ModelUsage = field(default_factory=ModelUsage)

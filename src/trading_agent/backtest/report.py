@@ -1,4 +1,10 @@
-"""The report of a backtest: ``report.json``, ``trades.csv``, ``equity.png``, ``report.html``.
+"""The report of a backtest: ``report.json``, ``trades.csv``, ``fills.csv``, ``equity.png``,
+``report.html``.
+
+``trades.csv`` has one row per round trip of the desk's books (a position opened and
+brought back to zero: its entry, exit, profit and fees), ``fills.csv`` one row per fill with
+the decision that led to it; the figures' trade count, win rate and profit come from the
+same round trips.
 
 Everything is a pure function of the :class:`~.record.BacktestRecord` (through
 :func:`~.metrics.compute_figures`): no clock, no randomness, no absolute path, so the same
@@ -13,8 +19,8 @@ so 100,000 candles draw in a fraction of a second without losing a spike.
 
 ``report.html`` opens offline: inline CSS, the chart as a ``data:`` URI, no script, no
 external URL; every piece of text is escaped (transcripts hold model output). Each decision
-is a ``<details id="decision-N">`` whose transcript is one click away, and each trade links
-to the decision that placed it.
+is a ``<details id="decision-N">`` whose transcript is one click away; each trade links to
+the decisions that opened and closed it, each fill to the decision that placed it.
 
 The writers block (pillow, file I/O): call them through ``anyio.to_thread`` from async code.
 """
@@ -44,15 +50,26 @@ from trading_agent.backtest.metrics import (
     drawdown_curve,
     iso_time,
 )
-from trading_agent.backtest.record import BacktestRecord, Decision, TradeRecord
+from trading_agent.backtest.record import BacktestRecord, Decision, FillRecord
 from trading_agent.tools.charts import DARK, ChartTheme
+from trading_agent.trading.books import RoundTrip
 
-__all__ = ["CHART_SIZE", "TRADE_COLUMNS", "equity_chart_png", "summary_table",
+__all__ = ["CHART_SIZE", "FILL_COLUMNS", "TRADE_COLUMNS", "equity_chart_png", "summary_table",
            "write_comparison", "write_report"]
 
-TRADE_COLUMNS = ("decided_at", "filled_at", "symbol", "side", "amount", "price", "fee",
-                 "client_order_id", "reason")
-"""The header of ``trades.csv``, in order."""
+TRADE_COLUMNS = ("opened_at", "closed_at", "symbol", "side", "amount", "entry_price",
+                 "exit_price", "profit", "profit_percent", "fees", "exit_reason",
+                 "opened_turn", "closed_turn")
+"""The header of ``trades.csv`` (one row per round trip), in order."""
+
+FILL_COLUMNS = ("decided_at", "filled_at", "symbol", "side", "amount", "price", "fee",
+                "client_order_id", "reason")
+"""The header of ``fills.csv`` (one row per fill), in order."""
+
+OPEN_REASON = "open"
+"""The ``exit_reason`` of a round trip still open at the end of the run."""
+
+_PERCENT_PLACES = Decimal("0.0001")
 
 CHART_SIZE = (1200, 640)
 """Width and height of ``equity.png`` in pixels."""
@@ -102,7 +119,11 @@ _ROWS: tuple[tuple[str, str, Callable[[Figures], str]], ...] = (
     ("sharpe", "Sharpe", lambda f: _ratio(f.sharpe)),
     ("sortino", "Sortino", lambda f: _ratio(f.sortino)),
     ("trades", "Trades", lambda f: _count(f.trades)),
+    ("open_trades", "Open trades", lambda f: _count(f.open_trades)),
+    ("fills", "Fills", lambda f: _count(f.fills)),
     ("win_rate", "Win rate", lambda f: _share(f.win_rate)),
+    ("realized_profit", "Realized profit", lambda f: _money(f.realized_profit,
+                                                            f.quote_currency)),
     ("fees", "Fees", lambda f: _money(f.fees, f.quote_currency)),
     ("exposure", "Exposure", lambda f: _share(f.exposure)),
     ("starting_equity", "Starting equity", lambda f: _money(f.starting_equity,
@@ -158,7 +179,7 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
     Args:
         record: What the run produced.
         out_dir: An existing, empty directory; receives ``report.json``, ``trades.csv``,
-            ``equity.png`` and ``report.html``.
+            ``fills.csv``, ``equity.png`` and ``report.html``.
 
     Returns:
         The figures written to ``report.json``.
@@ -169,18 +190,20 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
     """
     figures = compute_figures(record)
     png = equity_chart_png([record])
-    links = _decision_links(record, "decision-")
+    links = _Links(record, "decision-")
     body = [
         _header(f"Backtest of {record.desk}", _span_line(record)),
         _figures_section([(record.desk, figures)]),
         _chart_section(png),
         _trades_section(record.trades, links, "Trades"),
+        _fills_section(record.fills, links, "Fills"),
         _decisions_section(record.decisions, "decision-", "Decisions"),
     ]
     page = _page(f"Backtest of {record.desk} · {record.model}", body)
     files: dict[str, str | bytes] = {
         "report.json": _json_text(figures.to_json()),
         "trades.csv": _trades_csv(record.trades),
+        "fills.csv": _fills_csv(record.fills),
         "equity.png": png,
         "report.html": page,
     }
@@ -197,10 +220,11 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
         labels: A distinct name for each run, in the same order.
         out_dir: An existing, empty directory; receives ``report.json`` (``from``, ``to``
             and ``runs``, each the run's figures with its ``label``), one
-            ``trades-<slug>.csv`` per run (the label in lower case, runs of other characters
-            as ``-``: ``Scalper v2`` → ``trades-scalper-v2.csv``), ``equity.png`` (every
-            run's equity and the buy-and-hold of the first run) and ``report.html`` (the
-            figures in one column per run, then each run's trades and decisions, anchored
+            ``trades-<slug>.csv`` and one ``fills-<slug>.csv`` per run (the label in lower
+            case, runs of other characters as ``-``: ``Scalper v2`` →
+            ``trades-scalper-v2.csv``), ``equity.png`` (every run's equity and the
+            buy-and-hold of the first run) and ``report.html`` (the figures in one column
+            per run, then each run's trades, fills and decisions, anchored
             ``#decision-<slug>-N``).
 
     Returns:
@@ -236,8 +260,9 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
         prefix = f"decision-{slug}-"
         body.append(f'<section class="run" id="run-{slug}">\n<h2>{_e(label)}</h2>\n'
                     f'<p class="meta">{_e(_span_line(record))}</p>')
-        body.append(_trades_section(record.trades, _decision_links(record, prefix),
-                                    f"Trades of {label}"))
+        links = _Links(record, prefix)
+        body.append(_trades_section(record.trades, links, f"Trades of {label}"))
+        body.append(_fills_section(record.fills, links, f"Fills of {label}"))
         body.append(_decisions_section(record.decisions, prefix, f"Decisions of {label}"))
         body.append("</section>")
     report = {"from": iso_time(first.start), "to": iso_time(first.end),
@@ -246,6 +271,7 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
     files: dict[str, str | bytes] = {"report.json": _json_text(report)}
     for slug, record in zip(slugs, records, strict=True):
         files[f"trades-{slug}.csv"] = _trades_csv(record.trades)
+        files[f"fills-{slug}.csv"] = _fills_csv(record.fills)
     files["equity.png"] = png
     files["report.html"] = _page(title, body)
     _write_all(out_dir, files)
@@ -273,14 +299,39 @@ def _decimal(value: Decimal) -> str:
     return format(value, "f")
 
 
-def _trades_csv(trades: Sequence[TradeRecord]) -> str:
+def _optional(value: Decimal | None) -> str:
+    return "" if value is None else _decimal(value)
+
+
+def _profit_percent(trade: RoundTrip) -> Decimal:
+    """Four decimal places: a division's 28 digits say nothing more."""
+    return trade.profit_percent.quantize(_PERCENT_PLACES)
+
+
+def _trades_csv(trades: Sequence[RoundTrip]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)  # RFC 4180: CRLF rows, quotes doubled, newlines kept
     writer.writerow(TRADE_COLUMNS)
     for trade in trades:
-        writer.writerow([iso_time(trade.decided_at), iso_time(trade.filled_at), trade.symbol,
-                         trade.side, _decimal(trade.amount), _decimal(trade.price),
-                         _decimal(trade.fee), trade.client_order_id, trade.reason])
+        writer.writerow([
+            iso_time(trade.opened_at),
+            "" if trade.closed_at is None else iso_time(trade.closed_at), trade.symbol,
+            trade.side, _decimal(trade.amount), _decimal(trade.entry_price),
+            _optional(trade.exit_price if trade.closed_at is not None else None),
+            _decimal(trade.profit), _decimal(_profit_percent(trade)), _decimal(trade.fees),
+            OPEN_REASON if trade.closed_at is None else trade.exit_reason or "",
+            trade.opened_turn or "", trade.closed_turn or ""])
+    return buffer.getvalue()
+
+
+def _fills_csv(fills: Sequence[FillRecord]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(FILL_COLUMNS)
+    for fill in fills:
+        writer.writerow([iso_time(fill.decided_at), iso_time(fill.filled_at), fill.symbol,
+                         fill.side, _decimal(fill.amount), _decimal(fill.price),
+                         _decimal(fill.fee), fill.client_order_id, fill.reason])
     return buffer.getvalue()
 
 
@@ -310,8 +361,9 @@ th, td { padding: 5px 10px; border-bottom: 1px solid #e3e6ee; text-align: left;
          vertical-align: top; }
 table.figures td { text-align: right; font-variant-numeric: tabular-nums; }
 table.figures thead th { text-align: right; }
-table.trades td.number { text-align: right; font-variant-numeric: tabular-nums; }
-td.buy { color: #1b8a7e; } td.sell { color: #c73e3a; }
+table.trades td.number, table.fills td.number { text-align: right;
+                                                font-variant-numeric: tabular-nums; }
+td.buy, td.long, td.win { color: #1b8a7e; } td.sell, td.short, td.loss { color: #c73e3a; }
 img.chart { display: block; max-width: 100%; height: auto; border-radius: 6px; }
 details.decision { background: #fff; border: 1px solid #e3e6ee; border-radius: 6px;
                    margin: 6px 0; padding: 6px 10px; }
@@ -388,44 +440,92 @@ def _chart_section(png: bytes) -> str:
             f'src="data:image/png;base64,{data}">\n</section>')
 
 
-def _decision_links(record: BacktestRecord, prefix: str) -> dict[str, str]:
-    """The anchor of the decision that placed each order, by client order id."""
-    links: dict[str, str] = {}
-    for decision in record.decisions:
-        for order in decision.orders:
-            links.setdefault(order, f"{prefix}{decision.index}")
-    # An order the engine did not attribute still belongs to the turn decided at its time.
-    by_time = {decision.at: f"{prefix}{decision.index}" for decision in reversed(
-        record.decisions)}
-    for trade in record.trades:
-        if trade.client_order_id not in links and trade.decided_at in by_time:
-            links[trade.client_order_id] = by_time[trade.decided_at]
-    return links
+class _Links:
+    """Where each decision of a run is on the page: by the turn that made it (what a round
+    trip names), and by the orders it placed (what a fill names)."""
+
+    def __init__(self, record: BacktestRecord, prefix: str) -> None:
+        self.turns = {decision.turn: f"{prefix}{decision.index}"
+                      for decision in record.decisions if decision.turn is not None}
+        self.orders: dict[str, str] = {}
+        for decision in record.decisions:
+            for order in decision.orders:
+                self.orders.setdefault(order, f"{prefix}{decision.index}")
+        # An order the engine did not attribute still belongs to the turn decided at its time.
+        by_time = {decision.at: f"{prefix}{decision.index}" for decision in reversed(
+            record.decisions)}
+        for fill in record.fills:
+            if fill.client_order_id not in self.orders and fill.decided_at in by_time:
+                self.orders[fill.client_order_id] = by_time[fill.decided_at]
+
+    def of_turn(self, turn: str | None) -> str:
+        """A link to the decision of ``turn`` (its id as text when it has none)."""
+        return "" if turn is None else _link(self.turns.get(turn)) or _e(turn)
+
+    def of_fill(self, fill: FillRecord) -> str:
+        """A link to the decision that placed the fill's order."""
+        return _link(self.orders.get(fill.client_order_id)
+                     or (self.turns.get(fill.turn) if fill.turn is not None else None))
 
 
-def _trades_section(trades: Sequence[TradeRecord], links: dict[str, str], title: str) -> str:
+def _link(anchor: str | None) -> str:
+    return (f'<a href="#{_e(anchor)}">#{_e(anchor.rsplit("-", 1)[1])}</a>'
+            if anchor else "")
+
+
+def _trades_section(trades: Sequence[RoundTrip], links: _Links, title: str) -> str:
     parts = [f"<section class=\"trades\">\n<h2>{_e(title)}</h2>"]
     if not trades:
         parts.append('<p class="empty">No trade.</p>\n</section>')
         return "\n".join(parts)
-    parts.append('<table class="trades">\n<thead><tr><th>Decision</th><th>Decided (UTC)</th>'
+    parts.append('<table class="trades">\n<thead><tr><th>Opened by</th><th>Opened (UTC)</th>'
+                 "<th>Closed (UTC)</th><th>Symbol</th><th>Side</th><th>Amount</th>"
+                 "<th>Entry</th><th>Exit</th><th>Profit</th><th>Profit %</th><th>Fees</th>"
+                 "<th>Exit reason</th><th>Closed by</th></tr></thead>\n<tbody>")
+    for trade in trades:
+        closed = trade.closed_at is not None
+        outcome = "win" if trade.profit > 0 else "loss" if trade.profit < 0 else ""
+        parts.append(
+            f'<tr data-trade="{trade.id}"><td>{links.of_turn(trade.opened_turn)}</td>'
+            f'<td class="time">{_when(trade.opened_at)}</td>'
+            f'<td class="time">{_when(trade.closed_at) if trade.closed_at else ""}</td>'
+            f'<td>{_e(trade.symbol)}</td><td class="{trade.side}">{trade.side}</td>'
+            f'<td class="number">{_decimal(trade.amount)}</td>'
+            f'<td class="number">{_decimal(trade.entry_price)}</td>'
+            f'<td class="number">{_optional(trade.exit_price) if closed else ""}</td>'
+            f'<td class="number {outcome}">{_decimal(trade.profit)}</td>'
+            f'<td class="number {outcome}">{_profit_percent(trade):+.2f}%</td>'
+            f'<td class="number">{_decimal(trade.fees)}</td>'
+            f"<td>{_e(trade.exit_reason or '') if closed else OPEN_REASON}</td>"
+            f"<td>{links.of_turn(trade.closed_turn)}</td></tr>")
+    parts.append("</tbody>\n</table>")
+    if any(trade.closed_at is None for trade in trades):
+        parts.append('<p class="meta">An open trade\'s profit is what it realized so far less '
+                     "its fees; what it holds is valued in the final equity.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _fills_section(fills: Sequence[FillRecord], links: _Links, title: str) -> str:
+    parts = [f"<section class=\"fills\">\n<h2>{_e(title)}</h2>"]
+    if not fills:
+        parts.append('<p class="empty">No fill.</p>\n</section>')
+        return "\n".join(parts)
+    parts.append('<table class="fills">\n<thead><tr><th>Decision</th><th>Decided (UTC)</th>'
                  "<th>Filled (UTC)</th><th>Symbol</th><th>Side</th><th>Amount</th>"
                  "<th>Price</th><th>Fee</th><th>Order</th><th>Reason</th></tr></thead>\n"
                  "<tbody>")
-    for trade in trades:
-        anchor = links.get(trade.client_order_id)
-        decision = (f'<a href="#{_e(anchor)}">#{_e(anchor.rsplit("-", 1)[1])}</a>'
-                    if anchor else "")
+    for fill in fills:
         parts.append(
-            f'<tr><td>{decision}</td><td class="time">{_when(trade.decided_at)}</td>'
-            f'<td class="time">{_when(trade.filled_at)}</td><td>{_e(trade.symbol)}</td>'
-            f'<td class="{_e(trade.side)}">{_e(trade.side)}</td>'
-            f'<td class="number">{_decimal(trade.amount)}</td>'
-            f'<td class="number">{_decimal(trade.price)}</td>'
-            f'<td class="number">{_decimal(trade.fee)}</td>'
-            f"<td><code>{_e(trade.client_order_id)}</code></td>"
-            f'<td title="{_e(_preview(trade.reason, 2000))}">'
-            f"{_e(_preview(trade.reason, _REASON_PREVIEW))}</td></tr>")
+            f'<tr><td>{links.of_fill(fill)}</td><td class="time">{_when(fill.decided_at)}</td>'
+            f'<td class="time">{_when(fill.filled_at)}</td><td>{_e(fill.symbol)}</td>'
+            f'<td class="{_e(fill.side)}">{_e(fill.side)}</td>'
+            f'<td class="number">{_decimal(fill.amount)}</td>'
+            f'<td class="number">{_decimal(fill.price)}</td>'
+            f'<td class="number">{_decimal(fill.fee)}</td>'
+            f"<td><code>{_e(fill.client_order_id)}</code></td>"
+            f'<td title="{_e(_preview(fill.reason, 2000))}">'
+            f"{_e(_preview(fill.reason, _REASON_PREVIEW))}</td></tr>")
     parts.append("</tbody>\n</table>\n</section>")
     return "\n".join(parts)
 
