@@ -423,12 +423,12 @@ def same_figures(first: BacktestRecord, second: BacktestRecord) -> list[str]:
     if [d.final_text for d in first.decisions] != [d.final_text for d in second.decisions]:
         differences.append("the decisions' texts")
 
-    def trades(record: BacktestRecord) -> list[tuple[Any, ...]]:
+    def fills(record: BacktestRecord) -> list[tuple[Any, ...]]:
         return [(t.decided_at, t.filled_at, t.side, t.amount, t.price, t.fee,
-                 t.client_order_id) for t in record.trades]
+                 t.client_order_id) for t in record.fills]
 
-    if trades(first) != trades(second):
-        differences.append(f"trades ({len(first.trades)} vs {len(second.trades)})")
+    if fills(first) != fills(second):
+        differences.append(f"fills ({len(first.fills)} vs {len(second.fills)})")
     if [(p.at, p.equity) for p in first.equity] != [(p.at, p.equity) for p in second.equity]:
         differences.append("the equity curve")
     one, two = first.usage, second.usage
@@ -501,7 +501,8 @@ def report(runs: list[Run], bare: Bare, window: int) -> None:
               "tokens)")
     else:
         print(f"compaction: none over {decisions:,} decisions (window {window:,} tokens)")
-    print(f"trades: {len(record.record.trades):,}; response cache file: "
+    print(f"round trips: {len(record.record.trades):,}, fills: {len(record.record.fills):,}; "
+          "response cache file: "
           f"{record.cache_bytes / 2**20:.1f} MiB; record: {len(record.record.equity):,} "
           f"equity points, {sum(len(d.transcript) for d in record.record.decisions):,} "
           "transcript entries")

@@ -119,7 +119,7 @@ async def test_a_backtest_builds_the_desk_with_the_same_hook(tmp_path: Path) -> 
         results = _tool_results(server)
     assert len(record.decisions) == 2  # 02:00 and 04:00: the desk asked to trade each time
     assert REFUSAL in results
-    assert record.trades == []
+    assert record.trades == [] and record.fills == []
 
 
 @pytest.mark.parametrize(("hooks", "wrong"), [
