@@ -133,8 +133,10 @@ async def test_a_turn_with_a_refusal_a_retry_and_an_approved_order(
                       outcome="completed") is None
 
         await client.post(f"/api/approvals/{pending['id']}/approve", json={"operator": "alice"})
+        # The turn's end is counted when it is published; the desk is idle a moment later.
         done = await _scrape_until(client, lambda s: _value(
-            s, "trading_agent_turns_total", desk="alpha", outcome="completed") == 1)
+            s, "trading_agent_turns_total", desk="alpha", outcome="completed") == 1 and _value(
+            s, "trading_agent_desk_state", desk="alpha", state="idle") == 1)
         assert _value(done, "trading_agent_input_tokens_total", desk="alpha") == 3500
         assert _value(done, "trading_agent_output_tokens_total", desk="alpha") == 100
         assert _value(done, "trading_agent_cached_input_tokens_total", desk="alpha") == 2300
