@@ -32,6 +32,7 @@ _LONGEST_FIRST = (
     "tests/e2e/",
     "tests/fleet/test_fleet_daemons.py",
     "tests/backtest/test_no_lookahead.py",
+    "tests/operator/test_books_live.py",
     "tests/operator/test_prompt_cache_share.py",
     "tests/daemon/test_daemon_process.py",
     "tests/operator/test_web_cache_share.py",

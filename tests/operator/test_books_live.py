@@ -198,6 +198,7 @@ def _next_candle(binance: FakeBinance) -> None:
     binance.klines.append([last[0] + step, *last[1:6], last[6] + step, *last[7:]])
 
 
+@pytest.mark.slow  # it waits for the live feed's next poll (every 10 s)
 async def test_an_approved_live_order_and_a_resting_one_filled_later_reach_every_books_view(
         binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
     from playwright.async_api import expect
