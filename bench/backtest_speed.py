@@ -94,6 +94,7 @@ from trading_agent.backtest.engine import (
 )
 from trading_agent.backtest.record import BacktestRecord
 from trading_agent.settings import DeskSettings, Settings, load_settings
+from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.config import PACKAGED_CANDLES
 from trading_agent.trading.factory import open_exchange
 from trading_agent.trading.paper import PaperExchange
@@ -376,17 +377,17 @@ async def bare_stepping(spec: BacktestSpec, folder: Path, steps_at: set[int]) ->
     exchange_config = config.exchange.model_copy(update={"paper": paper, "feed": "replay"})
     quote = config.risk.quote_currency
     marks: list[Mark] = []
-    async with open_exchange(exchange_config, database=folder / "bare.sqlite3", account=DESK,
-                             symbols=config.symbols, risk_limits=config.risk,
+    async with open_exchange(exchange_config, state=TradingStateFile(folder / "bare.sqlite3"),
+                             account=DESK, symbols=config.symbols, risk_limits=config.risk,
                              feed=feed) as venue:
         exchange = venue.exchange
-        assert isinstance(exchange, PaperExchange) and venue.risk is not None
+        assert isinstance(exchange.inner, PaperExchange) and venue.risk is not None
         await value_account(exchange, quote)
         steps = feed.steps - 1 - feed.cursor
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for step in range(1, steps + 1):
             feed.advance()
-            await exchange.sync()
+            await venue.match_resting_orders()  # the paper matcher, then the desk's books
             await venue.risk.observe()
             await value_account(exchange, quote)
             if step in steps_at:
