@@ -303,5 +303,9 @@ async def test_an_approved_live_order_and_a_resting_one_filled_later_reach_every
         assert (trade["amount"], trade["open"]) == ("0.06", True)
         [profit] = await _json(running, "profit", "alpha")
         assert profit["rows"][0]["fills"] == 2
+        # The resting fill's fee too: an order lookup carries none on Binance, so it was read
+        # from the order's executions (FakeBinance's 0.1 % of 160 USDT).
+        resting_fee = Decimal("0.01") * 16000 * Decimal("0.001")
+        assert profit["summary"]["fees_total"] == f"{(fee + resting_fee).normalize():f}"
         assert _btc(binance) == Decimal("1.06")
         assert len(_orders_sent(binance)) == 2  # nothing placed but the two approved orders

@@ -73,6 +73,8 @@ class FakeBinance:
         self.secret = secret
         self.requests: list[Recorded] = []
         self.orders: dict[int, dict[str, Any]] = {}
+        self.trades: dict[int, list[dict[str, Any]]] = {}
+        """Each filled order's executions, as ``myTrades`` lists them."""
         self.klines: list[list[Any]] = fixture("klines")
         self.account: dict[str, Any] = fixture("account")
         self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
@@ -149,9 +151,10 @@ class FakeBinance:
             raise ValueError(f"order {order_id} is {order['status']}, not resting")
         quantity, price = Decimal(order["origQty"]), Decimal(order["price"])
         self._unlock_for(order)
-        self._settle(order["symbol"], order["side"], quantity, price)
+        commission = self._settle(order["symbol"], order["side"], quantity, price)
         order |= {"status": "FILLED", "executedQty": order["origQty"],
                   "cummulativeQuoteQty": _text(quantity * price)}
+        self.trades[order_id] = [self._trade(order, order["price"], commission, maker=True)]
 
     def forget(self, order_id: int) -> None:
         """Drops an order, as if the exchange never had it."""
@@ -211,13 +214,15 @@ class FakeBinance:
             ("GET", "/api/v3/order"): self._get_order,
             ("DELETE", "/api/v3/order"): self._cancel_order,
             ("GET", "/api/v3/openOrders"): self._open_orders,
+            ("GET", "/api/v3/myTrades"): self._my_trades,
         }
         route = routes.get((request.method, request.path))
         if route is None:
             return web.json_response({"code": -1000, "msg": f"no route {request.path}"},
                                      status=404)
         if request.method != "GET" or request.path in ("/api/v3/account", "/api/v3/order",
-                                                       "/api/v3/openOrders"):
+                                                       "/api/v3/openOrders",
+                                                       "/api/v3/myTrades"):
             denied = self._check_signature(request, raw)
             if denied is not None:
                 return denied
@@ -344,6 +349,7 @@ class FakeBinance:
             return 400, self._errors["insufficient_funds"]["body"]
         if market:
             commission = self._settle(params["symbol"], params["side"], quantity, price)
+            self.trades[order_id] = [self._trade(order, last, commission, maker=False)]
             order |= {
                 "status": "FILLED",
                 "executedQty": params["quantity"],
@@ -386,6 +392,24 @@ class FakeBinance:
         self._unlock_for(order)
         canceled = {k: v for k, v in order.items() if k != "fills"}
         return 200, canceled | {"origClientOrderId": order["clientOrderId"]}
+
+    def _trade(self, order: dict[str, Any], price: str, commission: Decimal, *,
+               maker: bool) -> dict[str, Any]:
+        """One execution as ``GET /api/v3/myTrades`` lists it."""
+        quantity = Decimal(order["origQty"])
+        return {"symbol": order["symbol"], "id": 100 + int(order["orderId"]),
+                "orderId": order["orderId"], "orderListId": -1, "price": price,
+                "qty": order["origQty"], "quoteQty": _text(quantity * Decimal(price)),
+                "commission": _text(commission),
+                "commissionAsset": self._assets(order["symbol"])[1],
+                "time": order["transactTime"], "isBuyer": order["side"] == "BUY",
+                "isMaker": maker, "isBestMatch": True}
+
+    def _my_trades(self, params: dict[str, str]) -> tuple[int, Any]:
+        wanted = params.get("orderId")
+        return 200, [trade for order_id, trades in self.trades.items()
+                     if wanted is None or int(wanted) == order_id for trade in trades
+                     if trade["symbol"] == params.get("symbol", trade["symbol"])]
 
     def _open_orders(self, params: dict[str, str]) -> tuple[int, Any]:
         return 200, [self._as_queried(o) for o in self.orders.values() if o["status"] == "NEW"

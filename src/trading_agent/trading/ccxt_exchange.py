@@ -470,7 +470,7 @@ class CcxtExchange:
         self._require_market(symbol)
         raw = await self._read(f"fetch order {order_id}",
                                lambda: self._client.fetch_order(order_id, symbol))
-        return await self._noted(self._order(raw))
+        return await self._noted(await self._with_fees(raw, self._order(raw)))
 
     async def fetch_order_by_client_id(self, client_order_id: str, symbol: str) -> Order:
         """An order by our client order id.
@@ -482,7 +482,34 @@ class CcxtExchange:
         raw = await self._read(
             f"look up order {client_order_id}",
             lambda: self._client.fetch_order(None, symbol, {"clientOrderId": client_order_id}))
-        return await self._noted(self._order(raw))
+        return await self._noted(await self._with_fees(raw, self._order(raw)))
+
+    async def _with_fees(self, raw: Mapping[str, Any], order: Order) -> Order:
+        """An order with the fees its executions paid, when the exchange's answer to an order
+        lookup leaves them out (Binance's does: only a new order's answer lists its fills).
+        The desk's books count a fill's fee when they first count the fill, so a filled order
+        is not reported without its fee where the executions can say it."""
+        if order.filled <= 0 or (raw.get("fee") or {}).get("cost") is not None or not (
+                self._client.has.get("fetchOrderTrades")):
+            return order
+        try:
+            trades = await self._read(f"fetch the executions of order {order.id}",
+                                      lambda: self._client.fetch_order_trades(order.id,
+                                                                              order.symbol))
+        except ExchangeError as exc:  # the order itself is known: never fail its lookup
+            _log.warning("order_fees_unknown", exchange=self.name, order_id=order.id,
+                         error=str(exc))
+            return order
+        fees: dict[str, Decimal] = {}
+        for trade in trades:
+            fee = trade.get("fee") or {}
+            cost, currency = _decimal(fee.get("cost")), fee.get("currency")
+            if cost is not None and currency:
+                fees[str(currency)] = fees.get(str(currency), Decimal(0)) + cost
+        if len(fees) != 1:  # none, or in several currencies: as the order said
+            return order
+        ((currency, cost),) = fees.items()
+        return replace(order, fee=cost, fee_currency=currency)
 
     # -- orders --------------------------------------------------------------------------
 
