@@ -3,7 +3,7 @@ and positions.
 
 :class:`BookedExchange` wraps the exchange a desk trades on (paper or ccxt) and keeps the
 desk's books on the way through. Every order is noted in the books before the exchange sees
-it; every order the exchange reports back (placed, fetched, cancelled, found resting) is
+it; every order the exchange reports back (placed, fetched, cancelled, looked up) is
 observed, so what filled is counted once, whoever asked. What a desk reads of the account
 is then its own:
 
@@ -120,13 +120,12 @@ class BookedExchange:
         return positions
 
     async def fetch_open_orders(self, symbol: str | None = None) -> Sequence[Order]:
-        """The desk's own resting orders (each one observed on the way)."""
+        """The desk's own resting orders. Not counted from here: an exchange's list of open
+        orders may leave out what a partial fill paid (Binance's does), and the books count
+        a fill's fee with the fill; :meth:`refresh` looks at each order itself."""
         ours = {order.client_order_id for order in await self.records.orders(open_only=True)}
-        resting = [order for order in await self.inner.fetch_open_orders(symbol)
-                   if order.client_order_id in ours]
-        for order in resting:
-            await self._observe(order)
-        return resting
+        return [order for order in await self.inner.fetch_open_orders(symbol)
+                if order.client_order_id in ours]
 
     async def create_order(self, request: OrderRequest) -> Order:
         """Notes the order in the desk's books, then places it."""
