@@ -273,7 +273,9 @@ async def test_the_turns_desks_owe_start_once_every_desk_has_restored(
             group.start_soon(supervisor.run)
             await slow.restoring.wait()
             await alpha.ready.wait()
-            await anyio.sleep(0.2)  # kept: nothing may be asked in this time
+            # Alpha holds the turn it owes, unasked, while beta restores.
+            await wait_for(lambda: alpha.status().queued_triggers == 1)
+            assert alpha.status().state == "idle"
             assert scripted_server.requests == []  # alpha waits for beta's restore
             slow.go_on.set()
             await wait_for(lambda: alpha.turns == 1)

@@ -191,7 +191,13 @@ async def test_pause_and_resume_from_the_command_line(
         code, out, _ = await _cli(socket, "desks")
         assert re.search(r"^alpha +paused +paper", out, re.MULTILINE)
         assert "alpha is paused: paused by ann at " in out
-        await anyio.sleep(0.2)  # kept: that no turn starts while paused is what is checked
+
+        async def held() -> bool:  # the message waits in the paused desk's queue
+            _, listed, _ = await _cli(socket, "desks", "--json")
+            return any(d["name"] == "alpha" and d["queued_triggers"] == 1
+                       for d in json.loads(listed))
+
+        await wait_until(held, "the message held by the paused desk", within=30, step=0.1)
         assert scripted_server.requests == []
 
         code, out, err = await _cli(socket, "resume", "alpha", "--operator", "ann")

@@ -10,6 +10,7 @@ import anyio
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.operator.test_reload import _config
 from tests.scripted_server import Reply, ScriptedServer
+from tests.waiting import wait_until
 
 
 async def test_a_pause_outlives_a_restart_and_a_message_waits_for_the_resume(
@@ -24,8 +25,12 @@ async def test_a_pause_outlives_a_restart_and_a_message_waits_for_the_resume(
             uds_client(running.endpoints.socket_path) as client:
         after_restart = (await client.get("/api/desks/alpha")).json()
         await client.post("/api/desks/alpha/messages", json={"text": "Anything new?"})
-        await anyio.sleep(0.3)  # kept: that a paused desk asks nothing in this time is checked
-        waiting = (await client.get("/api/desks/alpha")).json()
+
+        async def held() -> dict[str, object] | None:
+            status: dict[str, object] = (await client.get("/api/desks/alpha")).json()
+            return status if status["queued_triggers"] == 1 else None
+
+        waiting = await wait_until(held, "the message held by the paused desk")
         asked_while_paused = len(scripted_server.requests)
         resumed = await client.post("/api/desks/alpha/resume", json={"operator": "bob"})
         with anyio.fail_after(10):
