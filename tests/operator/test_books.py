@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
 from pathlib import Path
 
-import anyio
 import pytest
 
 from tests.daemon_config import FAST_RESTARTS, write_daemon_config
+from tests.operator.command_line import run_cli
 from tests.operator.harness import (
     InProcessDaemon,
     build_control,
@@ -41,26 +39,12 @@ from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Order, OrderRequest
 from trading_agent.trading.risk import RiskPolicy
 
-CLI = [sys.executable, "-m", "trading_agent.cli"]
-
 ZERO_SUMMARY = {"realized_today": "0", "realized_total": "0", "unrealized": "0",
                 "fees_total": "0", "trades_closed": 0, "wins": 0, "open_trades": 0,
                 "win_rate": None}
 
 
-def _environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("TRADING_AGENT_SOCKET", "STATE_DIRECTORY")}
-    environment["NO_COLOR"] = "1"
-    return environment
 
-
-async def _cli(socket: Path, *args: str) -> tuple[int, str, str]:
-    """Runs ``trading-agent ARGS --socket SOCKET``; the exit code, stdout and stderr."""
-    with anyio.fail_after(30):
-        result = await anyio.run_process([*CLI, *args, "--socket", str(socket)], check=False,
-                                         env=_environment())
-    return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
 # --------------------------------------------------------------------------- without books
@@ -119,15 +103,15 @@ async def test_the_books_commands_say_what_a_desk_without_books_holds_and_refuse
     async with running_api(control, ApprovalBook(), OperatorConfig(), state_dir) as (
             endpoints, _):
         socket = endpoints.socket_path
-        code, out, err = await _cli(socket, "positions")
+        code, out, err = await run_cli(socket, "positions")
         assert code == 0, err
         assert out.splitlines() == ["No open positions.", "alpha keeps no books.",
                                     "beta keeps no books."]
-        code, out, _ = await _cli(socket, "orders", "alpha")
+        code, out, _ = await run_cli(socket, "orders", "alpha")
         assert (code, out.splitlines()) == (0, ["No open orders.", "alpha keeps no books."])
-        code, out, _ = await _cli(socket, "trades", "beta", "--open")
+        code, out, _ = await run_cli(socket, "trades", "beta", "--open")
         assert (code, out.splitlines()) == (0, ["No open trades.", "beta keeps no books."])
-        code, out, _ = await _cli(socket, "profit", "--weekly")
+        code, out, _ = await run_cli(socket, "profit", "--weekly")
         header, alpha, beta, _, none, *notes = out.splitlines()
         assert code == 0
         assert header.split() == ["DESK", "REALIZED", "TODAY", "REALIZED", "UNREALIZED",
@@ -136,21 +120,21 @@ async def test_the_books_commands_say_what_a_desk_without_books_holds_and_refuse
         assert beta.split()[0] == "beta" and none == "No fills yet."
         assert notes == ["alpha keeps no books.", "beta keeps no books."]
 
-        code, out, _ = await _cli(socket, "profit", "alpha", "--json")
+        code, out, _ = await run_cli(socket, "profit", "alpha", "--json")
         assert code == 0
         assert json.loads(out) == [{"desk": "alpha", "books": False, "period": "daily",
                                     "summary": ZERO_SUMMARY, "rows": []}]
 
-        code, out, err = await _cli(socket, "trades", "gamma")
+        code, out, err = await run_cli(socket, "trades", "gamma")
         assert (code, out) == (2, "")
         assert "no desk named 'gamma'; desks: alpha, beta" in err
-        code, out, err = await _cli(socket, "trades", "alpha", "--since", "05/01/2024")
+        code, out, err = await run_cli(socket, "trades", "alpha", "--since", "05/01/2024")
         assert (code, out) == (2, "")
         assert "--since must be a date as YYYY-MM-DD" in err
-        code, _, err = await _cli(socket, "cancel-order", "alpha", "123")
+        code, _, err = await run_cli(socket, "cancel-order", "alpha", "123")
         assert code == 2 and "keeps no books" in err
 
-        code, out, _ = await _cli(socket, "desks")
+        code, out, _ = await run_cli(socket, "desks")
         header, *rows = out.splitlines()
         assert "REALIZED TODAY" in header and "UNREALIZED" in header
         column = header.index("REALIZED TODAY")
@@ -243,13 +227,13 @@ async def test_positions_orders_trades_and_profit_as_the_api_and_the_commands_sh
         assert status["realized_today"] == trade["profit"]
 
         socket = running.endpoints.socket_path
-        code, out, _ = await _cli(socket, "positions", "alpha")
+        code, out, _ = await run_cli(socket, "positions", "alpha")
         header, row = out.splitlines()
         assert code == 0 and header.split()[:4] == ["DESK", "SYMBOL", "SIDE", "AMOUNT"]
         assert row.split()[:4] == ["alpha", "BTC/USDT", "long", "0.01"]
-        code, out, _ = await _cli(socket, "orders")
+        code, out, _ = await run_cli(socket, "orders")
         assert resting.id in out and "beta keeps no books." not in out.split(resting.id)[0]
-        code, out, _ = await _cli(socket, "trades", "--open", "--since", "2020-01-01")
+        code, out, _ = await run_cli(socket, "trades", "--open", "--since", "2020-01-01")
         assert code == 0 and "open" in out.splitlines()[1]
 
         metrics = (await client.get("/metrics")).text

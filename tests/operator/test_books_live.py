@@ -10,17 +10,15 @@ neither counted against a desk's limits nor sold by it.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from tests.daemon_config import write_daemon_config
+from tests.operator.command_line import run_cli
 from tests.operator.harness import InProcessDaemon, in_process_daemon, uds_client
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from tests.trading.binance_server import FakeBinance
@@ -28,7 +26,6 @@ from tests.trading.conftest import API_KEY, ENVIRON, SECRET
 from tests.waiting import wait_until
 from trading_agent.trading.exchange import OrderRequest
 
-CLI = [sys.executable, "-m", "trading_agent.cli"]
 ORDER = "/api/v3/order"
 LAST = Decimal("16709.9")
 """FakeBinance's last price: where its market orders fill."""
@@ -72,20 +69,10 @@ def _daemon_config(state_dir: Path, model_url: str, binance: FakeBinance,
                                **tables)
 
 
-def _environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("TRADING_AGENT_SOCKET", "STATE_DIRECTORY")}
-    environment["NO_COLOR"] = "1"
-    return environment
-
 
 async def _cli(running: InProcessDaemon, *args: str) -> tuple[int, str, str]:
     """Runs ``trading-agent ARGS`` against the daemon's socket; exit code, stdout, stderr."""
-    with anyio.fail_after(60):
-        result = await anyio.run_process(
-            [*CLI, *args, "--socket", str(running.endpoints.socket_path)], check=False,
-            env=_environment())
-    return result.returncode, result.stdout.decode(), result.stderr.decode()
+    return await run_cli(running.endpoints.socket_path, *args, within=60)
 
 
 async def _json(running: InProcessDaemon, *args: str) -> Any:

@@ -6,9 +6,7 @@ the real daemon (:func:`in_process_daemon`) whose paper desks talk to the script
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +18,7 @@ import anyio.abc
 import pytest
 
 from tests.daemon_config import FAST_RESTARTS, write_daemon_config
+from tests.operator.command_line import CLI, cli_environment, run_cli
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.operator.test_controls import (
     HALTED,
@@ -31,23 +30,6 @@ from tests.operator.test_controls import (
 )
 from tests.scripted_server import HttpError, Reply, ScriptedServer, ToolCall
 from tests.waiting import wait_until
-
-CLI = [sys.executable, "-m", "trading_agent.cli"]
-
-
-def _environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("TRADING_AGENT_SOCKET", "STATE_DIRECTORY")}
-    environment["NO_COLOR"] = "1"
-    return environment
-
-
-async def _cli(socket: Path, *args: str) -> tuple[int, str, str]:
-    """Runs ``trading-agent ARGS --socket SOCKET``; returns the exit code, stdout, stderr."""
-    with anyio.fail_after(30):
-        result = await anyio.run_process([*CLI, *args, "--socket", str(socket)], check=False,
-                                         env=_environment())
-    return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
 async def _order_turn(client: Any, server: ScriptedServer, desk: str, text: str) -> list[str]:
@@ -78,7 +60,7 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
         assert "placed and resting" in placed[0] and "filled: bought 0.02 BTC" in placed[1]
         assert await positions(state_dir, "alpha") == {"BTC/USDT": 0.02}
 
-        code, out, err = await _cli(socket, "kill-switch", "on", "--desk", "alpha",
+        code, out, err = await run_cli(socket, "kill-switch", "on", "--desk", "alpha",
                                     "--cancel-orders", "--flatten", "--reason",
                                     "runaway model", "--operator", "ann")
         assert code == 0, err
@@ -116,7 +98,7 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
-        code, out, err = await _cli(socket, "desks", "--json")
+        code, out, err = await run_cli(socket, "desks", "--json")
         statuses = {d["name"]: d for d in json.loads(out)}
         assert statuses["alpha"]["kill_switch"].endswith(": runaway model")
         assert statuses["beta"]["kill_switch"] == ""
@@ -124,7 +106,7 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
         assert HALTED.search(result) is not None
         assert await paper_orders(state_dir, "alpha") == books
 
-        code, out, err = await _cli(socket, "kill-switch", "off", "--desk", "alpha",
+        code, out, err = await run_cli(socket, "kill-switch", "off", "--desk", "alpha",
                                     "--operator", "ann")
         assert code == 0, err
         assert re.fullmatch(r"Kill switch off for desk alpha \(it was halted by ann at "
@@ -132,7 +114,7 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
         [result] = await _order_turn(client, scripted_server, "alpha", "market buy 0.01")
         assert "filled: bought 0.01 BTC" in result
         assert len(await paper_orders(state_dir, "alpha")) == 4
-        code, out, _ = await _cli(socket, "kill-switch", "off", "--desk", "alpha")
+        code, out, _ = await run_cli(socket, "kill-switch", "off", "--desk", "alpha")
         assert code == 0 and out == "Kill switch off for desk alpha: it was not on.\n"
 
 
@@ -144,17 +126,17 @@ async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
-        code, out, err = await _cli(socket, "kill-switch", "on")
+        code, out, err = await run_cli(socket, "kill-switch", "on")
         assert code == 2 and out == ""
         assert "say why the kill switch goes on (reason)" in err
-        code, out, err = await _cli(socket, "kill-switch", "on", "--desk", "gamma",
+        code, out, err = await run_cli(socket, "kill-switch", "on", "--desk", "gamma",
                                     "--reason", "x")
         assert code == 2 and "no desk named 'gamma'" in err
-        code, out, err = await _cli(socket, "kill-switch", "off", "--flatten")
+        code, out, err = await run_cli(socket, "kill-switch", "off", "--flatten")
         assert code == 2 and "--cancel-orders and --flatten go with 'kill-switch on'" in err
         assert (await client.get("/api/kill-switch")).json()["halts"] == []
 
-        code, out, err = await _cli(socket, "kill-switch", "on", "--reason", "exchange outage",
+        code, out, err = await run_cli(socket, "kill-switch", "on", "--reason", "exchange outage",
                                     "--operator", "ann")
         assert code == 0, err
         assert out.startswith("Kill switch ON for every desk: halted by ann at ")
@@ -163,7 +145,7 @@ async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
             [result] = await _order_turn(client, scripted_server, desk, "market buy 0.01")
             assert HALTED.search(result) is not None, result
             assert await paper_orders(state_dir, desk) == []
-        code, out, err = await _cli(socket, "kill-switch", "off", "--operator", "ann")
+        code, out, err = await run_cli(socket, "kill-switch", "off", "--operator", "ann")
         assert code == 0 and out.startswith("Kill switch off for every desk (it was halted ")
         [result] = await _order_turn(client, scripted_server, "beta", "market buy 0.01")
         assert "filled" in result
@@ -179,34 +161,34 @@ async def test_pause_and_resume_from_the_command_line(
     config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         socket = running.endpoints.socket_path
-        code, out, err = await _cli(socket, "pause", "alpha", "--reason", "lunch",
+        code, out, err = await run_cli(socket, "pause", "alpha", "--reason", "lunch",
                                     "--operator", "ann")
         assert code == 0, err
         assert re.fullmatch(r"alpha is paused: paused by ann at \S+ \S+ UTC: lunch \(until an "
                             r"operator resumes it\)\n", out)
-        code, out, _ = await _cli(socket, "pause", "alpha", "--operator", "bob")
+        code, out, _ = await run_cli(socket, "pause", "alpha", "--operator", "bob")
         assert code == 0 and out.startswith("alpha was already paused: paused by ann")
-        code, out, err = await _cli(socket, "send", "alpha", "Are you there?")
+        code, out, err = await run_cli(socket, "send", "alpha", "Are you there?")
         assert code == 0 and re.fullmatch(r"sent \(\S+; turn\)\n", out), err
-        code, out, _ = await _cli(socket, "desks")
+        code, out, _ = await run_cli(socket, "desks")
         assert re.search(r"^alpha +paused +paper", out, re.MULTILINE)
         assert "alpha is paused: paused by ann at " in out
 
         async def held() -> bool:  # the message waits in the paused desk's queue
-            _, listed, _ = await _cli(socket, "desks", "--json")
+            _, listed, _ = await run_cli(socket, "desks", "--json")
             return any(d["name"] == "alpha" and d["queued_triggers"] == 1
                        for d in json.loads(listed))
 
         await wait_until(held, "the message held by the paused desk", within=30, step=0.1)
         assert scripted_server.requests == []
 
-        code, out, err = await _cli(socket, "resume", "alpha", "--operator", "ann")
+        code, out, err = await run_cli(socket, "resume", "alpha", "--operator", "ann")
         assert code == 0, err
         assert out == "alpha resumed; 1 trigger(s) waiting run now.\n"
         await scripted_server.wait_for_requests(1)
-        code, out, _ = await _cli(socket, "resume", "alpha")
+        code, out, _ = await run_cli(socket, "resume", "alpha")
         assert code == 0 and out == "alpha was not paused.\n"
-        code, _, err = await _cli(socket, "pause", "gamma")
+        code, _, err = await run_cli(socket, "pause", "gamma")
         assert code == 2 and "no desk named 'gamma'" in err
 
 
@@ -225,12 +207,12 @@ async def test_cancel_from_the_command_line(scripted_server: ScriptedServer,
         async with in_process_daemon(config) as running, \
                 uds_client(running.endpoints.socket_path) as client:
             socket = running.endpoints.socket_path
-            code, out, _ = await _cli(socket, "cancel", "alpha")
+            code, out, _ = await run_cli(socket, "cancel", "alpha")
             assert code == 0 and out == "alpha was not running a turn; nothing to cancel.\n"
 
             await client.post("/api/desks/alpha/messages", json={"text": "Look."})
             await scripted_server.wait_for_requests(1)
-            code, out, err = await _cli(socket, "cancel", "alpha", "--operator", "ann")
+            code, out, err = await run_cli(socket, "cancel", "alpha", "--operator", "ann")
             assert code == 0, err
             assert out == ("alpha's turn ends at its next safe point (after the tool round in "
                            "flight).\n")
@@ -241,12 +223,12 @@ async def test_cancel_from_the_command_line(scripted_server: ScriptedServer,
 
             await client.post("/api/desks/alpha/messages", json={"text": "Look again."})
             await scripted_server.wait_for_requests(2)
-            code, out, err = await _cli(socket, "cancel", "alpha", "--now", "--operator", "ann")
+            code, out, err = await run_cli(socket, "cancel", "alpha", "--now", "--operator", "ann")
             assert code == 0, err
             assert out == ("alpha's turn was cut; calls in flight are stored as "
                            "interrupted.\n")
             await wait_until(lambda: desk.state == "idle", "the cut")
-            code, _, err = await _cli(socket, "cancel", "gamma")
+            code, _, err = await run_cli(socket, "cancel", "gamma")
             assert code == 2 and "no desk named 'gamma'" in err
     finally:
         first.set()
@@ -262,7 +244,7 @@ async def test_send_wait_prints_the_desks_answer(scripted_server: ScriptedServer
                         Reply("BTC is range-bound today.", text_chunks=3))
     config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
-        code, out, err = await _cli(running.endpoints.socket_path, "send", "alpha",
+        code, out, err = await run_cli(running.endpoints.socket_path, "send", "alpha",
                                     "How is BTC?", "--wait", "--operator", "ann")
     assert (code, out, err) == (0, "BTC is range-bound today.\n", "")
     sent = scripted_server.requests[0].messages[-1]["content"]
@@ -276,7 +258,7 @@ async def test_send_wait_exits_3_when_the_turn_fails(scripted_server: ScriptedSe
         400, "this model does not accept tools", "invalid_request_error", "bad_request")
     config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
-        code, out, err = await _cli(running.endpoints.socket_path, "send", "alpha",
+        code, out, err = await run_cli(running.endpoints.socket_path, "send", "alpha",
                                     "How is BTC?", "--wait")
     assert code == 3, (out, err)
     assert err.startswith("trading-agent: the turn failed: BackendError: ")
@@ -291,13 +273,13 @@ async def test_send_wait_exits_3_when_no_answer_comes_in_time(
     try:
         async with in_process_daemon(config) as running:
             socket = running.endpoints.socket_path
-            code, out, err = await _cli(socket, "send", "alpha", "Quick?", "--wait",
+            code, out, err = await run_cli(socket, "send", "alpha", "Quick?", "--wait",
                                         "--timeout", "0.5")
             assert code == 3, (out, err)
             assert out == ""
             assert re.fullmatch(r"trading-agent: no answer within 0.5 s; the message \(\S+\) "
                                 r"was delivered and the desk will still answer it\n", err)
-            code, _, err = await _cli(socket, "send", "gamma", "Hello?", "--wait")
+            code, _, err = await run_cli(socket, "send", "gamma", "Hello?", "--wait")
             assert code == 2 and "no desk named 'gamma'" in err
     finally:
         release.set()
@@ -319,12 +301,12 @@ async def test_desks_shows_the_kill_switch_a_pause_and_the_spend_caps(
         await client.post("/api/desks/alpha/messages",
                           json={"text": "Hi.", "wait": True, "timeout": 10})
         await wait_until(lambda: _tokens(client, "alpha"), "the usage to be stored")
-        await _cli(socket, "kill-switch", "on", "--desk", "alpha", "--reason", "audit",
+        await run_cli(socket, "kill-switch", "on", "--desk", "alpha", "--reason", "audit",
                    "--operator", "ann")
-        await _cli(socket, "pause", "beta", "--reason", "quiet day", "--operator", "ann")
-        code, out, err = await _cli(socket, "desks")
+        await run_cli(socket, "pause", "beta", "--reason", "quiet day", "--operator", "ann")
+        code, out, err = await run_cli(socket, "desks")
         assert code == 0, err
-        code, raw, _ = await _cli(socket, "desks", "--json")
+        code, raw, _ = await run_cli(socket, "desks", "--json")
     lines = out.splitlines()
     # Realized today and unrealized: "-" for a desk without books, else nothing traded yet.
     assert re.search(r"^alpha +idle +paper +scripted-model +10,000.00 +(-|0\.00) +(-|0\.00) "
@@ -381,7 +363,7 @@ class _Chat:
 async def _chat(socket: Path, desk: str) -> AsyncIterator[_Chat]:
     process = await anyio.open_process(
         [*CLI, "chat", desk, "--socket", str(socket), "--operator", "carol"],
-        env=_environment())
+        env=cli_environment())
     try:
         yield _Chat(process)
     finally:

@@ -181,13 +181,24 @@ def _show(answers: list[dict[str, Any]], key: str, header: list[str],
     _no_books(answers)
 
 
-async def _positions(client: OperatorClient, args: argparse.Namespace) -> int:
-    answers = await _each_desk(client, args, client.positions)
+async def _answers(client: OperatorClient, args: argparse.Namespace,
+                   read: Callable[[str], Awaitable[dict[str, Any]]]
+                   ) -> list[dict[str, Any]] | int:
+    """Each desk's answer to show as a table, or the exit code when there is nothing more to
+    show: a refusal (already said), or ``--json`` (printed)."""
+    answers = await _each_desk(client, args, read)
     if answers is None:
         return EXIT_REFUSED
     if args.json:
         print(json.dumps(answers, indent=2))
         return 0
+    return answers
+
+
+async def _positions(client: OperatorClient, args: argparse.Namespace) -> int:
+    answers = await _answers(client, args, client.positions)
+    if isinstance(answers, int):
+        return answers
     _show(answers, "positions",
           ["SYMBOL", "SIDE", "AMOUNT", "ENTRY", "MARK", "UNREALIZED", "REALIZED"],
           lambda p: [_text(p["symbol"]), _text(p["side"]), _text(p["amount"]),
@@ -201,12 +212,9 @@ async def _orders(client: OperatorClient, args: argparse.Namespace) -> int:
     async def read(desk: str) -> dict[str, Any]:
         return await client.orders(desk, every=args.all)
 
-    answers = await _each_desk(client, args, read)
-    if answers is None:
-        return EXIT_REFUSED
-    if args.json:
-        print(json.dumps(answers, indent=2))
-        return 0
+    answers = await _answers(client, args, read)
+    if isinstance(answers, int):
+        return answers
     _show(answers, "orders",
           ["ORDER", "SYMBOL", "SIDE", "TYPE", "AMOUNT", "PRICE", "FILLED", "STATUS", "TURN"],
           lambda o: [_text(o["order_id"] or o["client_order_id"]), _text(o["symbol"]),
@@ -235,12 +243,9 @@ async def _trades(client: OperatorClient, args: argparse.Namespace) -> int:
     async def read(desk: str) -> dict[str, Any]:
         return await client.trades(desk, since=args.since, open_only=args.open)
 
-    answers = await _each_desk(client, args, read)
-    if answers is None:
-        return EXIT_REFUSED
-    if args.json:
-        print(json.dumps(answers, indent=2))
-        return 0
+    answers = await _answers(client, args, read)
+    if isinstance(answers, int):
+        return answers
     _show(answers, "trades",
           ["ID", "SYMBOL", "SIDE", "OPENED", "CLOSED", "AMOUNT", "ENTRY", "EXIT", "PROFIT",
            "PROFIT %", "FEES", "HELD", "EXIT REASON"],
@@ -257,12 +262,9 @@ async def _profit(client: OperatorClient, args: argparse.Namespace) -> int:
     async def read(desk: str) -> dict[str, Any]:
         return await client.profit(desk, period=args.period, since=args.since)
 
-    answers = await _each_desk(client, args, read)
-    if answers is None:
-        return EXIT_REFUSED
-    if args.json:
-        print(json.dumps(answers, indent=2))
-        return 0
+    answers = await _answers(client, args, read)
+    if isinstance(answers, int):
+        return answers
     style = Style(False)
     rows = []
     for answer in answers:
