@@ -71,6 +71,10 @@ class BookedExchange:
         self.on_fill: Callable[[BookFill], object] | None = None
         """Called with each fill the moment the books count it (the daemon announces it)."""
         self._fresh: list[BookFill] = []
+        self._none_open = False
+        """True once a refresh found no order that may still fill, until the next is noted:
+        the refresh on every candle then reads nothing (this exchange notes all the desk's
+        orders)."""
 
     # ------------------------------------------------------------------ the account's
 
@@ -129,6 +133,7 @@ class BookedExchange:
 
     async def create_order(self, request: OrderRequest) -> Order:
         """Notes the order in the desk's books, then places it."""
+        self._none_open = False
         await self.records.note_order(BookOrder(
             request.client_order_id, request.symbol, request.side, request.type,
             request.amount, request.price, request.turn, self.inner.now()))
@@ -170,8 +175,13 @@ class BookedExchange:
             The fills counted since the last call (by this look or by any other way the
             desk learned of them: an order's answer, a tool's look), oldest first.
         """
+        fresh, self._fresh = self._fresh, []
+        if self._none_open:
+            return fresh
         now = self.inner.now()
-        for noted in await self.records.orders(open_only=True):
+        waiting = await self.records.orders(open_only=True)
+        self._none_open = not waiting
+        for noted in waiting:
             try:
                 if noted.order_id is not None:
                     await self.fetch_order(noted.order_id, noted.symbol)
@@ -180,7 +190,8 @@ class BookedExchange:
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
                              client_order_id=noted.client_order_id, error=str(exc))
-        fresh, self._fresh = self._fresh, []
+        fresh.extend(self._fresh)
+        self._fresh = []
         return fresh
 
     async def adopt_holdings(self, positions: Sequence[Position]) -> None:
