@@ -168,15 +168,21 @@ class BookedExchange:
         await self._observe(order)
         return order
 
-    async def refresh(self) -> list[BookFill]:
+    async def refresh(self, *, on_start: bool = False) -> list[BookFill]:
         """Looks at each of the desk's orders that may still fill and counts what did.
+
+        Args:
+            on_start: The daemon is starting: an order noted but never answered is looked
+                up by its client order id at once, however young (no request of this
+                process can still be on its way; the one that sent it is gone), so what it
+                filled while the daemon was down is the desk's before reconciliation.
 
         Returns:
             The fills counted since the last call (by this look or by any other way the
             desk learned of them: an order's answer, a tool's look), oldest first.
         """
         fresh, self._fresh = self._fresh, []
-        if self._none_open:
+        if self._none_open and not on_start:
             return fresh
         now = self.inner.now()
         waiting = await self.records.orders(open_only=True)
@@ -185,7 +191,7 @@ class BookedExchange:
             try:
                 if noted.order_id is not None:
                     await self.fetch_order(noted.order_id, noted.symbol)
-                elif now - noted.noted_at >= _LOOK_UP_AFTER:
+                elif on_start or now - noted.noted_at >= _LOOK_UP_AFTER:
                     await self._look_up(noted, now)
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
