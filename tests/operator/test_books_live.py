@@ -361,6 +361,7 @@ def _notices(server: ScriptedServer) -> list[str]:
                 "[Notice from the daemon] On start")]
 
 
+@pytest.mark.slow  # two daemon starts on the fake exchange
 async def test_fills_made_while_the_daemon_was_down_are_the_desks_and_a_deposit_nobodys(
         binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = lambda request: Reply("Noted.")
@@ -445,3 +446,28 @@ async def test_a_risk_journal_from_before_desk_equity_does_not_trip_the_daily_lo
                 assert (day.halted or "").startswith(halted or "")
         finally:
             await records.close()
+
+
+@pytest.mark.slow  # two daemon starts on the fake exchange
+async def test_a_fill_the_desk_saw_in_its_balances_is_not_reported_on_the_next_start(
+        binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
+    scripted_server.responder = lambda request: Reply("Noted.")
+    config = _daemon_config(state_dir, scripted_server.base_url, binance, ("alpha",))
+    async with in_process_daemon(config, ENVIRON) as running:
+        venue = running.daemon.venues["alpha"]
+        assert venue.risk is not None
+        resting = await venue.risk.place_order(OrderRequest(
+            "BTC/USDT", "buy", "limit", Decimal("0.01"), Decimal("16000"), turn="turn-1"))
+        binance.fill(int(resting.id))
+        # The desk reads the account's balances (get_balance) before any look at its order:
+        # its fill is counted first, so the balances noted as seen already show it.
+        balances = await venue.exchange.fetch_balances()
+        assert balances["BTC"].total == Decimal("1.01")
+        assert await _held(running, "alpha") == {"BTC/USDT": "0.01"}
+
+    async with in_process_daemon(config, ENVIRON) as running:
+        code, out, err = await _cli(running, "send", "alpha", "Anything new?", "--wait",
+                                    "--timeout", "30")
+        assert code == 0 and out.strip() == "Noted.", err
+    # Nothing changed since the balances were seen but by the desk's fill: no notice.
+    assert _notices(scripted_server) == []

@@ -105,7 +105,15 @@ class BookedExchange:
         return await self.inner.fetch_candles(symbol, timeframe, limit, since)
 
     async def fetch_balances(self) -> Mapping[str, Balance]:
-        """The account's balances (every desk's, and the user's own, on a shared one)."""
+        """The account's balances (every desk's, and the user's own, on a shared one).
+
+        On a live exchange the desk's orders that may have filled are looked at first: the
+        balances read are noted as seen for reconciliation on the next start, which takes
+        every fill counted after them as a change they do not show yet; a fill the balances
+        already show must be counted before them.
+        """
+        if hasattr(self.inner, "order_journal"):
+            await self._look_at_waiting_orders()
         return await self.inner.fetch_balances()
 
     # ------------------------------------------------------------------ the desk's own
@@ -182,8 +190,14 @@ class BookedExchange:
             desk learned of them: an order's answer, a tool's look), oldest first.
         """
         fresh, self._fresh = self._fresh, []
+        await self._look_at_waiting_orders(on_start=on_start)
+        fresh.extend(self._fresh)
+        self._fresh = []
+        return fresh
+
+    async def _look_at_waiting_orders(self, *, on_start: bool = False) -> None:
         if self._none_open and not on_start:
-            return fresh
+            return
         now = self.inner.now()
         waiting = await self.records.orders(open_only=True)
         self._none_open = not waiting
@@ -196,9 +210,6 @@ class BookedExchange:
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
                              client_order_id=noted.client_order_id, error=str(exc))
-        fresh.extend(self._fresh)
-        self._fresh = []
-        return fresh
 
     async def adopt_holdings(self, positions: Sequence[Position]) -> None:
         """Takes what a paper account holds into books that have never seen an order: its

@@ -30,9 +30,11 @@ the desk's first turn (a balance read by the desk first would already count as s
     report = await reconcile(exchange, exchange.order_journal, explained=fills_since)
 
 A fill counted after the balances were last read is taken to have moved them after that
-read; one that filled at the exchange before a balance read but was counted only after it
-(a resting order, the desk's ``get_balance`` called before the next look at the order)
-would be subtracted once too often and its amount reported as a change no desk made.
+read. So a desk looks at its own orders that may have filled before it reads the balances
+(:meth:`~trading_agent.trading.booked_exchange.BookedExchange.fetch_balances`); another
+desk's order on the same account that filled just before that read but was counted by its
+desk only after it is still subtracted once too often, and its amount reported as a change
+no desk made.
 """
 
 from __future__ import annotations
