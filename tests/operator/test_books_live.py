@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from tests.trading.binance_server import FakeBinance
 from tests.trading.conftest import API_KEY, ENVIRON, SECRET
 from tests.waiting import wait_until
+from trading_agent.errors import RiskLimitError
 from trading_agent.trading.exchange import OrderRequest
 
 ORDER = "/api/v3/order"
@@ -296,3 +298,176 @@ async def test_an_approved_live_order_and_a_resting_one_filled_later_reach_every
         assert profit["summary"]["fees_total"] == f"{(fee + resting_fee).normalize():f}"
         assert _btc(binance) == Decimal("1.06")
         assert len(_orders_sent(binance)) == 2  # nothing placed but the two approved orders
+
+
+async def _status(client: Any, desk: str) -> dict[str, Any]:
+    response = await client.get(f"/api/desks/{desk}")
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def test_each_desks_equity_and_daily_loss_are_its_own_not_the_accounts(
+        binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
+    desks = {name: _live_desk(name, binance) | {"risk": LIMITS | {"max_daily_loss": "30"}}
+             for name in ("alpha", "beta")}
+    config = write_daemon_config(state_dir, scripted_server.base_url, desks=desks)
+    async with in_process_daemon(config, ENVIRON) as running, \
+            uds_client(running.endpoints.socket_path) as client:
+        supervisor = running.daemon.supervisor
+        alpha, beta = supervisor.runtime("alpha").risk, supervisor.runtime("beta").risk
+        assert alpha is not None and beta is not None
+        await alpha.place_order(_market("buy", "0.05"))
+        await beta.place_order(_market("buy", "0.03"))
+        fee_alpha = Decimal("0.05") * LAST * Decimal("0.001")
+        fee_beta = Decimal("0.03") * LAST * Decimal("0.001")
+        # Each desk's equity is its own books': the fee it paid, not the account's
+        # 26,700 USDT (the user's bitcoin and dollars, and the other desk's coins).
+        assert (await _status(client, "alpha"))["equity"] == pytest.approx(float(-fee_alpha))
+        assert (await _status(client, "beta"))["equity"] == pytest.approx(float(-fee_beta))
+
+        # Bitcoin falls 709.9 USDT: the user's own coin loses 709.9, alpha 35.5, beta 21.3.
+        binance.set_price("16000.00000000")
+        drop = LAST - 16000
+        with pytest.raises(RiskLimitError) as refused:
+            await alpha.check(_market("buy", "0.001"))
+        assert refused.value.limit == "max_daily_loss"
+        loss_alpha = Decimal("0.05") * drop + fee_alpha
+        assert str(refused.value) == (
+            f"Refused: daily loss {loss_alpha:.2f} USDT since 00:00 UTC reached max_daily_loss "
+            "30.00 USDT; new orders are halted until 00:00 UTC on "
+            f"{(alpha.exchange.now().date() + timedelta(days=1)).isoformat()}.")
+        # Beta's check reads beta's loss alone: neither alpha's nor the user's coins'.
+        passed = await beta.check(_market("buy", "0.001"))
+        assert passed.daily_loss == Decimal("0.03") * drop + fee_beta
+        assert supervisor.kill_switch.halt_for("beta") is None
+        assert supervisor.kill_switch.halt_for("alpha") is not None
+
+        # The desks view, the equity chart and the metrics show the same figure.
+        [alpha_row] = [d for d in await _json(running, "desks") if d["name"] == "alpha"]
+        assert alpha_row["equity"] == pytest.approx(float(-loss_alpha))
+        points = (await client.get("/api/desks/alpha/equity")).json()["points"]
+        assert points[-1][1] == pytest.approx(float(-loss_alpha))
+        metrics = (await client.get("/metrics")).text
+        [line] = [m for m in metrics.splitlines()
+                  if m.startswith('trading_agent_equity{desk="beta"}')]
+        assert float(line.split()[-1]) == pytest.approx(float(-(Decimal("0.03") * drop
+                                                                + fee_beta)))
+
+
+def _notices(server: ScriptedServer) -> list[str]:
+    """The reconciliation notices the desks read, as the model received them."""
+    return [str(request.messages[-1]["content"]) for request in server.requests
+            if str(request.messages[-1].get("content", "")).startswith(
+                "[Notice from the daemon] On start")]
+
+
+@pytest.mark.slow  # two daemon starts on the fake exchange
+async def test_fills_made_while_the_daemon_was_down_are_the_desks_and_a_deposit_nobodys(
+        binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
+    scripted_server.responder = lambda request: Reply("Noted.")
+    config = _daemon_config(state_dir, scripted_server.base_url, binance, ("alpha", "beta"))
+    async with in_process_daemon(config, ENVIRON) as running:
+        supervisor = running.daemon.supervisor
+        alpha, beta = supervisor.runtime("alpha").risk, supervisor.runtime("beta").risk
+        assert alpha is not None and beta is not None
+        resting_alpha = await alpha.place_order(OrderRequest(
+            "BTC/USDT", "buy", "limit", Decimal("0.01"), Decimal("16000"), turn="turn-1"))
+        resting_beta = await beta.place_order(OrderRequest(
+            "BTC/USDT", "buy", "limit", Decimal("0.02"), Decimal("16100"), turn="turn-2"))
+        assert (resting_alpha.status, resting_beta.status) == ("open", "open")
+    assert _notices(scripted_server) == []  # the first start saw the account as it was
+
+    # While the daemon is down both orders fill, and the user deposits 500 USDT.
+    binance.fill(int(resting_alpha.id))
+    binance.fill(int(resting_beta.id))
+    free, locked = binance.balance("USDT")
+    binance.set_balance("USDT", f"{free + 500:f}", f"{locked:f}")
+
+    async with in_process_daemon(config, ENVIRON) as running:
+        # Counted on start, before any candle: each fill is its own desk's.
+        assert await _held(running, "alpha") == {"BTC/USDT": "0.01"}
+        assert await _held(running, "beta") == {"BTC/USDT": "0.02"}
+        [notice] = await wait_until(lambda: _notices(scripted_server), "the notice")
+    spent = (Decimal("0.01") * 16000 * Decimal("1.001")
+             + Decimal("0.02") * 16100 * Decimal("1.001")).normalize()  # 482.482
+    lines = [line for line in notice.splitlines() if line.startswith("- ")]
+    # The bitcoin bought is explained by the desks' fills: no line. Of the dollars, only
+    # the deposit is reported, and it is no desk's.
+    assert lines == [
+        f"- The USDT balance is {10500 - spent:f} (+{500 - spent:f}); it was 10000 "
+        f"when last seen at {lines[0].split('last seen at ')[1][:16]} UTC. The desks' own "
+        f"fills since then explain {-spent:f}; +500 USDT was moved by no desk (a deposit, a "
+        "withdrawal or a trade by hand?), and it is assigned to no desk."]
+    assert _btc(binance) == Decimal("1.03")
+
+
+async def test_a_risk_journal_from_before_desk_equity_does_not_trip_the_daily_loss(
+        binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
+    from datetime import UTC, date, datetime
+
+    from trading_agent.store.database import Database
+    from trading_agent.store.risk_records import COMPONENT, MIGRATIONS, SqliteRiskRecords
+    from trading_agent.store.store import database_path
+
+    config = _daemon_config(state_dir, scripted_server.base_url, binance, ("alpha", "beta"))
+    # The journal as an older daemon left it this morning: the day started on the account's
+    # value (the user's bitcoin and dollars, 26,709.9 USDT), and beta halted for the day.
+    today = datetime.now(UTC).date().isoformat()
+    old = await Database.open(database_path(state_dir / "state"), MIGRATIONS[:1], COMPONENT)
+    try:
+        await old.write(lambda connection: connection.executemany(
+            "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?)",
+            [("alpha", today, "26709.9", None),
+             ("beta", today, "26709.9", "daily loss 600.00 USDT since 00:00 UTC reached "
+                                        "max_daily_loss 500.00 USDT")]))
+    finally:
+        await old.close()
+
+    async with in_process_daemon(config, ENVIRON) as running:
+        supervisor = running.daemon.supervisor
+        alpha, beta = supervisor.runtime("alpha").risk, supervisor.runtime("beta").risk
+        assert alpha is not None and beta is not None
+        # Alpha's equity by its books (0: no fill yet) is not compared with the account's
+        # value of this morning: the day starts again on the new basis, and alpha trades.
+        bought = await alpha.place_order(_market("buy", "0.01"))
+        assert bought.status == "closed"
+        assert supervisor.kill_switch.halt_for("alpha") is None
+        # A halt of the day stands.
+        with pytest.raises(RiskLimitError, match=r"daily loss 600\.00 USDT") as refused:
+            await beta.check(_market("buy", "0.01"))
+        assert refused.value.limit == "max_daily_loss"
+        # As kept: each day now starts from the desk's own equity, on the books' basis.
+        records = await SqliteRiskRecords.open(database_path(state_dir / "state"))
+        try:
+            for desk, halted in (("alpha", None), ("beta", "daily loss 600.00 USDT")):
+                _, days = await records.load(desk, datetime.now(UTC), date.fromisoformat(today))
+                [day] = days.values()
+                assert (day.start_equity, day.basis) == (0, "books")
+                assert (day.halted or "").startswith(halted or "")
+        finally:
+            await records.close()
+
+
+@pytest.mark.slow  # two daemon starts on the fake exchange
+async def test_a_fill_the_desk_saw_in_its_balances_is_not_reported_on_the_next_start(
+        binance: FakeBinance, scripted_server: ScriptedServer, state_dir: Path) -> None:
+    scripted_server.responder = lambda request: Reply("Noted.")
+    config = _daemon_config(state_dir, scripted_server.base_url, binance, ("alpha",))
+    async with in_process_daemon(config, ENVIRON) as running:
+        venue = running.daemon.venues["alpha"]
+        assert venue.risk is not None
+        resting = await venue.risk.place_order(OrderRequest(
+            "BTC/USDT", "buy", "limit", Decimal("0.01"), Decimal("16000"), turn="turn-1"))
+        binance.fill(int(resting.id))
+        # The desk reads the account's balances (get_balance) before any look at its order:
+        # its fill is counted first, so the balances noted as seen already show it.
+        balances = await venue.exchange.fetch_balances()
+        assert balances["BTC"].total == Decimal("1.01")
+        assert await _held(running, "alpha") == {"BTC/USDT": "0.01"}
+
+    async with in_process_daemon(config, ENVIRON) as running:
+        code, out, err = await _cli(running, "send", "alpha", "Anything new?", "--wait",
+                                    "--timeout", "30")
+        assert code == 0 and out.strip() == "Noted.", err
+    # Nothing changed since the balances were seen but by the desk's fill: no notice.
+    assert _notices(scripted_server) == []

@@ -105,6 +105,12 @@ async def test_risk_records_keep_orders_and_each_days_halt(target: StoreTarget) 
         assert orders == [AT + timedelta(minutes=5)]
         # The start equity stays the first one seen; the halt is the latest word.
         assert days == {day: DayState(day, Decimal("1000.5"), "daily loss limit")}
+        # A day started again on another basis (the desk's books after an upgrade) takes
+        # the new start; its halt stands.
+        await records.put_day("alpha", DayState(day, Decimal(-2), "daily loss limit",
+                                                "books"))
+        _, days = await records.load("alpha", AT, day)
+        assert days == {day: DayState(day, Decimal(-2), "daily loss limit", "books")}
     finally:
         await records.close()
 

@@ -76,6 +76,8 @@ class FakeBinance:
         self.trades: dict[int, list[dict[str, Any]]] = {}
         """Each filled order's executions, as ``myTrades`` lists them."""
         self.klines: list[list[Any]] = fixture("klines")
+        self.ticker: dict[str, Any] = fixture("ticker_24hr")
+        """What ``/api/v3/ticker/24hr`` answers; its last price is where market orders fill."""
         self.account: dict[str, Any] = fixture("account")
         self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
         self._errors = fixture("errors")
@@ -124,6 +126,11 @@ class FakeBinance:
         balances = [b for b in self.account["balances"] if b["asset"] != asset]
         self.account = self.account | {
             "balances": [*balances, {"asset": asset, "free": free, "locked": locked}]}
+
+    def set_price(self, price: str) -> None:
+        """Moves the market: the last, bid and ask prices become ``price`` (market orders
+        fill there from now on)."""
+        self.ticker = self.ticker | {"lastPrice": price, "bidPrice": price, "askPrice": price}
 
     def balance(self, asset: str) -> tuple[Decimal, Decimal]:
         """One asset's ``free`` and ``locked`` balance (zero for an asset never held)."""
@@ -250,7 +257,7 @@ class FakeBinance:
     def _ticker(self, params: dict[str, str]) -> tuple[int, Any]:
         if params.get("symbol") != "BTCUSDT":
             return 400, self._errors["bad_symbol"]["body"]
-        return 200, fixture("ticker_24hr")
+        return 200, self.ticker
 
     def _klines(self, params: dict[str, str]) -> tuple[int, Any]:
         if self._history is not None:
@@ -331,7 +338,7 @@ class FakeBinance:
 
     def _create_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order_id = 28_000 + len(self.orders) + 1
-        last = fixture("ticker_24hr")["lastPrice"]
+        last = self.ticker["lastPrice"]
         order = fixture("order_template") | {
             "symbol": params["symbol"],
             "orderId": order_id,

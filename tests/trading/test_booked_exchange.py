@@ -128,3 +128,20 @@ async def test_two_desks_in_one_store_keep_their_own_books(tmp_path: Path,
             assert [p.amount for p in await alpha.exchange.fetch_positions()] == [D("0.1")]
             assert [p.amount for p in await beta.exchange.fetch_positions()] == [D("0.3")]
             assert len(await alpha.books.fills()) == len(await beta.books.fills()) == 1
+
+
+async def test_a_paper_desks_equity_is_its_account_and_moves_by_its_books_profit(
+        venue: TradingVenue, replay: ReplayFeed) -> None:
+    start = await venue.equity("USDT")
+    assert (start.basis, start.total) == ("account", D("10000"))
+    assert venue.risk is not None
+    await venue.risk.place_order(OrderRequest("BTC/USDT", "buy", "market", D("0.1"),
+                                              turn="t1"))
+    for _ in range(3):  # the market moves on
+        replay.advance(1)
+        account = await venue.equity("USDT")
+        books = await venue.books.equity("USDT")
+        assert books.basis == "books" and books.unpriced == ()
+        # The paper account is the desk's alone: what it gained or lost is its books'
+        # profit (the fee and the move of what it holds), to the last digit.
+        assert account.total - start.total == books.total != 0

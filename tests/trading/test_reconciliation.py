@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from trading_agent.app.services import open_daemon
 from trading_agent.jsontext import json_text
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.settings import Settings, load_settings
+from trading_agent.trading.books import BookFill, BookOrder, fill_from_order
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import CcxtExchangeConfig
 from trading_agent.trading.exchange import OrderRequest, new_client_order_id
@@ -154,11 +156,45 @@ async def test_a_balance_change_since_last_seen_is_reported(
     again = await reconcile(exchange)
 
     assert len(report.differences) == 2
+    nobody = (r" No desk's fill made this change \(a deposit, a withdrawal or a trade by "
+              r"hand\?\), and it is assigned to no desk\.")
     assert re.fullmatch(r"The ETH balance is 1\.5 \(\+1\.5\); it was 0 when last seen at "
-                        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\.", report.differences[0])
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\." + nobody, report.differences[0])
     assert re.fullmatch(r"The USDT balance is 9500 \(-500\); it was 10000 when last seen at "
-                        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\.", report.differences[1])
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\." + nobody, report.differences[1])
     assert again.agrees
+
+
+async def test_what_the_desks_fills_moved_is_explained_and_only_the_rest_reported(
+        exchange: CcxtExchange, binance: FakeBinance) -> None:
+    await reconcile(exchange)
+    # A desk's market buy (its balances move on FakeBinance), then 500 USDT deposited.
+    order = await exchange.create_order(OrderRequest("BTC/USDT", "buy", "market",
+                                                     Decimal("0.05")))
+    noted = BookOrder(order.client_order_id, "BTC/USDT", "buy", "market", Decimal("0.05"),
+                      None, "turn-1", exchange.now())
+    fill = fill_from_order(noted, order, exchange.now())
+    assert fill is not None
+    free, locked = binance.balance("USDT")
+    binance.set_balance("USDT", f"{free + 500:f}", f"{locked:f}")
+    asked: list[datetime] = []
+
+    async def fills_since(since: datetime) -> list[BookFill]:
+        asked.append(since)
+        return [fill]
+
+    report = await reconcile(exchange, explained=fills_since)
+
+    assert len(asked) == 1  # since the balances were last seen
+    # BTC moved only by the desk's fill: no difference. USDT: the fill's cost and fee are
+    # explained, the deposit is not.
+    cost = Decimal("0.05") * Decimal("16709.9") * Decimal("1.001")
+    [usdt] = report.differences
+    assert usdt.startswith(f"The USDT balance is {10000 - cost + 500:f} ({500 - cost:+f}); "
+                           "it was 10000 when last seen at ")
+    assert usdt.endswith(f"UTC. The desks' own fills since then explain {-cost:f}; +500 USDT "
+                         "was moved by no desk (a deposit, a withdrawal or a trade by hand?), "
+                         "and it is assigned to no desk.")
 
 
 async def test_balances_the_desk_read_count_as_seen(

@@ -177,9 +177,13 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         runtimes = []
         # In a fleet the desks are built as this daemon takes their leases.
         for name, desk_settings in (settings.desks.items() if node is None else ()):
-            runtime = await build(name, desk_settings, settings)
-            runtimes.append(runtime)
-            await _reconcile(name, venues[name], runtime, bus)
+            runtimes.append(await build(name, desk_settings, settings))
+        # Every desk's fills made while the daemon was down are its own before any desk's
+        # account is reconciled: only what no desk made is reported.
+        for name in venues:
+            await venues[name].count_fills_while_away()
+        for runtime in runtimes:
+            await _reconcile(runtime.desk.name, venues[runtime.desk.name], runtime, bus)
         services = _replays(feeds)
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
@@ -197,6 +201,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             async def build_taken(name: str, desk_stack: AsyncExitStack) -> DeskRuntime:
                 await kill_switch.refresh()  # a switch its last daemon set holds here too
                 runtime = await build(name, settings.desks[name], settings, desk_stack)
+                await venues[name].count_fills_while_away()
                 await _reconcile(name, venues[name], runtime, bus)
                 return runtime
 

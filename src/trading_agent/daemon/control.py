@@ -52,7 +52,8 @@ class DeskStatus(BaseModel):
         symbols: The markets it trades.
         last_turn_at: When its last turn ended (seconds since the epoch), or None.
         last_turn_text: The final text of its last turn.
-        equity: Account value in the quote currency, when known.
+        equity: The desk's own equity in the quote currency, when known: a live desk's
+            by its books (its profit at the marks), a paper desk's its account's value.
         open_orders: How many orders are open.
         tokens_today: Prompt plus completion tokens used today (UTC).
         cost_today: Their cost, when prices are configured.

@@ -60,7 +60,6 @@ from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import TradingVenue, open_exchange
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
-from trading_agent.trading.valuation import value_account
 
 __all__ = ["DeskParts", "ModelBackends", "backoff", "build_desk", "check_fixed_part",
            "offline_tool_definitions"]
@@ -173,7 +172,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     quote = config.risk.quote_currency
 
     async def account() -> tuple[float | None, int]:
-        valuation = await value_account(venue.exchange, quote)
+        # The desk's own equity (a live desk's by its books), as its daily loss reads it.
+        valuation = await venue.equity(quote)
         return float(valuation.total), len(await venue.exchange.fetch_open_orders())
 
     return DeskParts(desk, watcher, runner, account, sources)

@@ -1,9 +1,10 @@
 """Each desk's equity over time, for the web page's chart.
 
-A sample is the equity the desk's status reports (the figure the page's header shows, from
-``value_account``), taken on a timer (once a minute by default, the marks to market) and
-at once on every fill: an ``order_filled`` event (a resting paper order filled on a later
-candle) or a ``place_order`` result saying the order filled. Samples go to the daemon's store
+A sample is the equity the desk's status reports (the figure the page's header shows: the
+desk's own, ``TradingVenue.equity``), taken on a timer (once a minute by default, the marks
+to market) and at once on every fill: an ``order_filled`` event (a resting paper order
+filled on a later candle) or a ``place_order`` result saying the order filled. Samples go
+to the daemon's store
 (:meth:`~trading_agent.store.equity_samples.SqliteEquitySamples.record_equity_sample`, which
 thins them as they grow), so the curve outlives a restart; without a store they are kept in
 memory.

@@ -218,8 +218,8 @@ class DaemonMetrics:
                               "Tool calls waiting for an operator's decision.", "desk")
         self._queue = gauge("trading_agent_trigger_queue_depth",
                             "Triggers waiting for the desk to be free.", "desk")
-        self._equity = gauge("trading_agent_equity",
-                             "Account value in the desk's quote currency.", "desk")
+        self._equity = gauge("trading_agent_equity", "The desk's own equity in its quote "
+                             "currency (a live desk's by its books).", "desk")
         self._open_orders = gauge("trading_agent_open_orders", "Orders open on the exchange.",
                                   "desk")
         self._position_amount = gauge(

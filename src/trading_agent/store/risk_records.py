@@ -33,6 +33,11 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
     halted TEXT,
     PRIMARY KEY (desk, day)
 )""",
+)), (2, (
+    # What a day's start equity measured: every day kept so far was the account's value;
+    # a live desk's days are now its own equity by its books (``books``), and a day of the
+    # other basis is started again rather than compared (a false loss on the upgrade day).
+    "ALTER TABLE risk_days ADD COLUMN basis TEXT NOT NULL DEFAULT 'account'",
 )),)
 """Numbered migrations: a released one is never edited. The first is written with
 ``IF NOT EXISTS``: a file made before migrations were numbered already has them."""
@@ -73,9 +78,9 @@ class SqliteRiskRecords:
                 (desk, since.isoformat()))]
             days = {
                 date.fromisoformat(day): DayState(date.fromisoformat(day), Decimal(equity),
-                                                  halted)
-                for day, equity, halted in connection.execute(
-                    "SELECT day, start_equity, halted FROM risk_days "
+                                                  halted, basis)
+                for day, equity, halted, basis in connection.execute(
+                    "SELECT day, start_equity, halted, basis FROM risk_days "
                     "WHERE desk = ? AND day >= ?", (desk, from_day.isoformat()))
             }
             return orders, days
@@ -92,13 +97,18 @@ class SqliteRiskRecords:
         await self._database.write(write, desk=desk)
 
     async def put_day(self, desk: str, state: DayState) -> None:
-        """Keeps a day's start equity and halt."""
-        row = (desk, state.day.isoformat(), str(state.start_equity), state.halted)
+        """Keeps a day's start equity, its basis and its halt. The start equity stays the
+        first one seen for its basis; only a day started again on another basis replaces it
+        (:meth:`~trading_agent.trading.risk_journal.RiskJournal.rebase_day`)."""
+        row = (desk, state.day.isoformat(), str(state.start_equity), state.halted, state.basis)
 
         def write(connection: Connection) -> None:
             connection.execute(
-                "INSERT INTO risk_days (desk, day, start_equity, halted) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (desk, day) DO UPDATE SET halted = excluded.halted", row)
+                "INSERT INTO risk_days (desk, day, start_equity, halted, basis) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (desk, day) DO UPDATE SET "
+                "start_equity = CASE WHEN risk_days.basis = excluded.basis "
+                "THEN risk_days.start_equity ELSE excluded.start_equity END, "
+                "halted = excluded.halted, basis = excluded.basis", row)
 
         await self._database.write(write, desk=desk)
 

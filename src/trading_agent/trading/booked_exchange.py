@@ -105,7 +105,15 @@ class BookedExchange:
         return await self.inner.fetch_candles(symbol, timeframe, limit, since)
 
     async def fetch_balances(self) -> Mapping[str, Balance]:
-        """The account's balances (every desk's, and the user's own, on a shared one)."""
+        """The account's balances (every desk's, and the user's own, on a shared one).
+
+        On a live exchange the desk's orders that may have filled are looked at first: the
+        balances read are noted as seen for reconciliation on the next start, which takes
+        every fill counted after them as a change they do not show yet; a fill the balances
+        already show must be counted before them.
+        """
+        if hasattr(self.inner, "order_journal"):
+            await self._look_at_waiting_orders()
         return await self.inner.fetch_balances()
 
     # ------------------------------------------------------------------ the desk's own
@@ -168,16 +176,28 @@ class BookedExchange:
         await self._observe(order)
         return order
 
-    async def refresh(self) -> list[BookFill]:
+    async def refresh(self, *, on_start: bool = False) -> list[BookFill]:
         """Looks at each of the desk's orders that may still fill and counts what did.
+
+        Args:
+            on_start: The daemon is starting: an order noted but never answered is looked
+                up by its client order id at once, however young (no request of this
+                process can still be on its way; the one that sent it is gone), so what it
+                filled while the daemon was down is the desk's before reconciliation.
 
         Returns:
             The fills counted since the last call (by this look or by any other way the
             desk learned of them: an order's answer, a tool's look), oldest first.
         """
         fresh, self._fresh = self._fresh, []
-        if self._none_open:
-            return fresh
+        await self._look_at_waiting_orders(on_start=on_start)
+        fresh.extend(self._fresh)
+        self._fresh = []
+        return fresh
+
+    async def _look_at_waiting_orders(self, *, on_start: bool = False) -> None:
+        if self._none_open and not on_start:
+            return
         now = self.inner.now()
         waiting = await self.records.orders(open_only=True)
         self._none_open = not waiting
@@ -185,14 +205,11 @@ class BookedExchange:
             try:
                 if noted.order_id is not None:
                     await self.fetch_order(noted.order_id, noted.symbol)
-                elif now - noted.noted_at >= _LOOK_UP_AFTER:
+                elif on_start or now - noted.noted_at >= _LOOK_UP_AFTER:
                     await self._look_up(noted, now)
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
                              client_order_id=noted.client_order_id, error=str(exc))
-        fresh.extend(self._fresh)
-        self._fresh = []
-        return fresh
 
     async def adopt_holdings(self, positions: Sequence[Position]) -> None:
         """Takes what a paper account holds into books that have never seen an order: its

@@ -56,8 +56,8 @@ class RiskLimits(BaseModel):
         max_position_notional: The largest value held in one symbol, counting open orders.
         max_open_orders: How many orders may rest on the book at once.
         max_orders_per_hour: How many orders may be placed in any rolling hour.
-        max_daily_loss: The equity drop since the start of the UTC day that halts new orders
-            for the rest of that day.
+        max_daily_loss: The drop of the desk's own equity (a live desk's by its books) since
+            the start of the UTC day that halts new orders for the rest of that day.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -25,6 +25,7 @@ from trading_agent.trading.books import (
     RoundTrip,
 )
 from trading_agent.trading.exchange import Exchange
+from trading_agent.trading.valuation import Valuation, convert
 
 __all__ = ["DeskBooks", "MarkedPosition", "ProfitSummary"]
 
@@ -167,6 +168,38 @@ class DeskBooks:
             trades_closed=len(closed),
             wins=sum(1 for t in closed if t.profit > 0),
             open_trades=len(trades) - len(closed))
+
+    async def equity(self, currency: str) -> Valuation:
+        """The desk's own equity by its books, in ``currency``: every market's realized
+        profit (fees subtracted) plus what is held now at its mark, less fees paid in other
+        currencies at their price now. It starts at 0 with the desk's first fill and moves
+        only with the desk's own fills and the marks of what it holds: another desk's trades
+        and the price of coins no desk bought (the user's own) never move it.
+
+        Returns:
+            A valuation on the ``books`` basis; a market without a mark, or whose quote (or
+            fee currency) cannot be valued in ``currency``, is listed in ``unpriced`` and left
+            out of the total.
+        """
+        by_market: dict[str, Decimal] = {}
+        unpriced: list[str] = []
+        for symbol, position in sorted((await self.records.positions()).items()):
+            value: Decimal | None = position.realized
+            if position.amount != 0:
+                mark = await self._mark(symbol)
+                value = None if mark is None else position.realized + position.unrealized(mark)
+            if value is not None:
+                value = await convert(self._exchange, value,
+                                      symbol.partition("/")[2].partition(":")[0], currency)
+            for fee_currency, fee in sorted(position.other_fees.items()):
+                fee_value = await convert(self._exchange, fee, fee_currency, currency)
+                value = None if value is None or fee_value is None else value - fee_value
+            if value is None:
+                unpriced.append(symbol)
+            else:
+                by_market[symbol] = value
+        return Valuation(currency, sum(by_market.values(), ZERO), by_market, tuple(unpriced),
+                         basis="books")
 
     async def _mark(self, symbol: str) -> Decimal | None:
         try:

@@ -30,6 +30,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -49,6 +50,7 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import AccountCap, RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
 from trading_agent.trading.timing import Sleep
+from trading_agent.trading.valuation import Valuation, value_account
 
 if TYPE_CHECKING:  # ccxt takes a second to import: only a live venue loads it
     from trading_agent.trading.reconciliation import ReconciliationReport
@@ -128,6 +130,29 @@ class TradingVenue:
         """
         return None if self.reconciler is None else await self.reconciler()
 
+    async def count_fills_while_away(self) -> list[BookFill]:
+        """Counts in the desk's books what its orders filled while the daemon was down,
+        each order looked up by its exchange id or, never answered, by its client order id
+        (a live venue; paper orders fill only on candles the feed replays). Call it for
+        every desk of an account before any of them is reconciled, so the reconciliation
+        explains the balances by every desk's fills.
+
+        Returns:
+            The fills counted.
+        """
+        if self.mode != "live":
+            return []
+        return await self.exchange.refresh(on_start=True)
+
+    async def equity(self, currency: str) -> Valuation:
+        """The desk's own equity in ``currency``: a live desk's by its books (its account
+        may hold other desks' coins and the user's), a paper desk's its account's value
+        (the account is its alone). The daily loss, the ``desks`` view, the equity chart
+        and the metrics all read this."""
+        if self.mode == "live":
+            return await self.books.equity(currency)
+        return await value_account(self.exchange, currency)
+
 
 @asynccontextmanager
 async def open_exchange(
@@ -186,7 +211,9 @@ async def open_exchange(
             stack.push_async_callback(live.close)
             exchange = live
             if live.order_journal is not None:
-                reconciler = functools.partial(reconcile, live)
+                reconciler = functools.partial(
+                    reconcile, live,
+                    explained=functools.partial(_fills_since, state, account, account_peers))
             if feed is None:
                 feed = CcxtPriceFeed(live, wanted, sleep=sleep)
                 stack.push_async_callback(feed.close)
@@ -204,6 +231,7 @@ async def open_exchange(
             matcher = paper.sync  # resting paper orders fill only when matched on a candle
         else:
             booked = BookedExchange(exchange, records)
+        books = DeskBooks(records, booked)
         risk = None
         if risk_limits is not None:
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,
@@ -219,9 +247,23 @@ async def open_exchange(
                 cap = AccountCap(config.max_account_notional, peers)
             risk = RiskPolicy(risk_limits, booked, journal=risk_journal,
                               order_seconds=order_seconds(config), kill_switch=kill_switch,
-                              account_cap=cap)
-        yield TradingVenue(config.mode, booked, feed, risk, DeskBooks(records, booked),
-                           matcher, reconciler)
+                              account_cap=cap,
+                              equity=books.equity if config.mode == "live" else None)
+        yield TradingVenue(config.mode, booked, feed, risk, books, matcher, reconciler)
+
+
+async def _fills_since(state: TradingState, desk: str, peers: Sequence[str],
+                       since: datetime) -> list[BookFill]:
+    """Every fill the books of the desks on one account counted after ``since`` (what
+    explains the account's balance changes on start), oldest first."""
+    fills: list[BookFill] = []
+    for name in (desk, *peers):
+        records = await state.desk_books(name)
+        try:
+            fills.extend(await records.fills(since))
+        finally:
+            await records.close()
+    return sorted(fills, key=lambda fill: fill.at)
 
 
 @asynccontextmanager

@@ -13,26 +13,39 @@ an order in flight. Before a desk trades on a ccxt exchange, :func:`reconcile` c
   is now (filled, cancelled...); one the exchange does not know is reported as unknown,
   **never assumed cancelled** (as nautilus_trader reconciles at start).
 - the balances with those last seen (the exchange notes them in the journal as it reads
-  them): each currency that changed is reported.
+  them), less what the desks' own fills counted since then moved (``explained``: every
+  desk's on the account, those made while the daemon was down included, counted on start
+  by client order id before this runs). Only the rest is reported, as a change no desk
+  made and assigned to no desk (a deposit, a withdrawal, a trade by hand); a change the
+  desks' fills explain in full is no difference.
 
 The :class:`ReconciliationReport` lists every difference as one readable line; its
 :meth:`~ReconciliationReport.notice` is what the desk reads in its next turn, and the
 operator gets it as an event (``operator.events.ReconciliationReported``).
 
-Run it once the exchange is open and before the desk's first turn (a balance read by the
-desk first would already count as seen)::
+Run it once the exchange is open, after every desk on the account counted its fills
+(:meth:`~trading_agent.trading.factory.TradingVenue.count_fills_while_away`), and before
+the desk's first turn (a balance read by the desk first would already count as seen)::
 
-    report = await reconcile(exchange, exchange.order_journal)
+    report = await reconcile(exchange, exchange.order_journal, explained=fills_since)
+
+A fill counted after the balances were last read is taken to have moved them after that
+read. So a desk looks at its own orders that may have filled before it reads the balances
+(:meth:`~trading_agent.trading.booked_exchange.BookedExchange.fetch_balances`); another
+desk's order on the same account that filled just before that read but was counted by its
+desk only after it is still subtracted once too often, and its amount reported as a change
+no desk made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from trading_agent.errors import ExchangeError, OrderRejectedError
+from trading_agent.trading.books import BookFill
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.exchange import (
     CLIENT_ORDER_ID_PREFIX,
@@ -96,7 +109,9 @@ class ReconciliationReport:
 
 async def reconcile(exchange: CcxtExchange, journal: OrderJournal | None = None, *,
                     client_id_prefix: str = CLIENT_ORDER_ID_PREFIX,
-                    max_lookups: int = MAX_LOOKUPS) -> ReconciliationReport:
+                    max_lookups: int = MAX_LOOKUPS,
+                    explained: Callable[[datetime], Awaitable[Sequence[BookFill]]] | None
+                    = None) -> ReconciliationReport:
     """Compares the exchange's open orders and balances with the journal (see the module).
 
     An exchange that cannot be read is itself a difference (the rest is still compared);
@@ -108,6 +123,8 @@ async def reconcile(exchange: CcxtExchange, journal: OrderJournal | None = None,
         client_id_prefix: The prefix of the client order ids this daemon makes: an unknown
             order carrying it is adopted.
         max_lookups: The most journal orders looked up one by one.
+        explained: The fills every desk on the account counted at or after a time (their
+            books'); the balance changes they made are not reported. None: every change is.
 
     Returns:
         The report.
@@ -123,7 +140,7 @@ async def reconcile(exchange: CcxtExchange, journal: OrderJournal | None = None,
     seen = await _open_orders(exchange, journal, report, client_id_prefix)
     if seen is not None:
         await _missing_orders(exchange, journal, report, seen, max_lookups)
-    await _balances(exchange, journal, report)
+    await _balances(exchange, journal, report, explained)
     return report
 
 
@@ -211,8 +228,11 @@ async def _missing_orders(exchange: CcxtExchange, journal: OrderJournal,
 
 
 async def _balances(exchange: CcxtExchange, journal: OrderJournal,
-                    report: ReconciliationReport) -> None:
-    """Compares the balances with those last seen, then notes them as seen."""
+                    report: ReconciliationReport,
+                    explained: Callable[[datetime], Awaitable[Sequence[BookFill]]] | None
+                    ) -> None:
+    """Compares the balances with those last seen, less what the desks' fills since then
+    moved, then notes them as seen."""
     name = exchange.name
     last = await journal.last_balances(name)  # before the read below notes the new ones
     try:
@@ -222,20 +242,59 @@ async def _balances(exchange: CcxtExchange, journal: OrderJournal,
                                   "were not compared with those last seen.")
         return
     if last is not None:
-        report.differences.extend(_balance_changes(last.balances, balances, last.seen_at))
+        fills = await explained(last.seen_at) if explained is not None else ()
+        report.differences.extend(_balance_changes(last.balances, balances, last.seen_at,
+                                                   _moved_by(fills)))
     await journal.record_balances(name, balances, report.checked_at)
 
 
+_EXPLAINED_TOLERANCE = Decimal("1e-9")
+"""What of a currency's change the fills explain up to this share of what they moved is
+rounding (a fill's price is its cost over its amount, to twelve places), not a change."""
+
+
+def _moved_by(fills: Sequence[BookFill]) -> dict[str, tuple[Decimal, Decimal]]:
+    """What the fills moved on a spot account, by currency: the net change and the sum of
+    the moves (for the rounding tolerance). A contract's fills move margin, not coins: they
+    explain nothing here."""
+    moved: dict[str, tuple[Decimal, Decimal]] = {}
+
+    def move(currency: str, amount: Decimal) -> None:
+        net, gross = moved.get(currency, (Decimal(0), Decimal(0)))
+        moved[currency] = (net + amount, gross + abs(amount))
+
+    for fill in fills:
+        if ":" in fill.symbol:
+            continue
+        base, _, quote = fill.symbol.partition("/")
+        sign = 1 if fill.side == "buy" else -1
+        move(base, sign * fill.amount)
+        move(quote, -sign * fill.amount * fill.price)
+        if fill.fee and fill.fee_currency:
+            move(fill.fee_currency, -fill.fee)
+    return moved
+
+
 def _balance_changes(before: Mapping[str, Balance], now: Mapping[str, Balance],
-                     seen_at: datetime) -> list[str]:
+                     seen_at: datetime,
+                     moved: Mapping[str, tuple[Decimal, Decimal]]) -> list[str]:
     changes = []
-    for currency in sorted(set(before) | set(now)):
+    for currency in sorted(set(before) | set(now) | set(moved)):
         old = before[currency].total if currency in before else Decimal(0)
         new = now[currency].total if currency in now else Decimal(0)
-        if old != new:
-            changes.append(
-                f"The {currency} balance is {_plain(new)} ({_signed(new - old)}); it was "
+        by_desks, gross = moved.get(currency, (Decimal(0), Decimal(0)))
+        rest = new - old - by_desks
+        if abs(rest) <= gross * _EXPLAINED_TOLERANCE:
+            continue
+        line = (f"The {currency} balance is {_plain(new)} ({_signed(new - old)}); it was "
                 f"{_plain(old)} when last seen at {seen_at:%Y-%m-%d %H:%M} UTC.")
+        if by_desks:
+            line += (f" The desks' own fills since then explain {_signed(by_desks)}; "
+                     f"{_signed(rest)} {currency} was moved by no desk")
+        else:
+            line += " No desk's fill made this change"
+        changes.append(line + " (a deposit, a withdrawal or a trade by hand?), and it is "
+                       "assigned to no desk.")
     return changes
 
 

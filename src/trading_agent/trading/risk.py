@@ -5,10 +5,14 @@ each new order is refused with "halted by NAME at TIME: REASON". Then the limits
 (:class:`~trading_agent.trading.config.RiskLimits`), in the order they are checked:
 
 1. ``allowed_symbols``: the only markets the desk may trade.
-2. ``max_daily_loss``: once the account's value has fallen this far below what it was when
+2. ``max_daily_loss``: once the desk's equity has fallen this far below what it was when
    the UTC day (of the exchange clock) was first seen, every new order is refused until the
    next UTC day, even if prices recover; and the desk's kill switch goes on, so the next day
-   trades only once an operator has looked and switched it off.
+   trades only once an operator has looked and switched it off. The equity is the desk's
+   own (``equity``): a live desk's by its books (another desk's loss on the same account, or
+   the price of the user's own coins, is not its loss), a paper desk's its account's value
+   (the account is its alone). A day started on another basis (the account's value, kept
+   before an upgrade) is started again from the equity now, never compared with it.
 3. ``max_order_notional``: amount × price: a buy at its limit price (or the ask for a market
    buy), a sell at the higher of its limit price and the bid (a sell limit below the market
    fills at the market, so its own price would undervalue it).
@@ -38,7 +42,7 @@ still sent under the desk's order lock with a client order id, journaled, and ne
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -89,7 +93,7 @@ class RiskCheck:
         position_notional: That position's value in the quote currency.
         open_orders: Orders resting before it.
         orders_last_hour: Orders placed in the hour before it.
-        daily_loss: The account's loss since the start of the UTC day.
+        daily_loss: The desk's loss since the start of the UTC day.
     """
 
     price: Decimal
@@ -149,12 +153,17 @@ class RiskPolicy:
             its own, in memory.
         account_cap: What all desks on the desk's account may hold together; None for no
             such cap.
+        equity: Values the desk's own equity in a currency, for the daily loss (a live
+            desk's books:
+            :meth:`~trading_agent.trading.desk_books.DeskBooks.equity`); None for the
+            account's value (a paper account, the desk's alone).
     """
 
     def __init__(self, limits: RiskLimits, exchange: Exchange, *,
                  journal: RiskJournal | None = None, check_seconds: float = 60.0,
                  order_seconds: float = 60.0, kill_switch: KillSwitch | None = None,
-                 account_cap: AccountCap | None = None) -> None:
+                 account_cap: AccountCap | None = None,
+                 equity: Callable[[str], Awaitable[Valuation]] | None = None) -> None:
         self.limits = limits
         self.exchange = exchange
         self.journal = journal or RiskJournal.in_memory()
@@ -162,6 +171,7 @@ class RiskPolicy:
         self.order_seconds = order_seconds
         self.kill_switch = kill_switch or KillSwitch.in_memory()
         self.account_cap = account_cap
+        self._equity = equity
         self._lock = anyio.Lock()
 
     @property
@@ -408,10 +418,14 @@ class RiskPolicy:
         zero while the day has not started, and meaningless while anything is unpriced.
         """
         now: datetime = self.exchange.now()
-        valuation = await value_account(self.exchange, self.limits.quote_currency)
+        quote = self.limits.quote_currency
+        valuation = await (self._equity(quote) if self._equity is not None
+                           else value_account(self.exchange, quote))
         state = self.journal.day(now.date())
         if state is None and not valuation.unpriced:
-            state = await self.journal.start_day(now.date(), valuation.total)
+            state = await self.journal.start_day(now.date(), valuation.total, valuation.basis)
+        elif state is not None and state.basis != valuation.basis and not valuation.unpriced:
+            state = await self.journal.rebase_day(now.date(), valuation.total, valuation.basis)
         if state is None or valuation.unpriced:
             return state, _ZERO, valuation
         return state, state.start_equity - valuation.total, valuation

@@ -25,13 +25,20 @@ class DayState:
 
     Attributes:
         day: The UTC date.
-        start_equity: The account's value when the day was first seen.
+        start_equity: The desk's equity when the day was first seen (or when its basis
+            last changed).
         halted: Why new orders are halted for the rest of the day, or None.
+        basis: What ``start_equity`` measured (see
+            :attr:`~trading_agent.trading.valuation.Valuation.basis`): ``account``, the
+            account's value (every day kept before desks kept books is one), or ``books``,
+            the desk's own equity by its books. A day is only ever compared with an equity
+            of its own basis.
     """
 
     day: date
     start_equity: Decimal
     halted: str | None = None
+    basis: str = "account"
 
 
 class RiskRecords(Protocol):
@@ -116,20 +123,31 @@ class RiskJournal:
         """What is known of ``day``, or None if it has not been seen."""
         return self._days.get(day)
 
-    async def start_day(self, day: date, equity: Decimal) -> DayState:
+    async def start_day(self, day: date, equity: Decimal, basis: str = "account") -> DayState:
         """Records the equity the day starts from (only the first call of a day counts)."""
         known = self._days.get(day)
         if known is not None:
             return known
-        state = DayState(day, equity)
+        state = DayState(day, equity, basis=basis)
         await self._write_day(state)
         self._days = {d: s for d, s in self._days.items() if d >= day - timedelta(days=1)}
         self._days[day] = state
         return state
 
+    async def rebase_day(self, day: date, equity: Decimal, basis: str) -> DayState:
+        """Starts ``day`` (which must have been started) again from ``equity`` on another
+        basis: a day started on the account's value (before an upgrade) is never compared
+        with the desk's own equity, which would read the difference as a loss or a gain. A
+        halt of the day stands."""
+        state = DayState(day, equity, self._days[day].halted, basis)
+        await self._write_day(state)
+        self._days[day] = state
+        return state
+
     async def halt(self, day: date, reason: str) -> DayState:
         """Halts new orders for the rest of ``day`` (which must have been started)."""
-        state = DayState(day, self._days[day].start_equity, reason)
+        known = self._days[day]
+        state = DayState(day, known.start_equity, reason, known.basis)
         await self._write_day(state)
         self._days[day] = state
         return state

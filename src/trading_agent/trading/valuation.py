@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Literal
 
 from trading_agent.errors import ExchangeError
 from trading_agent.trading.exchange import Balance, Exchange, Market
@@ -14,19 +15,24 @@ __all__ = ["Valuation", "convert", "value_account"]
 
 @dataclass(frozen=True)
 class Valuation:
-    """An account's value.
+    """An account's value, or a desk's equity by its books.
 
     Attributes:
         currency: The currency of ``total``.
         total: The value of every balance that could be priced.
-        by_currency: Each balance's value.
-        unpriced: Currencies held that have no market against ``currency`` (left out).
+        by_currency: Each balance's value (for the ``books`` basis: each market's profit).
+        unpriced: Currencies held that have no market against ``currency`` (left out); for
+            the ``books`` basis, markets without a mark.
+        basis: What was valued: ``account``, the account's balances (a paper account is its
+            desk's alone); ``books``, a desk's own profit by its books (a live desk, whose
+            account may hold other desks' coins and the user's).
     """
 
     currency: str
     total: Decimal
     by_currency: dict[str, Decimal]
     unpriced: tuple[str, ...]
+    basis: Literal["account", "books"] = "account"
 
 
 async def convert(exchange: Exchange, amount: Decimal, currency: str, into: str,
