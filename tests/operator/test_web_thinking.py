@@ -55,3 +55,21 @@ async def test_thinking_is_folded_and_dimmed_and_opens_on_a_click(
                 getComputedStyle(document.querySelector('details.thinking')).color,
                 getComputedStyle(document.querySelector('.bubble-desk .text')).color]""")
             assert colours[0] != colours[1]
+
+
+async def test_a_turn_that_ends_without_an_answer_says_so_instead_of_thinking(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    # The demo model sometimes ends a turn with an empty answer: the bubble must not keep
+    # saying "thinking…" after the turn ended.
+    scripted_server.add(SSEChunks([_chunk({"content": ""}), _chunk({}, "stop")]))
+    async with running_daemon(state_dir, scripted_server.base_url, token=TOKEN) as daemon:
+        assert daemon.url is not None
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{daemon.url}?desk=alpha#token={TOKEN}&operator=erin")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
+            await _type(tab, "Say nothing.")
+            bubble = page.locator(".entry.desk .bubble-desk").last
+            await expect(bubble).to_have_text("The turn ended without an answer.")
+            await expect(page.locator(".entry.desk .meta .tag-dim")).to_contain_text("1 round")
+            assert "thinking" not in (await bubble.inner_text()).lower()

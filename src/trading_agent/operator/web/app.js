@@ -650,7 +650,12 @@
           const cost = typeof data.cost === "number" ? ` · $${data.cost.toFixed(4)}` : "";
           const cached = data.cached_input_tokens > 0 ? ` · ${cacheShare(data.cached_input_tokens, data.input_tokens)} cached` : "";
           turn.meta.append(el("span", "tag tag-dim", `${data.rounds} round${data.rounds === 1 ? "" : "s"} · ${tokens.toLocaleString("en-US")} tokens${cached}${cost}`));
-          if (!turn.body.childNodes.length && data.final_text) appendText(turn, data.final_text);
+          if (!turn.body.childNodes.length) {
+            // An empty bubble reads "thinking…" (style.css): once the turn has ended it must say
+            // that no answer came, or it looks busy forever.
+            if (data.final_text) appendText(turn, data.final_text);
+            else turn.body.append(el("div", "text no-answer", "The turn ended without an answer."));
+          }
         }
         break;
       }
