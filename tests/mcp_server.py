@@ -188,9 +188,10 @@ if os.environ.get("MCP_TEST_HUGE") == "1":
                                                        "description": "x" * 1000}
                                          for n in range(1000)}}
 
-    for _index in range(10_000):
-        server.add_tool(lambda: "many answered", name=f"many_{_index}",
-                        description=f"One of many tools ({_index}).")
+    server.add_tool(lambda: "many answered", name="many_0", description="One of many tools.")
+    _tools = server._tool_manager._tools
+    for _index in range(1, 10_000):  # copies: building each one takes a millisecond
+        _tools[f"many_{_index}"] = _tools["many_0"].model_copy(update={"name": f"many_{_index}"})
 
 
 def tiny_png() -> bytes:

@@ -24,6 +24,7 @@ import anyio
 import pytest
 from anyio.abc import Process
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
 from trading_agent.agent.conversation import ImageBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
@@ -31,14 +32,21 @@ from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.errors import ConfigError
 from trading_agent.tools.config import McpServerConfig
-from trading_agent.tools.mcp import McpServerError, McpToolSource
+from trading_agent.tools.mcp import (
+    MAXIMUM_DEFINITION_CHARS,
+    MAXIMUM_DESCRIPTION_CHARS,
+    MAXIMUM_TOOLS,
+    McpServerError,
+    McpToolSource,
+)
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 SECRET = "s3cret-api-key-0123456789"
 """The X-Api-Key the HTTP server requires; it must never reach the model."""
 KEY_VARIABLE = "DESK_MCP_KEY"
-ALL_TOOLS = ["add", "echo", "exit_server", "fail", "malformed", "picture", "process_id",
-             "quote.last", "show_env", "show_header", "slow"]
+ALL_TOOLS = ["add", "call_operator", "echo", "exit_server", "fail", "malformed", "picture",
+             "process_id", "quote.last", "read_parent_environ", "show_env", "show_header",
+             "slow"]
 
 
 @dataclass
@@ -424,3 +432,43 @@ def test_the_config_reads_a_desk_table() -> None:
     assert config.transport == "http"
     assert (config.timeout, config.connect_timeout) == (30.0, 15.0)
     assert McpServerConfig(name="n", command=["npx", "server"]).transport == "stdio"
+
+
+# What a server may put before the model
+
+
+@pytest.mark.slow  # the server lists ten thousand tools
+async def test_a_servers_huge_descriptions_schemas_tool_counts_and_errors_are_capped(
+        errlog: TextIO) -> None:
+    config = McpServerConfig(name="big", command=[sys.executable, SERVER, "stdio"],
+                             env=["MCP_TEST_HUGE"], max_result_chars=4000, connect_timeout=30)
+    registry = ToolRegistry()
+    with capture_logs() as logs:
+        async with McpToolSource(config, registry, environ={"MCP_TEST_HUGE": "1"},
+                                 errlog=errlog) as source:
+            names = source.tool_names
+            definitions = registry.definitions()
+            executor = ToolCallExecutor(registry)
+            [failed] = await executor.execute(
+                [ToolUseBlock("c1", "big__huge_error", "{}")], "alpha", "t1", EventBus(), {})
+
+    # Ten thousand and sixteen tools offered; a hundred at most registered.
+    assert len(names) == MAXIMUM_TOOLS
+    assert "big__echo" in names and "big__many_0" in names
+    sent = len(json.dumps(definitions))
+    assert sent < MAXIMUM_DEFINITION_CHARS + 20_000, sent  # names and framing on top
+    wordy = next(d["function"] for d in definitions if d["function"]["name"] == "big__wordy")
+    assert len(wordy["description"]) < MAXIMUM_DESCRIPTION_CHARS + 200
+    assert "[description cut: " in wordy["description"]
+    assert "big__schema_heavy" not in names
+    skipped = [entry for entry in logs if entry["event"] == "mcp_tool_skipped"]
+    assert skipped and skipped[0]["tool"] == "schema_heavy"
+    assert "more than the 20,000 a tool may have" in skipped[0]["reason"]
+    left_out = [entry for entry in logs if entry["event"] == "mcp_tools_left_out"]
+    assert left_out and left_out[0]["count"] == 10_016 - MAXIMUM_TOOLS - 1
+    assert "name the ones the desk needs in mcp_servers.tools" in left_out[0]["reason"]
+
+    # The server's 1 MB error text reaches the model cut, saying so.
+    assert failed.result.is_error
+    assert len(failed.result.text) < 4200
+    assert failed.result.text.endswith("\n[error text cut: 996,033 more characters]")

@@ -17,6 +17,14 @@ What reaches the model is what our own tools give it:
   tool, never an exception that ends the turn. A dead server is connected again on the next
   call (one attempt per call); the call it died in is not repeated, as it may have run.
 
+What a server puts before the model is capped, as its results are (``max_result_chars``):
+a tool's description at :data:`MAXIMUM_DESCRIPTION_CHARS` (cut, with a note saying so), its
+argument schema at :data:`MAXIMUM_SCHEMA_CHARS` of JSON (a tool with a larger one is left
+out), a server's tools at :data:`MAXIMUM_TOOLS` and :data:`MAXIMUM_DEFINITION_CHARS` of
+definitions (the rest left out, logged with what to do: name the wanted ones in ``tools``),
+and its error texts at ``max_result_chars``. A server cannot fill a desk's context window
+with its listing, however large.
+
 Secrets: header values (``headers_env``) and passed-through variables (``env``) are read
 from the environment when a connection is made, never logged, and cut out of every text the
 model or the logs get from this module.
@@ -77,7 +85,14 @@ if TYPE_CHECKING:
     from mcp import Client
     from mcp.client._transport import TransportStreams
 
-__all__ = ["McpServerError", "McpToolSource"]
+__all__ = [
+    "MAXIMUM_DEFINITION_CHARS",
+    "MAXIMUM_DESCRIPTION_CHARS",
+    "MAXIMUM_SCHEMA_CHARS",
+    "MAXIMUM_TOOLS",
+    "McpServerError",
+    "McpToolSource",
+]
 
 _log = structlog.get_logger(__name__)
 
@@ -92,6 +107,18 @@ _LIST_PAGES = 100
 _SHORTEST_ENV_SECRET = 8
 """A passed-through variable shorter than this (``DEBUG=1``) is not taken for a secret."""
 _SHORTEST_SECRET_WORD = 8
+_MAXIMUM_REASON_CHARS = 1000
+"""The longest explanation of a failure to reach a server (its own words included)."""
+
+MAXIMUM_DESCRIPTION_CHARS = 2000
+"""The longest tool description a server may give the model; the rest is cut, saying so."""
+MAXIMUM_SCHEMA_CHARS = 20_000
+"""The largest argument schema (as JSON) of a server's tool; a tool with a larger one is left
+out."""
+MAXIMUM_TOOLS = 100
+"""The most tools registered from one server (OpenAI's API takes 128 in all)."""
+MAXIMUM_DEFINITION_CHARS = 60_000
+"""The most characters of tool definitions (descriptions and schemas) from one server."""
 
 
 class McpServerError(TradingAgentError):
@@ -434,7 +461,7 @@ class McpToolSource:
             text = f"the command {self.config.command[0]!r} was not found"
         else:
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return self._secrets.redact(text)
+        return _cut(self._secrets.redact(text), _MAXIMUM_REASON_CHARS)
 
     # Tools
 
@@ -451,17 +478,34 @@ class McpToolSource:
                               f"{prefix}... already; give each MCP server of a desk its own "
                               "name")
         names: dict[str, str] = {}
+        left_out: list[str] = []
+        budget = MAXIMUM_DEFINITION_CHARS
         for tool in listed:
             if wanted is not None and tool.name not in wanted:
+                continue
+            shown_name = _cut(tool.name, _MAXIMUM_NAME)
+            if len(names) >= MAXIMUM_TOOLS:
+                left_out.append(shown_name)
+                continue
+            schema_chars = len(json.dumps(tool.input_schema, ensure_ascii=False))
+            if schema_chars > MAXIMUM_SCHEMA_CHARS:
+                _log.warning("mcp_tool_skipped", server=self.config.name, tool=shown_name,
+                             reason=f"its input schema is {schema_chars:,} characters, more "
+                                    f"than the {MAXIMUM_SCHEMA_CHARS:,} a tool may have")
+                continue
+            description = _description(tool.description or tool.title
+                                       or f"The {tool.name} tool")
+            if schema_chars + len(description) > budget:
+                left_out.append(shown_name)
                 continue
             name = _tool_name(self.config.name, tool.name, _Taken(self._registry, names))
             try:
                 arguments = _arguments_model(name, tool.input_schema, self._secrets)
             except Exception as exc:  # the server's schema is not a JSON schema
-                _log.warning("mcp_tool_skipped", server=self.config.name, tool=tool.name,
+                _log.warning("mcp_tool_skipped", server=self.config.name, tool=shown_name,
                              reason=f"its input schema is not valid: {exc}"[:500])
                 continue
-            description = tool.description or tool.title or f"The {tool.name} tool"
+            budget -= schema_chars + len(description)
             try:
                 self._registry.add(Tool(
                     name=name,
@@ -474,6 +518,12 @@ class McpToolSource:
             except ValueError as exc:  # a tool of ours with that name
                 raise ConfigError(f"mcp_servers.{self.config.name}: {exc}") from None
             names[name] = tool.name
+        if left_out:
+            _log.warning("mcp_tools_left_out", server=self.config.name, count=len(left_out),
+                         first=left_out[:10],
+                         reason=f"a server's tools are registered up to {MAXIMUM_TOOLS} tools "
+                                f"and {MAXIMUM_DEFINITION_CHARS:,} characters of definitions; "
+                                f"name the ones the desk needs in mcp_servers.tools")
         return names
 
     def _handler(self, name: str, remote: str) -> ToolHandler:
@@ -546,9 +596,11 @@ class McpToolSource:
         if not texts and not images and result.structured_content is not None:
             texts.append(json.dumps(result.structured_content, ensure_ascii=False))
         text = self._secrets.redact("\n".join(texts))
-        if result.is_error:
-            raise ToolError(text or f"{name} failed without saying why")
         limit = self.config.max_result_chars
+        if result.is_error:
+            if len(text) > limit:
+                text = f"{text[:limit]}\n[error text cut: {len(text) - limit:,} more characters]"
+            raise ToolError(text or f"{name} failed without saying why")
         if len(text) > limit:
             text = (f"{text[:limit]}\n[cut: {len(text) - limit:,} more characters; ask for "
                     "less]")
@@ -634,6 +686,19 @@ def _summary(block: Any) -> str:
         return f"[resource {resource.uri} ({kind}, {len(resource.blob) * 3 // 4:,} bytes) " \
                "not shown]"
     return f"[{getattr(block, 'type', type(block).__name__)} content not shown]"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _description(text: str) -> str:
+    """A server's description of a tool, cut at :data:`MAXIMUM_DESCRIPTION_CHARS` with a
+    note saying how much was left out."""
+    if len(text) <= MAXIMUM_DESCRIPTION_CHARS:
+        return text
+    return (f"{text[:MAXIMUM_DESCRIPTION_CHARS]} [description cut: "
+            f"{len(text) - MAXIMUM_DESCRIPTION_CHARS:,} more characters]")
 
 
 def _shortened(text: str) -> str:
