@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,7 @@ from anyio.abc import Process
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from tests.waiting import wait_until
 from trading_agent.agent.conversation import ImageBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
@@ -472,3 +474,45 @@ async def test_a_servers_huge_descriptions_schemas_tool_counts_and_errors_are_ca
     assert failed.result.is_error
     assert len(failed.result.text) < 4200
     assert failed.result.text.endswith("\n[error text cut: 996,033 more characters]")
+
+
+async def test_a_server_down_at_start_is_tried_again_and_its_tools_registered_when_it_comes(
+        tmp_path: Path, errlog: TextIO) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])  # nothing listens there now
+    registry = ToolRegistry()
+    source = McpToolSource(McpServerConfig(name="late", url=f"http://127.0.0.1:{port}/mcp",
+                                           connect_timeout=5), registry)
+    with pytest.raises(McpServerError) as raised:
+        await source.register()
+    assert not raised.value.lasting  # it may come: the desk starts without it
+    assert source.register_later(str(raised.value)) == []  # no list of tools: no stand-ins
+
+    async with anyio.create_task_group() as services:
+        await services.start(source.run)
+        with (tmp_path / "mcp-http.log").open("wb") as log:
+            server = await anyio.open_process(
+                [sys.executable, SERVER, "http", "--port", str(port)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            # No call needed: the background tries find it (1 s, then 2 s, 4 s... apart).
+            await wait_until(lambda: "late__add" in registry, "the late server's tools",
+                             within=20)
+            result = await Desk(registry, source, ToolCallExecutor(registry)).call(
+                "late__add", {"a": 2, "b": 40})
+            assert result.text == "42"
+        finally:
+            with anyio.CancelScope(shield=True):
+                server.terminate()
+                await server.wait()
+                await server.aclose()
+            services.cancel_scope.cancel()
+
+
+async def test_a_command_that_does_not_exist_is_not_tried_again() -> None:
+    source = McpToolSource(McpServerConfig(name="gone", command=["/nonexistent/mcp-server"]),
+                           ToolRegistry())
+    with pytest.raises(McpServerError) as raised:
+        await source.register()
+    assert raised.value.lasting  # a config to fix: the daemon refuses to start

@@ -25,6 +25,14 @@ definitions (the rest left out, logged with what to do: name the wanted ones in 
 and its error texts at ``max_result_chars``. A server cannot fill a desk's context window
 with its listing, however large.
 
+A server that cannot be reached when the desk is built need not stop the daemon
+(:meth:`McpToolSource.register_later`): the desk starts without the server's tools, which
+are registered as soon as it answers, tried again in the background with backoff (from
+:data:`RETRY_FIRST_SECONDS` to :data:`RETRY_MAX_SECONDS`) and on each call. Until then each
+tool the config names in ``tools`` stands in under its name and answers the model that the
+server is not reachable yet, and why; a call that finds the server up registers its tools
+and runs.
+
 Secrets: header values (``headers_env``) and passed-through variables (``env``) are read
 from the environment when a connection is made, never logged, and cut out of every text the
 model or the logs get from this module.
@@ -90,6 +98,8 @@ __all__ = [
     "MAXIMUM_DESCRIPTION_CHARS",
     "MAXIMUM_SCHEMA_CHARS",
     "MAXIMUM_TOOLS",
+    "RETRY_FIRST_SECONDS",
+    "RETRY_MAX_SECONDS",
     "McpServerError",
     "McpToolSource",
 ]
@@ -119,6 +129,11 @@ MAXIMUM_TOOLS = 100
 """The most tools registered from one server (OpenAI's API takes 128 in all)."""
 MAXIMUM_DEFINITION_CHARS = 60_000
 """The most characters of tool definitions (descriptions and schemas) from one server."""
+RETRY_FIRST_SECONDS = 1.0
+"""How long after a failed start the server is first tried again (then twice as long each
+time)."""
+RETRY_MAX_SECONDS = 60.0
+"""The longest wait between two tries of a server that was not reachable at start."""
 
 
 class McpServerError(TradingAgentError):
@@ -126,7 +141,14 @@ class McpServerError(TradingAgentError):
 
     Raised when a source registers its tools (the desk is being built); once the tools are
     registered, every failure reaches the model as a :class:`~trading_agent.errors.ToolError`.
+
+    Attributes:
+        lasting: Trying again cannot help (the command does not exist): a config to fix.
     """
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 class _Secrets:
@@ -155,7 +177,12 @@ class _Secrets:
 
 
 class _Unreachable(Exception):
-    """The server could not be started or reached; the message says why (redacted)."""
+    """The server could not be started or reached; the message says why (redacted).
+    ``lasting``: trying again cannot help (its command does not exist)."""
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 @dataclass(eq=False)
@@ -244,6 +271,9 @@ class McpToolSource:
         self._connection: _Connection | None = None
         self._names: dict[str, str] | None = None
         self._scope: AsyncExitStack | None = None
+        self._pending: str | None = None
+        """Why the server could not be reached at start, while its tools wait for it."""
+        self._stand_ins: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"McpToolSource(name={self.config.name!r}, transport={self.config.transport!r})"
@@ -300,6 +330,8 @@ class McpToolSource:
             async with anyio.create_task_group() as group:
                 self._group = group
                 task_status.started()
+                if self._pending is not None:
+                    await self._register_when_reachable()
                 await anyio.sleep_forever()
         finally:
             self._group = None
@@ -329,10 +361,95 @@ class McpToolSource:
             else:
                 listed = await self._list_once()
         except _Unreachable as exc:
-            raise McpServerError(f"MCP server {self.config.name!r}: {exc}") from None
+            raise McpServerError(f"MCP server {self.config.name!r}: {exc}",
+                                 lasting=exc.lasting) from None
         self._names = self._register(listed)
         _log.info("mcp_tools_registered", server=self.config.name, tools=list(self._names))
         return list(self._names)
+
+    def register_later(self, reason: str) -> list[str]:
+        """Lets the desk start without the server, which :meth:`register` found
+        unreachable: its tools are registered once it answers (see the module's docstring).
+
+        Args:
+            reason: Why it could not be reached, as the model and the log are told.
+
+        Returns:
+            The names of the stand-ins registered for the tools the config names in
+            ``tools`` (none without that list).
+        """
+        self._pending = reason
+        stand_ins: dict[str, str] = {}
+        for remote in self.config.tools or []:
+            name = _tool_name(self.config.name, remote, _Taken(self._registry, stand_ins))
+            self._registry.add(Tool(
+                name=name,
+                description=f"The {remote} tool (MCP server {self.config.name}, not reachable "
+                            "yet)",
+                arguments=_arguments_model(name, {"type": "object"}, self._secrets),
+                handler=self._stand_in(name),
+                timeout_seconds=self.config.timeout + self.config.connect_timeout + 5.0))
+            stand_ins[name] = remote
+        self._stand_ins = stand_ins
+        _log.warning("mcp_server_not_reachable_yet", server=self.config.name, error=reason,
+                     note="the desk starts without its tools; they are registered as soon "
+                          "as the server answers")
+        return list(stand_ins)
+
+    def _stand_in(self, name: str) -> ToolHandler:
+        async def call(arguments: _McpArguments, context: ToolContext) -> ToolOutput | str:
+            if self._pending is not None:
+                try:
+                    self._adopt((await self._live()).tools)
+                except _Unreachable as exc:
+                    self._pending = str(exc)
+                    raise ToolError(
+                        f"{name} was not run: the MCP server {self.config.name!r} is not "
+                        f"reachable yet ({exc}). Its tools are registered as soon as it "
+                        "answers; it is tried again in the background.") from None
+            tool = self._registry.get(name)
+            if tool is None or tool.handler is call:
+                raise ToolError(f"{name} was not run: the MCP server {self.config.name!r} "
+                                "is reachable now but does not offer this tool.")
+            try:
+                checked = tool.arguments.model_validate(arguments.model_extra or {})
+            except ValidationError as exc:
+                raise ToolError(f"invalid arguments for {name}: "
+                                f"{_shortened(str(exc))}") from None
+            return await tool.handler(checked, context)
+
+        return call
+
+    async def _register_when_reachable(self) -> None:
+        """Tries the server until it answers, with backoff, then registers its tools."""
+        delay = RETRY_FIRST_SECONDS
+        while self._pending is not None:
+            await anyio.sleep(delay)
+            if self._pending is None:  # a call got there first
+                return
+            try:
+                self._adopt((await self._live()).tools)
+            except _Unreachable as exc:
+                self._pending = str(exc)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                _log.info("mcp_server_still_unreachable", server=self.config.name,
+                          error=self._pending, next_try_seconds=delay)
+            except ConfigError as exc:  # its tools' names are taken: only a config fixes it
+                self._pending = str(exc)
+                _log.error("mcp_tools_not_registered", server=self.config.name,
+                           error=str(exc))
+                return
+
+    def _adopt(self, listed: Sequence[mcp_types.Tool]) -> None:
+        """Replaces the stand-ins with the server's tools, once it answered."""
+        if self._pending is None:
+            return
+        for name in self._stand_ins:
+            self._registry.remove(name)
+        self._names = self._register(listed)
+        self._pending = None
+        _log.info("mcp_tools_registered", server=self.config.name, tools=list(self._names),
+                  late=True)
 
     # Connections
 
@@ -394,7 +511,7 @@ class McpToolSource:
         except ConfigError:
             raise
         except Exception as exc:
-            raise _Unreachable(self._why(exc)) from None
+            raise _Unreachable(self._why(exc), lasting=self._missing_command(exc)) from None
         assert deadline.cancelled_caught
         raise _Unreachable(f"no answer within {self.config.connect_timeout:g} s (connect_timeout)")
 
@@ -448,6 +565,11 @@ class McpToolSource:
             connection.client = None
             connection.ended.set()
             connection.ready.set()
+
+    def _missing_command(self, exc: BaseException) -> bool:
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        return isinstance(exc, FileNotFoundError) and self.config.command is not None
 
     def _why(self, exc: BaseException) -> str:
         """A failure in a line, its innermost cause first, secrets cut out."""
