@@ -463,9 +463,9 @@ async def test_a_servers_huge_descriptions_schemas_tool_counts_and_errors_are_ca
     assert len(wordy["description"]) < MAXIMUM_DESCRIPTION_CHARS + 200
     assert "[description cut: " in wordy["description"]
     assert "big__schema_heavy" not in names
-    skipped = [entry for entry in logs if entry["event"] == "mcp_tool_skipped"]
-    assert skipped and skipped[0]["tool"] == "schema_heavy"
-    assert "more than the 20,000 a tool may have" in skipped[0]["reason"]
+    [skipped] = [entry for entry in logs if entry["event"] == "mcp_tools_skipped"]
+    assert skipped["first"] == ["schema_heavy"]
+    assert "longer than the 20,000 characters a tool may have" in skipped["reason"]
     left_out = [entry for entry in logs if entry["event"] == "mcp_tools_left_out"]
     assert left_out and left_out[0]["count"] == 10_016 - MAXIMUM_TOOLS - 1
     assert "name the ones the desk needs in mcp_servers.tools" in left_out[0]["reason"]

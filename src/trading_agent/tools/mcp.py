@@ -601,6 +601,7 @@ class McpToolSource:
                               "name")
         names: dict[str, str] = {}
         left_out: list[str] = []
+        too_large: list[str] = []
         budget = MAXIMUM_DEFINITION_CHARS
         for tool in listed:
             if wanted is not None and tool.name not in wanted:
@@ -611,9 +612,7 @@ class McpToolSource:
                 continue
             schema_chars = len(json.dumps(tool.input_schema, ensure_ascii=False))
             if schema_chars > MAXIMUM_SCHEMA_CHARS:
-                _log.warning("mcp_tool_skipped", server=self.config.name, tool=shown_name,
-                             reason=f"its input schema is {schema_chars:,} characters, more "
-                                    f"than the {MAXIMUM_SCHEMA_CHARS:,} a tool may have")
+                too_large.append(shown_name)
                 continue
             description = _description(tool.description or tool.title
                                        or f"The {tool.name} tool")
@@ -640,6 +639,11 @@ class McpToolSource:
             except ValueError as exc:  # a tool of ours with that name
                 raise ConfigError(f"mcp_servers.{self.config.name}: {exc}") from None
             names[name] = tool.name
+        if too_large:  # one line, however many: a server must not flood the log either
+            _log.warning("mcp_tools_skipped", server=self.config.name, count=len(too_large),
+                         first=too_large[:10],
+                         reason=f"their input schemas are longer than the "
+                                f"{MAXIMUM_SCHEMA_CHARS:,} characters a tool may have")
         if left_out:
             _log.warning("mcp_tools_left_out", server=self.config.name, count=len(left_out),
                          first=left_out[:10],
