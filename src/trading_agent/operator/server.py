@@ -95,6 +95,9 @@ _MAX_REFUSING = 16
 """Refused connections kept open for a moment so the client reads its 503; beyond this
 many at once, the rest are closed at once (each holds a descriptor)."""
 
+_MAX_REFUSED_PEERS_LOGGED = 1000
+"""How many distinct refused processes are logged (one line each) before the rest are not."""
+
 _REFUSAL_LINGER_SECONDS = 1.0
 """How long a refused connection stays open for its client to read the 503."""
 
@@ -157,6 +160,8 @@ class _ConnectionLimits:
         refusing: Refused connections still open (reading their 503).
         at_limit: Whether the limit was reached (logged once each time it is).
         refuse_descendants: Refuse Unix-socket peers that descend from this process.
+        refused_peers: The processes refused so far (each is logged once: a child that
+            tries in a loop must not flood the journal).
     """
 
     header_timeout: float
@@ -164,6 +169,7 @@ class _ConnectionLimits:
     refusing: int = 0
     at_limit: bool = False
     refuse_descendants: bool = False
+    refused_peers: set[int] = field(default_factory=set)
 
 
 class _ListenerConfig(uvicorn.Config):
@@ -254,9 +260,12 @@ class _GuardedH11Protocol(H11Protocol):
         self.loop.call_later(_REFUSAL_LINGER_SECONDS, transport.abort)
 
     def _refuse_descendant(self, transport: asyncio.Transport, peer: int) -> None:
-        _log.warning("operator_api_peer_refused", pid=peer,
-                     reason="a process started by the daemon (an MCP server, the local "
-                            "model, or what they started) may not use the operator socket")
+        refused = self._limits.refused_peers
+        if peer not in refused and len(refused) < _MAX_REFUSED_PEERS_LOGGED:
+            refused.add(peer)
+            _log.warning("operator_api_peer_refused", pid=peer,
+                         reason="a process started by the daemon (an MCP server, the local "
+                                "model, or what they started) may not use the operator socket")
         self._refused = True
         transport.write(_error_bytes(
             403, "Forbidden", "forbidden_peer",
