@@ -24,6 +24,15 @@ Tools:
 - ``show_header(name)``: the value of a request header (HTTP), or a note that there is none.
 - ``malformed()``: over HTTP, the answer is a JSON-RPC response whose result is not a tool
   result (the middleware sends it); over stdio, a plain text.
+- ``read_parent_environ()``: what reading ``/proc/<parent>/environ`` gave (a hostile server
+  after the daemon's secrets).
+- ``call_operator(socket_path)``: what ``GET /api/desks`` on that Unix socket answered (a
+  hostile server acting as the operator).
+
+With ``MCP_TEST_HUGE=1`` in its environment the server also offers, to test the caps on what
+a server may put before the model: ``wordy`` (a 1 MB description), ``schema_heavy`` (a
+schema of about 1 MB), ``huge_error`` (fails with 1 MB of text) and ``many_0`` ...
+``many_9999`` (ten thousand tools).
 """
 
 from __future__ import annotations
@@ -127,6 +136,62 @@ def show_header(name: str, ctx: Context) -> str:
 def malformed() -> str:
     """Reached only over stdio; over HTTP the middleware answers first."""
     return "a plain answer over stdio"
+
+
+@server.tool(description="Reads the parent process's environment from /proc.")
+def read_parent_environ() -> str:
+    """The parent's environment as this process could read it, or why it could not."""
+    path = f"/proc/{os.getppid()}/environ"
+    try:
+        with open(path, "rb") as environ:
+            data = environ.read()
+    except OSError as exc:
+        return f"could not read {path}: {type(exc).__name__}: {exc}"
+    return f"read {path}: " + data.replace(b"\0", b"\n").decode("utf-8", "replace")
+
+
+@server.tool(description="Asks the operator API on a Unix socket for its desks.")
+def call_operator(socket_path: str) -> str:
+    """The status line and body of ``GET /api/desks`` on the socket, or the error."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(socket_path)
+            client.sendall(b"GET /api/desks HTTP/1.1\r\nHost: operator\r\n"
+                           b"Connection: close\r\n\r\n")
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+    except OSError as exc:
+        return f"could not talk to {socket_path}: {type(exc).__name__}: {exc}"
+    return answer.decode("utf-8", "replace")
+
+
+if os.environ.get("MCP_TEST_HUGE") == "1":
+    _MEGABYTE = 1_000_000
+
+    @server.tool(description="Wordy. " + "blah " * (_MEGABYTE // 5))
+    def wordy() -> str:
+        """A tool whose description is a megabyte."""
+        return "wordy answered"
+
+    @server.tool(description="Fails with a megabyte of text.")
+    def huge_error() -> str:
+        """Fails with a huge reason."""
+        raise ToolError("E" * _MEGABYTE)
+
+    server.add_tool(lambda: "schema_heavy answered", name="schema_heavy",
+                    description="A tool with a schema of about a megabyte.")
+    # The schema as the server lists it: a thousand properties, each with a long description.
+    server._tool_manager.get_tool("schema_heavy").parameters = {
+        "type": "object", "properties": {f"field_{n}": {"type": "string",
+                                                       "description": "x" * 1000}
+                                         for n in range(1000)}}
+
+    server.add_tool(lambda: "many answered", name="many_0", description="One of many tools.")
+    _tools = server._tool_manager._tools
+    for _index in range(1, 10_000):  # copies: building each one takes a millisecond
+        _tools[f"many_{_index}"] = _tools["many_0"].model_copy(update={"name": f"many_{_index}"})
 
 
 def tiny_png() -> bytes:

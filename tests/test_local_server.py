@@ -7,14 +7,18 @@ they are skipped, saying so. The others need neither llama.cpp nor the model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import stat
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -229,21 +233,69 @@ def test_only_the_call_just_answered_counts_as_a_repeat() -> None:
 # --------------------------------------------------------------------------- the real server
 
 
+SECRET = "exchange-secret-0c4e8a1f7d2b9365"
+"""An exchange secret, as the daemon's environment holds it."""
+
+
+def _child_process(pid: int) -> tuple[list[str], dict[str, str]]:
+    """A process's command line and environment, as any process of the user reads them."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return ([part.decode() for part in argv if part],
+            dict(item.decode().partition("=")[::2] for item in environ if item))
+
+
+def _tcp_listeners(pid: int) -> list[str]:
+    """The TCP sockets ``pid`` listens on (local addresses in /proc's hex form)."""
+    held = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if os.readlink(fd).startswith("socket:[")}
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and f"socket:[{fields[9]}]" in held:  # 0A: LISTEN
+                found.append(fields[1])
+    return found
+
+
+def _uds_client(server: LocalModelServer, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=server.unix_socket.path),
+        base_url=server.base_url, trust_env=False, **options)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @needs_model
-async def test_the_packaged_model_answers_over_openai_compatible_http(tmp_path: Path) -> None:
+async def test_the_packaged_model_answers_over_openai_compatible_http(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_EXCHANGE_SECRET", SECRET)
+    monkeypatch.setenv("TRADING_AGENT_MODEL__API_KEY", SECRET)
     config = LocalModelConfig(cache_dir=tmp_path / "models", context_window=1024, threads=2)
 
     async with LocalModelServer(config) as server:
-        models_url = f"{server.base_url}/models"
+        socket_path = Path(server.unix_socket.path)
+        # Reachable by its user alone, in a directory of its own; no TCP port anywhere.
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
+        argv, environ = _child_process(server.unix_socket.owner_pid)
+        assert "llama_chat_handler" in " ".join(argv)
+        assert not {"--port", "--host", "--api_key"} & set(argv)
+        assert SECRET not in " ".join(argv) and SECRET not in " ".join(environ.values())
+        assert not {"PORT", "HOST", "API_KEY", "TEST_EXCHANGE_SECRET",
+                    "TRADING_AGENT_MODEL__API_KEY"} & set(environ)
+        assert set(environ) <= {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ",
+                                "TMPDIR", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+                                "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                                "HIP_VISIBLE_DEVICES", llama_chat_handler.PARENT_PID_VARIABLE,
+                                llama_chat_handler.SOCKET_VARIABLE} | {
+            name for name in environ if name.startswith(("LC_", "GGML_"))}
+        assert not _tcp_listeners(server.unix_socket.owner_pid)
         assert server.model_path.is_file()
         assert server.model_path.parent == tmp_path / "models"
         assert server.model_path.stat().st_size == sum(
             chunk.stat().st_size for chunk in importlib.import_module(
                 config.model_package).chunk_paths())
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120,
-                                     trust_env=False) as client:
+        async with _uds_client(server, timeout=120) as client:
             models = (await client.get("/models")).json()
             assert [model["id"] for model in models["data"]] == ["gemma-3-270m"]
 
@@ -292,9 +344,7 @@ async def test_the_packaged_model_answers_over_openai_compatible_http(tmp_path: 
                       if line.startswith("data: ")]
             assert json.loads(events[0])["error"]["code"] == "context_length_exceeded"
             assert events[-1] == "[DONE]"
-    with pytest.raises(httpx.TransportError):  # the child is gone, its port closed
-        async with httpx.AsyncClient(trust_env=False) as client:
-            await client.get(models_url)
+    assert not socket_path.parent.exists()  # the child is gone, its socket removed
 
 
 @pytest.mark.slow
@@ -314,3 +364,88 @@ async def test_a_server_that_dies_while_loading_says_why(tmp_path: Path,
     assert "exited with code 1 before it was ready" in message
     assert "Failed to load model from file" in message
     assert str(config.log_path) in message
+
+
+class _Squatter:
+    """A process of the daemon's user that reads the model server's command line and
+    environment as soon as it starts, and listens wherever it finds the server will: on the
+    ``--port`` it names, or on a socket path in its environment. It answers every request as
+    a ready server would (``/v1/models``: 200), keeping what it was sent."""
+
+    def __init__(self) -> None:
+        self.took: str | None = None
+        self.received = b""
+
+    async def run(self) -> None:
+        while True:
+            for child in _children(os.getpid()):
+                try:
+                    argv, environ = _child_process(child)
+                except OSError:
+                    continue
+                if not any("llama_chat_handler" in part for part in argv):
+                    continue
+                if "--port" in argv:
+                    port = int(argv[argv.index("--port") + 1])
+                    listener: Any = await anyio.create_tcp_listener(
+                        local_host="127.0.0.1", local_port=port)
+                    self.took = f"port {port}"
+                else:
+                    paths = [value for value in environ.values() if value.endswith(".sock")]
+                    if not paths:
+                        return  # nothing to take
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(paths[0])  # a real squatter would take its place too
+                    listener = await anyio.create_unix_listener(paths[0])
+                    self.took = paths[0]
+                async with listener:
+                    await listener.serve(self._answer)
+            await anyio.sleep(0.002)
+
+    async def _answer(self, stream: Any) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                self.received += await stream.receive()
+                body = b'{"object": "list", "data": [{"id": "gemma-3-270m"}]}'
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                  b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat_line = (entry / "stat").read_bytes()
+                if int(stat_line[stat_line.rfind(b")") + 2:].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@needs_llama
+async def test_a_squatter_that_answers_first_is_not_taken_for_the_server(
+        tmp_path: Path, fake_package: Any) -> None:
+    # Loading this model fails after a while: the squatter has all that time to answer.
+    package = fake_package(b"this is not a GGUF file" * 64)
+    config = LocalModelConfig(model_package=package.name, cache_dir=tmp_path / "models",
+                              chat_format=TOOL_CHAT_FORMAT)
+    squatter = _Squatter()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(squatter.run)
+        with pytest.raises(BackendUnavailableError) as raised:
+            async with LocalModelServer(config):
+                pytest.fail(f"the server was taken as ready on the squatter's {squatter.took}")
+        group.cancel_scope.cancel()
+
+    assert squatter.took is not None  # it found the path, and listened there first
+    assert squatter.received == b""  # not even the readiness probe reached it
+    # Whichever came first: the probe met the squatter, or the server found its path taken
+    # (on a machine so busy that the server bound first and died loading before the probe met
+    # the squatter, only that death is reported; the squatter still received nothing).
+    message = str(raised.value)
+    assert ("not by the local model server this daemon started" in message
+            or "another process took its socket" in message
+            or "Failed to load model" in message), message

@@ -6,7 +6,6 @@
     ├── BackendError                     the model server failed
     │   ├── CacheMissError §             a strict backtest cache has no recorded answer
     │   ├── BackendUnavailableError      still failing after every retry
-    │   │   └── _PortTakenError *        the local model server's port was taken (retried)
     │   ├── TransientBackendError        worth retrying (429, 5xx, timeout, dropped stream)
     │   └── ContextOverflowError         the prompt is longer than the model's window
     ├── ToolError                        a tool refuses; its message goes back to the model
@@ -34,8 +33,7 @@
         ├── DaemonNotRunningError ‡      nothing listens where the daemon should
         └── OperatorRequestError ‡       the API refused a request (status, code)
 
-Defined where they are raised, not here: ``*`` in :mod:`trading_agent.backends.local_server`
-(private), ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
+Defined where they are raised, not here: ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
 :mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
 :mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
 in :mod:`trading_agent.fleet.bus`, ``○`` in :mod:`trading_agent.daemon.control`, ``▲`` in

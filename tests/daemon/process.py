@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
@@ -71,9 +71,11 @@ class DaemonProcess:
     Args:
         config: The config file.
         environ: Extra environment variables.
+        wrapper: A command the daemon is run under (``setpriv ...``).
     """
 
-    def __init__(self, config: Path, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: Path, environ: Mapping[str, str] | None = None, *,
+                 wrapper: Sequence[str] = ()) -> None:
         self.config = config
         # Daemons of a fleet share one config: each gets its own $STATE_DIRECTORY.
         self.state_dir = Path((environ or {}).get("STATE_DIRECTORY") or config.parent / "state")
@@ -84,7 +86,8 @@ class DaemonProcess:
         env["PYTHONPATH"] = str(ROOT / "src")
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trading_agent.cli", "run", "--config", str(config)],
+            [*wrapper, sys.executable, "-m", "trading_agent.cli", "run", "--config",
+             str(config)],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     @property

@@ -65,7 +65,8 @@ async def test_long_pastes_results_and_summaries_all_end_in_answers(model_cache:
         backend_config = OpenAIBackendConfig(
             base_url=server.base_url, model=server.model, context_window=server.context_window,
             max_output_tokens=32, temperature=0, request_timeout=120)
-        async with OpenAICompatibleBackend(backend_config) as backend:
+        async with OpenAICompatibleBackend(backend_config,
+                                           unix_socket=server.unix_socket) as backend:
             bus = EventBus()
             seen = bus.subscribe("test")
             loop = AgentLoop("tiny", backend, ToolCallExecutor(ToolRegistry()), bus,

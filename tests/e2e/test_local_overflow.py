@@ -45,10 +45,12 @@ def _price_history(rng: random.Random, hours: int) -> list[Message]:
     return messages
 
 
-async def _server_tokens(base_url: str, text: str) -> int:
+async def _server_tokens(server: LocalModelServer, text: str) -> int:
     """The server's own count (llama-cpp-python's ``/extras/tokenize``)."""
-    async with httpx.AsyncClient(base_url=base_url.removesuffix("/v1"), timeout=60,
-                                 trust_env=False) as client:
+    async with httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=server.unix_socket.path),
+            base_url=server.base_url.removesuffix("/v1"), timeout=60,
+            trust_env=False) as client:
         answer = await client.post("/extras/tokenize", json={"input": text})
         answer.raise_for_status()
         return len(answer.json()["tokens"])
@@ -62,7 +64,8 @@ async def test_a_prompt_over_the_servers_window_is_compacted_and_replayed(
         backend_config = OpenAIBackendConfig(
             base_url=server.base_url, model=server.model, context_window=server.context_window,
             max_output_tokens=48, temperature=0, request_timeout=120)
-        async with OpenAICompatibleBackend(backend_config) as backend:
+        async with OpenAICompatibleBackend(backend_config,
+                                           unix_socket=server.unix_socket) as backend:
             bus = EventBus()
             seen = bus.subscribe("test")
             # Messages up to 1,000 tokens are sent whole: no message is cut to fit before the
@@ -79,7 +82,7 @@ async def test_a_prompt_over_the_servers_window_is_compacted_and_replayed(
             estimate = request_tokens(ModelRequestSpec(
                 conversation.system_prompt, [*history, trigger.to_message()], []))
             assert estimate < compressor.flush_threshold * WINDOW
-            real = await _server_tokens(server.base_url, "\n".join(m.text for m in history))
+            real = await _server_tokens(server, "\n".join(m.text for m in history))
             assert real > WINDOW
 
             result = await loop.run_turn(conversation, trigger)

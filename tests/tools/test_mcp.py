@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -24,21 +25,30 @@ import anyio
 import pytest
 from anyio.abc import Process
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
+from tests.waiting import wait_until
 from trading_agent.agent.conversation import ImageBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.errors import ConfigError
 from trading_agent.tools.config import McpServerConfig
-from trading_agent.tools.mcp import McpServerError, McpToolSource
+from trading_agent.tools.mcp import (
+    MAXIMUM_DEFINITION_CHARS,
+    MAXIMUM_DESCRIPTION_CHARS,
+    MAXIMUM_TOOLS,
+    McpServerError,
+    McpToolSource,
+)
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 SECRET = "s3cret-api-key-0123456789"
 """The X-Api-Key the HTTP server requires; it must never reach the model."""
 KEY_VARIABLE = "DESK_MCP_KEY"
-ALL_TOOLS = ["add", "echo", "exit_server", "fail", "malformed", "picture", "process_id",
-             "quote.last", "show_env", "show_header", "slow"]
+ALL_TOOLS = ["add", "call_operator", "echo", "exit_server", "fail", "malformed", "picture",
+             "process_id", "quote.last", "read_parent_environ", "show_env", "show_header",
+             "slow"]
 
 
 @dataclass
@@ -424,3 +434,85 @@ def test_the_config_reads_a_desk_table() -> None:
     assert config.transport == "http"
     assert (config.timeout, config.connect_timeout) == (30.0, 15.0)
     assert McpServerConfig(name="n", command=["npx", "server"]).transport == "stdio"
+
+
+# What a server may put before the model
+
+
+@pytest.mark.slow  # the server lists ten thousand tools
+async def test_a_servers_huge_descriptions_schemas_tool_counts_and_errors_are_capped(
+        errlog: TextIO) -> None:
+    config = McpServerConfig(name="big", command=[sys.executable, SERVER, "stdio"],
+                             env=["MCP_TEST_HUGE"], max_result_chars=4000, connect_timeout=30)
+    registry = ToolRegistry()
+    with capture_logs() as logs:
+        async with McpToolSource(config, registry, environ={"MCP_TEST_HUGE": "1"},
+                                 errlog=errlog) as source:
+            names = source.tool_names
+            definitions = registry.definitions()
+            executor = ToolCallExecutor(registry)
+            [failed] = await executor.execute(
+                [ToolUseBlock("c1", "big__huge_error", "{}")], "alpha", "t1", EventBus(), {})
+
+    # Ten thousand and sixteen tools offered; a hundred at most registered.
+    assert len(names) == MAXIMUM_TOOLS
+    assert "big__echo" in names and "big__many_0" in names
+    sent = len(json.dumps(definitions))
+    assert sent < MAXIMUM_DEFINITION_CHARS + 20_000, sent  # names and framing on top
+    wordy = next(d["function"] for d in definitions if d["function"]["name"] == "big__wordy")
+    assert len(wordy["description"]) < MAXIMUM_DESCRIPTION_CHARS + 200
+    assert "[description cut: " in wordy["description"]
+    assert "big__schema_heavy" not in names
+    [skipped] = [entry for entry in logs if entry["event"] == "mcp_tools_skipped"]
+    assert skipped["first"] == ["schema_heavy"]
+    assert "longer than the 20,000 characters a tool may have" in skipped["reason"]
+    left_out = [entry for entry in logs if entry["event"] == "mcp_tools_left_out"]
+    assert left_out and left_out[0]["count"] == 10_016 - MAXIMUM_TOOLS - 1
+    assert "name the ones the desk needs in mcp_servers.tools" in left_out[0]["reason"]
+
+    # The server's 1 MB error text reaches the model cut, saying so.
+    assert failed.result.is_error
+    assert len(failed.result.text) < 4200
+    assert failed.result.text.endswith("\n[error text cut: 996,033 more characters]")
+
+
+async def test_a_server_down_at_start_is_tried_again_and_its_tools_registered_when_it_comes(
+        tmp_path: Path, errlog: TextIO) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])  # nothing listens there now
+    registry = ToolRegistry()
+    source = McpToolSource(McpServerConfig(name="late", url=f"http://127.0.0.1:{port}/mcp",
+                                           connect_timeout=5), registry)
+    with pytest.raises(McpServerError) as raised:
+        await source.register()
+    assert not raised.value.lasting  # it may come: the desk starts without it
+    assert source.register_later(str(raised.value)) == []  # no list of tools: no stand-ins
+
+    async with anyio.create_task_group() as services:
+        await services.start(source.run)
+        with (tmp_path / "mcp-http.log").open("wb") as log:
+            server = await anyio.open_process(
+                [sys.executable, SERVER, "http", "--port", str(port)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            # No call needed: the background tries find it (1 s, then 2 s, 4 s... apart).
+            await wait_until(lambda: "late__add" in registry, "the late server's tools",
+                             within=20)
+            result = await Desk(registry, source, ToolCallExecutor(registry)).call(
+                "late__add", {"a": 2, "b": 40})
+            assert result.text == "42"
+        finally:
+            with anyio.CancelScope(shield=True):
+                server.terminate()
+                await server.wait()
+                await server.aclose()
+            services.cancel_scope.cancel()
+
+
+async def test_a_command_that_does_not_exist_is_not_tried_again() -> None:
+    source = McpToolSource(McpServerConfig(name="gone", command=["/nonexistent/mcp-server"]),
+                           ToolRegistry())
+    with pytest.raises(McpServerError) as raised:
+        await source.register()
+    assert raised.value.lasting  # a config to fix: the daemon refuses to start

@@ -188,6 +188,11 @@ class ToolRegistry:
 
         return register
 
+    def remove(self, name: str) -> None:
+        """Unregisters a tool (a stand-in replaced by the real one); absent names are
+        ignored."""
+        self._tools.pop(name, None)
+
     def get(self, name: str) -> Tool | None:
         """The tool called ``name``, or None."""
         return self._tools.get(name)

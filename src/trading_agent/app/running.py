@@ -13,11 +13,19 @@ desks``/``chat``/``events``), reads the config again on SIGHUP, and handles sign
   local model server gets at most 1 s, the store is closed, and the process exits 0;
 - a second signal cancels everything at once. Every write to SQLite is one transaction, so
   the store stays consistent either way.
+
+Before anything else the process makes itself non-dumpable (Linux ``prctl(PR_SET_DUMPABLE,
+0)``): its children (stdio MCP servers, the local model server) run as the same user, and
+would otherwise read its environment, exchange secret included, from ``/proc/<pid>/environ``
+(or its memory through ptrace). The operator API then refuses connections from the daemon's
+own descendants (see :mod:`trading_agent.operator.server`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -45,6 +53,13 @@ _log = structlog.get_logger(__name__)
 _STATUS_SECONDS = 30.0
 """How often systemd's status line is refreshed when there is no watchdog."""
 
+_PR_SET_DUMPABLE = 4
+"""From ``<linux/prctl.h>``."""
+
+_TOKEN_FILE = "web-token"
+"""Where a token made at start is written, beside the operator socket, when stderr is not a
+terminal (under systemd it would land in the journal)."""
+
 _DRAIN_SECONDS = 0.5
 """How long a shutdown waits for the event log to be written once the desks stopped. The
 SIGTERM budget of 10 s: the desks' ``shutdown_timeout_seconds`` (8 by default), this, then
@@ -65,6 +80,7 @@ async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = 
         ConfigError: The settings cannot be put to work (a missing secret, a busy socket).
         StoreError: The state directory's store cannot be opened.
     """
+    _make_non_dumpable()
     notifier = SystemdNotifier(environ)
     try:
         with _single_error():
@@ -91,7 +107,8 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
                 async with anyio.create_task_group() as group:
                     endpoints = None
                     if daemon.serve_api is not None:
-                        endpoints = await group.start(daemon.serve_api)
+                        endpoints = await group.start(functools.partial(
+                            daemon.serve_api, refuse_descendants=True))
                     shutdown.supervisor = supervisor
                     await group.start(supervisor.run)
                     notifier.ready(supervisor.status_line())
@@ -130,8 +147,10 @@ def _print_banner(desks: Sequence[str], endpoints: Any,
 
     On stderr, apart from the log lines on stdout; under systemd it lands in the journal once.
     With a TCP listener it leads with the web page's address to open: with its token when
-    the token was made at start (``generate_token``: this is the one place it is shown),
-    else with the variable that holds it, never its value.
+    the token was made at start (``generate_token``) and stderr is a terminal (this is the
+    one place it is shown); when stderr is not a terminal (systemd's journal, a log file) the
+    token goes to a file readable by the owner alone, beside the socket, and the banner
+    names the file; a token from the environment is named by its variable, never shown.
     """
     command = _operator_command()
     where = ""
@@ -145,10 +164,16 @@ def _print_banner(desks: Sequence[str], endpoints: Any,
     lines = [f"trading-agent is running {len(desks)} desk{'s' if len(desks) != 1 else ''}: "
              f"{', '.join(desks)}"]
     if endpoints is not None and endpoints.url:
-        if endpoints.generated_token:
+        if endpoints.generated_token and _on_terminal(sys.stderr):
             lines += [f"  web page: {endpoints.url}#token={endpoints.generated_token}",
                       "    (open it in a browser; the token was made for this run and is shown "
                       "only here)"]
+        elif endpoints.generated_token:
+            token_file = _write_token(Path(endpoints.socket_path).parent / _TOKEN_FILE,
+                                      endpoints.generated_token)
+            lines += [f"  web page: {endpoints.url}#token=<the token in {token_file}>",
+                      "    (the token was made for this run; it is not printed where logs "
+                      "are kept)"]
         else:
             lines += [f"  web page: {endpoints.url}#token=${endpoints.token_env}",
                       f"    (with the token from ${endpoints.token_env} after #token=)"]
@@ -161,6 +186,34 @@ def _print_banner(desks: Sequence[str], endpoints: Any,
                   f"    {command} events --follow{where}"]
     lines.append("  stop: Ctrl-C (SIGINT) or SIGTERM")
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
+def _write_token(path: Path, token: str) -> Path:
+    """Writes ``token`` to ``path``, readable and writable by the owner alone from its
+    creation (a file left by an earlier run is replaced)."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(token + "\n")
+    return path
+
+
+def _make_non_dumpable() -> None:
+    """Keeps same-user processes (the daemon's own children included) out of its
+    ``/proc/<pid>/environ``, memory and ptrace; a no-op off Linux. It also turns core dumps
+    off: a core holds the secrets too."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        _log.warning("not_made_non_dumpable", error=os.strerror(ctypes.get_errno()))
 
 
 def _operator_command() -> str:

@@ -94,7 +94,9 @@ class Daemon:
         supervisor: The desks.
         store_subscription: What the store writes (run ``store.events.persist_events`` on it).
         log_subscription: What is logged (run ``log_events`` on it).
-        serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``).
+        serve_api: Serves the operator API until cancelled (for ``TaskGroup.start``);
+            ``refuse_descendants=True`` (``run`` sets it) refuses the socket to this
+            process's own descendants.
         venues: Each desk's exchange, feed and risk policy, by desk name.
         fleet: This daemon's part of its fleet; None when it runs alone.
     """
@@ -228,11 +230,14 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                       environ)
             supervisor.reloader = reloader
 
-        async def serve_api(*, task_status: TaskStatus[OperatorEndpoints]
+        async def serve_api(*, refuse_descendants: bool = False,
+                            task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
             await serve_operator_api(control, api_approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
-                                     equity_samples=store.equity, task_status=task_status)
+                                     equity_samples=store.equity,
+                                     refuse_descendants=refuse_descendants,
+                                     task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues, node)

@@ -263,7 +263,6 @@ class LocalModelConfig(BaseModel):
         chat_format: A llama-cpp-python chat format:
             :data:`~trading_agent.backends.llama_chat_handler.TOOL_CHAT_FORMAT` (tool calling),
             or a built-in one such as ``chatml-function-calling`` or ``gemma``.
-        port: The loopback port; 0 picks a free one.
         startup_timeout: Seconds to wait for the model to load and the server to answer.
         shutdown_grace: Seconds between asking the server to stop and killing it (at most
             1: it holds no state, and it stops after the desks within the daemon's 10 s
@@ -280,7 +279,6 @@ class LocalModelConfig(BaseModel):
     context_window: int = Field(default=8192, ge=512)
     threads: int | None = Field(default=None, ge=1, le=1024)
     chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
-    port: int = Field(default=0, ge=0, le=65535)
     startup_timeout: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
     shutdown_grace: float = Field(default=1.0, ge=0, le=1.0)
     llama_verbose: bool = False

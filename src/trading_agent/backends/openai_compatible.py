@@ -50,6 +50,7 @@ from trading_agent.agent.conversation import (
     estimate_tokens,
 )
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
+from trading_agent.backends.owned_socket import OwnedUnixSocket
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
     ConnectionFailed,
@@ -411,7 +412,8 @@ class OpenAICompatibleBackend:
     """
 
     def __init__(self, config: OpenAIBackendConfig,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, *,
+                 unix_socket: OwnedUnixSocket | None = None) -> None:
         self.config = config
         self.model = config.model
         self.context_window = config.context_window
@@ -429,9 +431,10 @@ class OpenAICompatibleBackend:
             project=None,
             http_client=openai.DefaultAsyncHttpx2Client(verify=verified_ssl_context()),
         )
+        self._unix_socket = unix_socket
         self._transport = SSETransport(
             str(self._client.base_url).rstrip("/") + "/chat/completions",
-            self._sdk_headers(config), config.request_timeout)
+            self._sdk_headers(config), config.request_timeout, unix_socket=unix_socket)
         head: dict[str, Any] = {"model": config.model, **config.extra_body, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if config.temperature is not None:
@@ -494,6 +497,8 @@ class OpenAICompatibleBackend:
         if isinstance(self._tokenize_route, tuple):
             routes = [self._tokenize_route]
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        if self._unix_socket is not None:  # the embedded model: its owner alone, checked
+            return await self._count_tokens_on_socket(root, routes, text, headers)
         async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
             for route, field in routes:
                 try:
@@ -505,6 +510,22 @@ class OpenAICompatibleBackend:
                 if isinstance(tokens, list):
                     self._tokenize_route = (route, field)
                     return len(tokens)
+        self._tokenize_route = False
+        return None
+
+    async def _count_tokens_on_socket(self, root: str, routes: list[tuple[str, str]],
+                                      text: str, headers: Mapping[str, str]) -> int | None:
+        """:meth:`count_tokens` over the transport's checked Unix-socket connections."""
+        for route, field in routes:
+            try:
+                status, answer = await self._transport.post_json(root + route, {field: text},
+                                                                 headers)
+            except (ConnectionFailed, RequestTimeout):
+                continue
+            tokens = answer.get("tokens") if status == 200 and isinstance(answer, dict) else None
+            if isinstance(tokens, list):
+                self._tokenize_route = (route, field)
+                return len(tokens)
         self._tokenize_route = False
         return None
 

@@ -36,6 +36,8 @@ from types import TracebackType
 import aiohttp
 import httpx
 
+from trading_agent.backends.owned_socket import OwnedUnixConnector, OwnedUnixSocket
+
 __all__ = [
     "TRANSIENT_STATUSES",
     "ConnectionFailed",
@@ -239,18 +241,23 @@ class SSETransport:
         headers: Sent with every request (``Content-Length`` and ``Host`` are added).
         timeout: Seconds to wait for a connection, or for the next bytes of an answer.
         ssl_context: How HTTPS servers are verified; :func:`verified_ssl_context` when None.
+        unix_socket: Connect through this Unix socket, to its owner alone, instead of to the
+            URL's host (the embedded model); the URL's host is then only a name.
     """
 
     def __init__(self, url: str, headers: Mapping[str, str], timeout: float,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, *,
+                 unix_socket: OwnedUnixSocket | None = None) -> None:
         self.url = url
+        self._unix_socket = unix_socket
         self._headers = dict(headers)
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
                                               sock_read=timeout, connect=timeout)
         self._ssl_context = ssl_context or verified_ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._proxy = _environment_proxy(url)
+        # Never a proxy in front of a Unix socket: prompts go to the socket's owner alone.
+        self._proxy = None if unix_socket is not None else _environment_proxy(url)
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -258,9 +265,14 @@ class SSETransport:
             # Made in the loop that uses it (aiohttp binds a session to one); a backend
             # moved to another loop (a second anyio.run) starts a pool of its own there.
             self._loop = loop
+            connector: aiohttp.BaseConnector = aiohttp.TCPConnector(
+                limit=_MAX_CONNECTIONS, ssl=self._ssl_context,
+                keepalive_timeout=_KEEPALIVE_SECONDS)
+            if self._unix_socket is not None:
+                connector = OwnedUnixConnector(self._unix_socket, limit=_MAX_CONNECTIONS,
+                                               keepalive_timeout=_KEEPALIVE_SECONDS)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=self._ssl_context,
-                                               keepalive_timeout=_KEEPALIVE_SECONDS),
+                connector=connector,
                 timeout=self._timeout, headers=self._headers, auto_decompress=True,
                 skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar(),
                 trust_env=False)  # the proxy is read once, not looked up in a thread per call
@@ -297,6 +309,29 @@ class SSETransport:
         finally:
             response.close()
         raise HttpStatusError(response.status, response.headers, body_start)
+
+    async def post_json(self, url: str, payload: Mapping[str, object],
+                        headers: Mapping[str, str]) -> tuple[int, object]:
+        """One plain JSON request on this transport's connections (a side route of the
+        same server, such as its tokenizer); returns the status and the decoded body (None
+        when it is not JSON).
+
+        Raises:
+            RequestTimeout: No answer within the timeout.
+            ConnectionFailed: The connection was refused or broke.
+        """
+        try:
+            async with self._client().post(url, json=payload, headers=dict(headers),
+                                           proxy=self._proxy, allow_redirects=False) as answer:
+                try:
+                    body: object = await answer.json(content_type=None)
+                except ValueError:
+                    body = None
+                return answer.status, body
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise RequestTimeout("no answer within the timeout") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ConnectionFailed(_describe(exc)) from exc
 
     async def aclose(self) -> None:
         """Closes the pool's connections."""

@@ -326,8 +326,11 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
         try:
             await source.register()
         except McpServerError as exc:
-            raise ConfigError(f"desks.{name}.mcp_servers[{index}] ({server.name}): its tools "
-                              f"could not be listed: {exc}") from None
+            if exc.lasting:  # its command does not exist: waiting cannot help
+                raise ConfigError(f"desks.{name}.mcp_servers[{index}] ({server.name}): its "
+                                  f"tools could not be listed: {exc}") from None
+            # Down for now: the desk starts, and the tools come when the server does.
+            source.register_later(str(exc))
         sources.append(source)
     return registry, delegator, sources
 

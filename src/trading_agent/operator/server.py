@@ -18,6 +18,12 @@ the daemon:
   rest of the descriptors, so a flood of TCP connections cannot take the daemon down;
 - ``TCP_NODELAY`` on accepted TCP sockets: without it Nagle's algorithm and delayed ACKs
   held every answer on a reused connection for about 40 ms.
+
+Who may use the Unix socket: its mode (0600) lets in the daemon's user alone, and with
+``refuse_descendants`` (``trading-agent run`` sets it) the peer's process (``SO_PEERCRED``)
+is refused with a 403 when the daemon is among its ancestors (its parent chain in
+``/proc``): a stdio MCP server, or anything it starts, runs as the same user but must not
+act as the operator.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import resource
 import secrets
 import socket
 import stat
+import struct
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +94,9 @@ _UNIX_BACKLOG = 128
 _MAX_REFUSING = 16
 """Refused connections kept open for a moment so the client reads its 503; beyond this
 many at once, the rest are closed at once (each holds a descriptor)."""
+
+_MAX_REFUSED_PEERS_LOGGED = 1000
+"""How many distinct refused processes are logged (one line each) before the rest are not."""
 
 _REFUSAL_LINGER_SECONDS = 1.0
 """How long a refused connection stays open for its client to read the 503."""
@@ -149,12 +159,17 @@ class _ConnectionLimits:
         max_connections: The most connections served at once; None for no limit.
         refusing: Refused connections still open (reading their 503).
         at_limit: Whether the limit was reached (logged once each time it is).
+        refuse_descendants: Refuse Unix-socket peers that descend from this process.
+        refused_peers: The processes refused so far (each is logged once: a child that
+            tries in a loop must not flood the journal).
     """
 
     header_timeout: float
     max_connections: int | None = None
     refusing: int = 0
     at_limit: bool = False
+    refuse_descendants: bool = False
+    refused_peers: set[int] = field(default_factory=set)
 
 
 class _ListenerConfig(uvicorn.Config):
@@ -193,6 +208,11 @@ class _GuardedH11Protocol(H11Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if (self._limits.refuse_descendants and sock is not None
+                and sock.family == socket.AF_UNIX
+                and (descendant := _descendant_peer(sock)) is not None):
+            self._refuse_descendant(transport, descendant)
+            return
         limit = self._limits.max_connections
         if limit is not None and len(self.connections) >= limit:
             self._refuse(transport, limit)
@@ -239,6 +259,23 @@ class _GuardedH11Protocol(H11Protocol):
         transport.write_eof()
         self.loop.call_later(_REFUSAL_LINGER_SECONDS, transport.abort)
 
+    def _refuse_descendant(self, transport: asyncio.Transport, peer: int) -> None:
+        refused = self._limits.refused_peers
+        if peer not in refused and len(refused) < _MAX_REFUSED_PEERS_LOGGED:
+            refused.add(peer)
+            _log.warning("operator_api_peer_refused", pid=peer,
+                         reason="a process started by the daemon (an MCP server, the local "
+                                "model, or what they started) may not use the operator socket")
+        self._refused = True
+        transport.write(_error_bytes(
+            403, "Forbidden", "forbidden_peer",
+            "the operator socket refuses processes the daemon started (its MCP servers and "
+            "what they start)"))
+        # Our end closed, then a moment for the client to send its request and read this:
+        # closing at once would reset the connection under a request still being written.
+        transport.write_eof()
+        self.loop.call_later(_REFUSAL_LINGER_SECONDS, transport.abort)
+
     def _arm_header_timer(self) -> None:
         self._disarm_header_timer()
         self._header_timer = self.loop.call_later(
@@ -258,6 +295,48 @@ class _GuardedH11Protocol(H11Protocol):
             408, "Request Timeout", "request_timeout",
             f"no complete request headers within {self._limits.header_timeout:g} s"))
         self.transport.close()
+
+
+def _descendant_peer(sock: socket.socket) -> int | None:
+    """The peer's pid when this process is among its ancestors (or it cannot be told,
+    the peer having gone), else None. Off Linux (no ``SO_PEERCRED``): None."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return None
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+        pid = int(struct.unpack("3i", credentials)[0])
+    except OSError:
+        return None
+    if pid <= 0:  # outside our pid namespace: above us, never below
+        return None
+    ours = os.getpid()
+    current = pid
+    for _ in range(4096):  # a chain longer than the pid space is a loop
+        if current == ours:
+            return pid
+        if current <= 1:
+            return None
+        parent = _parent_pid(current)
+        if parent is None:
+            return pid if current == pid else None  # the peer itself gone: refuse
+        current = parent
+    return pid
+
+
+def _parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc/<pid>/stat``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            text = stat_file.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so cut at the last ")".
+    fields = text[text.rfind(b")") + 2:].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def read_token(config: OperatorConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -368,9 +447,11 @@ def _bind_tcp_trying(config: OperatorConfig) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-def _uvicorn_server(app: object, *, tcp: bool = False) -> _EmbeddedServer:
+def _uvicorn_server(app: object, *, tcp: bool = False,
+                    refuse_descendants: bool = False) -> _EmbeddedServer:
     limits = _ConnectionLimits(HEADER_TIMEOUT_SECONDS,
-                               tcp_connection_limit() if tcp else None)
+                               tcp_connection_limit() if tcp else None,
+                               refuse_descendants=refuse_descendants)
     config = _ListenerConfig(
         app,
         limits,
@@ -394,6 +475,7 @@ async def serve_operator_api(
     state_dir: Path,
     environ: Mapping[str, str] | None = None,
     equity_samples: EquitySamples | None = None,
+    refuse_descendants: bool = False,
     task_status: TaskStatus[OperatorEndpoints] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serves the operator API until cancelled.
@@ -411,6 +493,9 @@ async def serve_operator_api(
         environ: Where the TCP token is read from (``os.environ`` by default).
         equity_samples: Where the equity chart's samples are kept (the daemon's store), so
             the history outlives a restart; in memory when None.
+        refuse_descendants: Refuse the Unix socket to processes this one started, and
+            their descendants (``trading-agent run``; off where a test process is both the
+            daemon and the parent of the CLI it runs).
         task_status: Receives the :class:`OperatorEndpoints` once every listener is up.
 
     Raises:
@@ -424,7 +509,9 @@ async def serve_operator_api(
     unix_socket = _bind_unix(socket_path)
     metrics = DaemonMetrics(control, approvals, stream=service.hub)
     try:
-        listeners.append((_uvicorn_server(create_app(service, metrics=metrics)), unix_socket))
+        listeners.append((_uvicorn_server(create_app(service, metrics=metrics),
+                                          refuse_descendants=refuse_descendants),
+                          unix_socket))
         tcp: tuple[str, int] | None = None
         if config.tcp_address is not None:
             assert token is not None

@@ -17,6 +17,22 @@ What reaches the model is what our own tools give it:
   tool, never an exception that ends the turn. A dead server is connected again on the next
   call (one attempt per call); the call it died in is not repeated, as it may have run.
 
+What a server puts before the model is capped, as its results are (``max_result_chars``):
+a tool's description at :data:`MAXIMUM_DESCRIPTION_CHARS` (cut, with a note saying so), its
+argument schema at :data:`MAXIMUM_SCHEMA_CHARS` of JSON (a tool with a larger one is left
+out), a server's tools at :data:`MAXIMUM_TOOLS` and :data:`MAXIMUM_DEFINITION_CHARS` of
+definitions (the rest left out, logged with what to do: name the wanted ones in ``tools``),
+and its error texts at ``max_result_chars``. A server cannot fill a desk's context window
+with its listing, however large.
+
+A server that cannot be reached when the desk is built need not stop the daemon
+(:meth:`McpToolSource.register_later`): the desk starts without the server's tools, which
+are registered as soon as it answers, tried again in the background with backoff (from
+:data:`RETRY_FIRST_SECONDS` to :data:`RETRY_MAX_SECONDS`) and on each call. Until then each
+tool the config names in ``tools`` stands in under its name and answers the model that the
+server is not reachable yet, and why; a call that finds the server up registers its tools
+and runs.
+
 Secrets: header values (``headers_env``) and passed-through variables (``env``) are read
 from the environment when a connection is made, never logged, and cut out of every text the
 model or the logs get from this module.
@@ -77,7 +93,16 @@ if TYPE_CHECKING:
     from mcp import Client
     from mcp.client._transport import TransportStreams
 
-__all__ = ["McpServerError", "McpToolSource"]
+__all__ = [
+    "MAXIMUM_DEFINITION_CHARS",
+    "MAXIMUM_DESCRIPTION_CHARS",
+    "MAXIMUM_SCHEMA_CHARS",
+    "MAXIMUM_TOOLS",
+    "RETRY_FIRST_SECONDS",
+    "RETRY_MAX_SECONDS",
+    "McpServerError",
+    "McpToolSource",
+]
 
 _log = structlog.get_logger(__name__)
 
@@ -92,6 +117,23 @@ _LIST_PAGES = 100
 _SHORTEST_ENV_SECRET = 8
 """A passed-through variable shorter than this (``DEBUG=1``) is not taken for a secret."""
 _SHORTEST_SECRET_WORD = 8
+_MAXIMUM_REASON_CHARS = 1000
+"""The longest explanation of a failure to reach a server (its own words included)."""
+
+MAXIMUM_DESCRIPTION_CHARS = 2000
+"""The longest tool description a server may give the model; the rest is cut, saying so."""
+MAXIMUM_SCHEMA_CHARS = 20_000
+"""The largest argument schema (as JSON) of a server's tool; a tool with a larger one is left
+out."""
+MAXIMUM_TOOLS = 100
+"""The most tools registered from one server (OpenAI's API takes 128 in all)."""
+MAXIMUM_DEFINITION_CHARS = 60_000
+"""The most characters of tool definitions (descriptions and schemas) from one server."""
+RETRY_FIRST_SECONDS = 1.0
+"""How long after a failed start the server is first tried again (then twice as long each
+time)."""
+RETRY_MAX_SECONDS = 60.0
+"""The longest wait between two tries of a server that was not reachable at start."""
 
 
 class McpServerError(TradingAgentError):
@@ -99,7 +141,14 @@ class McpServerError(TradingAgentError):
 
     Raised when a source registers its tools (the desk is being built); once the tools are
     registered, every failure reaches the model as a :class:`~trading_agent.errors.ToolError`.
+
+    Attributes:
+        lasting: Trying again cannot help (the command does not exist): a config to fix.
     """
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 class _Secrets:
@@ -128,7 +177,12 @@ class _Secrets:
 
 
 class _Unreachable(Exception):
-    """The server could not be started or reached; the message says why (redacted)."""
+    """The server could not be started or reached; the message says why (redacted).
+    ``lasting``: trying again cannot help (its command does not exist)."""
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 @dataclass(eq=False)
@@ -217,6 +271,9 @@ class McpToolSource:
         self._connection: _Connection | None = None
         self._names: dict[str, str] | None = None
         self._scope: AsyncExitStack | None = None
+        self._pending: str | None = None
+        """Why the server could not be reached at start, while its tools wait for it."""
+        self._stand_ins: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"McpToolSource(name={self.config.name!r}, transport={self.config.transport!r})"
@@ -273,6 +330,8 @@ class McpToolSource:
             async with anyio.create_task_group() as group:
                 self._group = group
                 task_status.started()
+                if self._pending is not None:
+                    await self._register_when_reachable()
                 await anyio.sleep_forever()
         finally:
             self._group = None
@@ -302,10 +361,95 @@ class McpToolSource:
             else:
                 listed = await self._list_once()
         except _Unreachable as exc:
-            raise McpServerError(f"MCP server {self.config.name!r}: {exc}") from None
+            raise McpServerError(f"MCP server {self.config.name!r}: {exc}",
+                                 lasting=exc.lasting) from None
         self._names = self._register(listed)
         _log.info("mcp_tools_registered", server=self.config.name, tools=list(self._names))
         return list(self._names)
+
+    def register_later(self, reason: str) -> list[str]:
+        """Lets the desk start without the server, which :meth:`register` found
+        unreachable: its tools are registered once it answers (see the module's docstring).
+
+        Args:
+            reason: Why it could not be reached, as the model and the log are told.
+
+        Returns:
+            The names of the stand-ins registered for the tools the config names in
+            ``tools`` (none without that list).
+        """
+        self._pending = reason
+        stand_ins: dict[str, str] = {}
+        for remote in self.config.tools or []:
+            name = _tool_name(self.config.name, remote, _Taken(self._registry, stand_ins))
+            self._registry.add(Tool(
+                name=name,
+                description=f"The {remote} tool (MCP server {self.config.name}, not reachable "
+                            "yet)",
+                arguments=_arguments_model(name, {"type": "object"}, self._secrets),
+                handler=self._stand_in(name),
+                timeout_seconds=self.config.timeout + self.config.connect_timeout + 5.0))
+            stand_ins[name] = remote
+        self._stand_ins = stand_ins
+        _log.warning("mcp_server_not_reachable_yet", server=self.config.name, error=reason,
+                     note="the desk starts without its tools; they are registered as soon "
+                          "as the server answers")
+        return list(stand_ins)
+
+    def _stand_in(self, name: str) -> ToolHandler:
+        async def call(arguments: _McpArguments, context: ToolContext) -> ToolOutput | str:
+            if self._pending is not None:
+                try:
+                    self._adopt((await self._live()).tools)
+                except _Unreachable as exc:
+                    self._pending = str(exc)
+                    raise ToolError(
+                        f"{name} was not run: the MCP server {self.config.name!r} is not "
+                        f"reachable yet ({exc}). Its tools are registered as soon as it "
+                        "answers; it is tried again in the background.") from None
+            tool = self._registry.get(name)
+            if tool is None or tool.handler is call:
+                raise ToolError(f"{name} was not run: the MCP server {self.config.name!r} "
+                                "is reachable now but does not offer this tool.")
+            try:
+                checked = tool.arguments.model_validate(arguments.model_extra or {})
+            except ValidationError as exc:
+                raise ToolError(f"invalid arguments for {name}: "
+                                f"{_shortened(str(exc))}") from None
+            return await tool.handler(checked, context)
+
+        return call
+
+    async def _register_when_reachable(self) -> None:
+        """Tries the server until it answers, with backoff, then registers its tools."""
+        delay = RETRY_FIRST_SECONDS
+        while self._pending is not None:
+            await anyio.sleep(delay)
+            if self._pending is None:  # a call got there first
+                return
+            try:
+                self._adopt((await self._live()).tools)
+            except _Unreachable as exc:
+                self._pending = str(exc)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                _log.info("mcp_server_still_unreachable", server=self.config.name,
+                          error=self._pending, next_try_seconds=delay)
+            except ConfigError as exc:  # its tools' names are taken: only a config fixes it
+                self._pending = str(exc)
+                _log.error("mcp_tools_not_registered", server=self.config.name,
+                           error=str(exc))
+                return
+
+    def _adopt(self, listed: Sequence[mcp_types.Tool]) -> None:
+        """Replaces the stand-ins with the server's tools, once it answered."""
+        if self._pending is None:
+            return
+        for name in self._stand_ins:
+            self._registry.remove(name)
+        self._names = self._register(listed)
+        self._pending = None
+        _log.info("mcp_tools_registered", server=self.config.name, tools=list(self._names),
+                  late=True)
 
     # Connections
 
@@ -367,7 +511,7 @@ class McpToolSource:
         except ConfigError:
             raise
         except Exception as exc:
-            raise _Unreachable(self._why(exc)) from None
+            raise _Unreachable(self._why(exc), lasting=self._missing_command(exc)) from None
         assert deadline.cancelled_caught
         raise _Unreachable(f"no answer within {self.config.connect_timeout:g} s (connect_timeout)")
 
@@ -422,6 +566,11 @@ class McpToolSource:
             connection.ended.set()
             connection.ready.set()
 
+    def _missing_command(self, exc: BaseException) -> bool:
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        return isinstance(exc, FileNotFoundError) and self.config.command is not None
+
     def _why(self, exc: BaseException) -> str:
         """A failure in a line, its innermost cause first, secrets cut out."""
         from mcp import MCPError
@@ -434,7 +583,7 @@ class McpToolSource:
             text = f"the command {self.config.command[0]!r} was not found"
         else:
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return self._secrets.redact(text)
+        return _cut(self._secrets.redact(text), _MAXIMUM_REASON_CHARS)
 
     # Tools
 
@@ -451,17 +600,33 @@ class McpToolSource:
                               f"{prefix}... already; give each MCP server of a desk its own "
                               "name")
         names: dict[str, str] = {}
+        left_out: list[str] = []
+        too_large: list[str] = []
+        budget = MAXIMUM_DEFINITION_CHARS
         for tool in listed:
             if wanted is not None and tool.name not in wanted:
+                continue
+            shown_name = _cut(tool.name, _MAXIMUM_NAME)
+            if len(names) >= MAXIMUM_TOOLS:
+                left_out.append(shown_name)
+                continue
+            schema_chars = len(json.dumps(tool.input_schema, ensure_ascii=False))
+            if schema_chars > MAXIMUM_SCHEMA_CHARS:
+                too_large.append(shown_name)
+                continue
+            description = _description(tool.description or tool.title
+                                       or f"The {tool.name} tool")
+            if schema_chars + len(description) > budget:
+                left_out.append(shown_name)
                 continue
             name = _tool_name(self.config.name, tool.name, _Taken(self._registry, names))
             try:
                 arguments = _arguments_model(name, tool.input_schema, self._secrets)
             except Exception as exc:  # the server's schema is not a JSON schema
-                _log.warning("mcp_tool_skipped", server=self.config.name, tool=tool.name,
+                _log.warning("mcp_tool_skipped", server=self.config.name, tool=shown_name,
                              reason=f"its input schema is not valid: {exc}"[:500])
                 continue
-            description = tool.description or tool.title or f"The {tool.name} tool"
+            budget -= schema_chars + len(description)
             try:
                 self._registry.add(Tool(
                     name=name,
@@ -474,6 +639,17 @@ class McpToolSource:
             except ValueError as exc:  # a tool of ours with that name
                 raise ConfigError(f"mcp_servers.{self.config.name}: {exc}") from None
             names[name] = tool.name
+        if too_large:  # one line, however many: a server must not flood the log either
+            _log.warning("mcp_tools_skipped", server=self.config.name, count=len(too_large),
+                         first=too_large[:10],
+                         reason=f"their input schemas are longer than the "
+                                f"{MAXIMUM_SCHEMA_CHARS:,} characters a tool may have")
+        if left_out:
+            _log.warning("mcp_tools_left_out", server=self.config.name, count=len(left_out),
+                         first=left_out[:10],
+                         reason=f"a server's tools are registered up to {MAXIMUM_TOOLS} tools "
+                                f"and {MAXIMUM_DEFINITION_CHARS:,} characters of definitions; "
+                                f"name the ones the desk needs in mcp_servers.tools")
         return names
 
     def _handler(self, name: str, remote: str) -> ToolHandler:
@@ -546,9 +722,11 @@ class McpToolSource:
         if not texts and not images and result.structured_content is not None:
             texts.append(json.dumps(result.structured_content, ensure_ascii=False))
         text = self._secrets.redact("\n".join(texts))
-        if result.is_error:
-            raise ToolError(text or f"{name} failed without saying why")
         limit = self.config.max_result_chars
+        if result.is_error:
+            if len(text) > limit:
+                text = f"{text[:limit]}\n[error text cut: {len(text) - limit:,} more characters]"
+            raise ToolError(text or f"{name} failed without saying why")
         if len(text) > limit:
             text = (f"{text[:limit]}\n[cut: {len(text) - limit:,} more characters; ask for "
                     "less]")
@@ -634,6 +812,19 @@ def _summary(block: Any) -> str:
         return f"[resource {resource.uri} ({kind}, {len(resource.blob) * 3 // 4:,} bytes) " \
                "not shown]"
     return f"[{getattr(block, 'type', type(block).__name__)} content not shown]"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _description(text: str) -> str:
+    """A server's description of a tool, cut at :data:`MAXIMUM_DESCRIPTION_CHARS` with a
+    note saying how much was left out."""
+    if len(text) <= MAXIMUM_DESCRIPTION_CHARS:
+        return text
+    return (f"{text[:MAXIMUM_DESCRIPTION_CHARS]} [description cut: "
+            f"{len(text) - MAXIMUM_DESCRIPTION_CHARS:,} more characters]")
 
 
 def _shortened(text: str) -> str:

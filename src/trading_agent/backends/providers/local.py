@@ -1,4 +1,5 @@
-"""``provider = "local"``: the embedded model, served by llama.cpp on loopback."""
+"""``provider = "local"``: the embedded model, served by llama.cpp on a Unix socket only the
+daemon reaches."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ async def _open(settings: LocalModelSettings, context: ProviderContext) -> Model
     server = await context.shared("local:" + server_config.model_dump_json(), start)
     return await open_openai_compatible(OpenAIBackendConfig(
         base_url=server.base_url, model=server.model, context_window=server.context_window,
-        max_output_tokens=settings.max_output_tokens), context)
+        max_output_tokens=settings.max_output_tokens), context, unix_socket=server.unix_socket)
 
 
 register(Provider("local", LocalModelSettings,

@@ -9,6 +9,7 @@ from trading_agent.backends.providers import Provider, ProviderContext, register
 
 if TYPE_CHECKING:
     from trading_agent.agent.backend import ModelBackend
+    from trading_agent.backends.owned_socket import OwnedUnixSocket
 
 __all__ = ["OpenAIModelSettings", "open_openai_compatible"]
 
@@ -38,20 +39,22 @@ class OpenAIModelSettings(OpenAIBackendConfig):
         return OpenAIBackendConfig(**self.model_dump(exclude={"provider"}))
 
 
-async def open_openai_compatible(config: OpenAIBackendConfig,
-                                 context: ProviderContext) -> ModelBackend:
+async def open_openai_compatible(config: OpenAIBackendConfig, context: ProviderContext, *,
+                                 unix_socket: OwnedUnixSocket | None = None) -> ModelBackend:
     """The backend for a config, one per distinct config, closed with the daemon (the
-    ``local`` provider opens its server's through this too)."""
+    ``local`` provider opens its server's through this too, with its Unix socket)."""
     # Imported here, when a backend is opened: reading the settings imports this module, and
     # must not load the ``openai`` package.
     from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
     async def make() -> OpenAICompatibleBackend:
-        backend = OpenAICompatibleBackend(config, environ=context.environ)
+        backend = OpenAICompatibleBackend(config, environ=context.environ,
+                                          unix_socket=unix_socket)
         context.stack.push_async_callback(backend.aclose)
         return backend
 
-    return await context.shared("openai:" + config.model_dump_json(), make)
+    where = "" if unix_socket is None else f" unix:{unix_socket.path}"
+    return await context.shared("openai:" + config.model_dump_json() + where, make)
 
 
 async def _open(settings: OpenAIModelSettings, context: ProviderContext) -> ModelBackend:
