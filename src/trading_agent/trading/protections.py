@@ -4,8 +4,8 @@ reduce-only for a while when it loses or flails (``[desks.<name>.protections]``)
 Each rule looks back over its ``lookback_minutes`` and, when its condition holds, trips:
 the desk goes into reduce-only (:mod:`.reduce_only`) until ``pause_minutes`` after the
 newest piece of evidence (the last stop, exit, reversal, error, or the equity sample that
-showed the drawdown). Evidence from before the end of a rule's previous pause is not counted
-again, so a rule that lifted does not trip at once on what it already answered.
+showed the drawdown). Evidence a rule already tripped on is not counted again (only what
+came after its last trip), so a rule that lifted does not trip at once on what it answered.
 
 - ``max_drawdown``: the equity (the account valued in the quote currency, sampled on each
   candle and each order check) fell ``max_drawdown_percent`` below its high;
@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Protocol
 
-from trading_agent.trading.books import DeskBookRecords, RoundTrip
+from trading_agent.trading.books import STOP_LOSS_TURN, DeskBookRecords, RoundTrip
 from trading_agent.trading.config import (
     CooldownAfterExitConfig,
     FlipFlopGuardConfig,
@@ -46,7 +46,7 @@ from trading_agent.trading.reduce_only import ReduceOnly, ReduceOnlyStates
 __all__ = ["REDUCE_ONLY_LIMIT", "STOP_LOSS_EXIT", "Evidence", "Protection", "ProtectionGuard",
            "Trip", "protections_from"]
 
-STOP_LOSS_EXIT = "stop_loss"
+STOP_LOSS_EXIT = STOP_LOSS_TURN
 """The exit reason of a round trip its stop loss closed (as the books record it)."""
 
 REDUCE_ONLY_LIMIT = "reduce_only"
@@ -96,8 +96,8 @@ class Protection(Protocol):
         ...
 
     def check(self, evidence: Evidence, now: datetime, since: datetime | None) -> Trip | None:
-        """Whether it trips at ``now``, counting only evidence after ``since`` (the end of its
-        previous pause)."""
+        """Whether it trips at ``now``, counting only evidence after ``since`` (its previous
+        trip)."""
         ...
 
 
@@ -332,9 +332,10 @@ class ProtectionGuard:
         return None
 
     def _cleared_by(self, state: ReduceOnly) -> None:
-        """What a rule's pause answered is not counted again once it lifts."""
-        if state.protection is not None and state.until is not None:
-            self._cleared[state.protection] = state.until
+        """What a rule tripped on is not counted again once its pause lifts (what came
+        after the trip is)."""
+        if state.protection is not None:
+            self._cleared[state.protection] = state.at
 
     async def _trades(self) -> list[RoundTrip]:
         reach = [_reach(rule) for rule in self.rules
