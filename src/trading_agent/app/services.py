@@ -204,6 +204,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
             async def build_taken(name: str, desk_stack: AsyncExitStack) -> DeskRuntime:
                 await kill_switch.refresh()  # a switch its last daemon set holds here too
+                await reduce_only.refresh()  # and so does its reduce-only
                 runtime = await build(name, settings.desks[name], settings, desk_stack)
                 await _reconcile(name, venues[name], runtime, bus)
                 return runtime
@@ -286,15 +287,18 @@ async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus
     async def pause(desk: str, reason: str, until: float) -> None:
         if desk not in supervisor.desk_names():  # a desk a reload just removed
             return
-        controls = settings.desks[desk].controls if desk in settings.desks else None
-        on_cap = controls.on_cap if controls is not None else "pause"
+        # The caps in force (a reload hands the guard new ones) say what a cap does.
+        controls = guard.caps(desk)
+        on_cap = getattr(controls, "on_cap", "pause")
+        fallback_model = getattr(controls, "fallback_model", None)
         if on_cap == "reduce_only":
             await supervisor.set_reduce_only(
                 True, desk=desk, by=SPEND_CAP, reason=reason,
                 until=datetime.fromtimestamp(until, UTC))
-        elif on_cap == "fallback" and controls is not None and controls.fallback_model:
-            await _fall_back(supervisor, settings.desks[desk], desk, controls.fallback_model,
-                             reason, backends, bus)
+        elif on_cap == "fallback" and isinstance(fallback_model, str) \
+                and desk in settings.desks:
+            await _fall_back(supervisor, settings.desks[desk], desk, fallback_model, reason,
+                             backends, bus)
         else:
             await supervisor.desk(desk).pause(SPEND_CAP, reason, until=until)
 

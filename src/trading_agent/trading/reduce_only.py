@@ -126,6 +126,16 @@ class ReduceOnlyStates:
             raise
         return cls(records, states)
 
+    async def refresh(self) -> None:
+        """Reads the kept states again: in a fleet another daemon may have set or lifted one
+        (a desk taken over from it must obey it). Memory only: no-op.
+
+        Raises:
+            StoreError: They cannot be read.
+        """
+        if self._records is not None:
+            self._states = dict(await self._records.load())
+
     def state_for(self, desk: str, now: datetime) -> ReduceOnly | None:
         """The desk's reduce-only if it holds at ``now``, else None."""
         state = self._states.get(desk)
