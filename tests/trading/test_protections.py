@@ -19,18 +19,19 @@ from typing import Any
 import pytest
 
 from trading_agent.errors import RiskLimitError
+from trading_agent.store.desk_books import SqliteDeskBooks
 from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.trading_state import TradingStateFile
-from trading_agent.trading.books import RoundTrip
+from trading_agent.trading.books import BookOrder, RoundTrip
 from trading_agent.trading.config import (
     ExchangeConfig,
     FlipFlopGuardConfig,
     ProtectionsConfig,
     RiskLimits,
 )
-from trading_agent.trading.exchange import OrderRequest
+from trading_agent.trading.exchange import Order, OrderRequest
 from trading_agent.trading.factory import TradingVenue, open_exchange
-from trading_agent.trading.protections import Evidence, FlipFlopGuard
+from trading_agent.trading.protections import Evidence, FlipFlopGuard, ProtectionGuard
 from trading_agent.trading.reduce_only import ReduceOnly, ReduceOnlyStates
 from trading_agent.trading.replay import ReplayFeed
 
@@ -235,3 +236,45 @@ def test_flip_flop_guard_counts_reversals_of_the_position_within_its_lookback() 
     assert rule.check(Evidence(trades, [], [], "USDT"), now, after) is not None
     after = datetime(2024, 1, 1, 1, 20, tzinfo=UTC)
     assert rule.check(Evidence(trades, [], [], "USDT"), now, after) is None
+
+
+async def test_flip_flop_guard_reads_the_reversals_in_the_desks_own_books(tmp_path: Path) -> None:
+    """A derivatives desk's fills, as an exchange reports its orders, kept in the real books:
+    long, then a sell that crosses zero (short), then a buy that crosses back, twice over."""
+    books = await SqliteDeskBooks.open(tmp_path / "f.sqlite3", "alpha")
+    clock = [datetime(2024, 1, 1, 12, 0, tzinfo=UTC)]
+    states = ReduceOnlyStates.in_memory()
+
+    async def no_equity() -> Decimal | None:
+        return None
+
+    guard = ProtectionGuard("alpha", [FlipFlopGuard(FlipFlopGuardConfig(
+        max_flips=2, lookback_minutes=60, pause_minutes=45))], states, books,
+        lambda: clock[0], no_equity, "USDT")
+    symbol = "BTC/USDT:USDT"
+    try:
+        for number, (side, amount) in enumerate([("buy", "1"), ("sell", "2"), ("buy", "2"),
+                                                 ("sell", "2")], start=1):
+            request = OrderRequest(symbol, side, "market", D(amount),  # type: ignore[arg-type]
+                                   client_order_id=f"c{number}", turn=f"t{number}")
+            await books.note_order(BookOrder(request.client_order_id, symbol, request.side,
+                                             "market", request.amount, None, request.turn,
+                                             clock[0]))
+            await books.observe(Order(f"o{number}", request.client_order_id, symbol,
+                                      request.side, "market", request.amount, None, "closed",
+                                      request.amount, D(100), D(0), None, clock[0]), clock[0])
+            if number == 3:
+                assert await guard.current() is None  # two reversals: not more than max_flips
+            clock[0] += timedelta(minutes=5)
+        state = await guard.current()
+        assert state is not None and state.protection == "flip_flop_guard"
+        assert state.reason == ("the desk reversed its position 3 times within the last 1 h "
+                                "(max_flips 2), the last at 12:15 UTC")
+        assert state.until == datetime(2024, 1, 1, 13, 0, tzinfo=UTC)
+        assert [t.exit_reason for t in await books.trades() if not t.is_open] == [
+            "reversed"] * 3
+        clock[0] = datetime(2024, 1, 1, 13, 0, tzinfo=UTC)
+        assert await guard.current() is None  # lifted at its end, and not tripped again
+        assert states.states() == []
+    finally:
+        await books.close()
