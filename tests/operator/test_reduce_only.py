@@ -41,6 +41,7 @@ async def _events_of(client: httpx.AsyncClient, kind: str, count: int = 1) -> li
     return [e for e in events if e.type == kind]
 
 
+@pytest.mark.slow  # two daemons and five CLI processes: about ten seconds
 async def test_reduce_only_from_the_command_line_refuses_new_exposure_and_survives_a_restart(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
