@@ -34,7 +34,13 @@ from trading_agent.agent.events import ErrorEvent
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
-from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert, order_filled
+from trading_agent.daemon.events import (
+    DeskPaused,
+    KillSwitchChanged,
+    ReduceOnlyChanged,
+    SpendAlert,
+    order_filled,
+)
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
 from trading_agent.store.desk_books import SqliteDeskBooks
@@ -473,3 +479,26 @@ class _PaperDesk:
 
 def _paper_desk(tmp_path: Path, server: ScriptedServer, bus: EventBus) -> _PaperDesk:
     return _PaperDesk(tmp_path, server, bus)
+
+
+async def test_a_desk_going_into_reduce_only_and_out_reaches_a_webhook_that_asks_for_it(
+        receivers: list[Receiver]) -> None:
+    receiver = _start(receivers)
+    bus = EventBus()
+    async with serving(open_webhooks([_hook(receiver.url, ["reduce_only"])], bus,
+                                     environ={SECRET_ENV: SECRET})):
+        bus.publish(_kill_switch())  # not asked for
+        bus.publish(ReduceOnlyChanged(
+            desk="alpha", on=True, by="protection stoploss_guard",
+            reason="3 round trips closed by their stop loss", until="2024-01-01T12:00:00+00:00",
+            protection="stoploss_guard",
+            text="REDUCE-ONLY ON (alpha): reduce-only by protection stoploss_guard at ..."))
+        bus.publish(ReduceOnlyChanged(desk="alpha", on=False, by="ann", reason="x",
+                                      text="reduce-only off (alpha) by ann; it was ..."))
+        on, off = await receiver.wait_for(2)
+    assert [r.kind for r in (on, off)] == ["reduce_only", "reduce_only"]
+    assert on.payload["summary"] == ("alpha: REDUCE-ONLY ON (alpha): reduce-only by protection "
+                                     "stoploss_guard at ...")
+    assert on.payload["event"]["protection"] == "stoploss_guard"
+    assert on.payload["event"]["until"] == "2024-01-01T12:00:00+00:00"
+    assert off.payload["event"]["on"] is False and off.payload["event"]["by"] == "ann"

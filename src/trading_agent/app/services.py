@@ -37,7 +37,7 @@ from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
 from trading_agent.daemon.control import DeskControl
-from trading_agent.daemon.events import KillSwitchChanged
+from trading_agent.daemon.events import KillSwitchChanged, ModelSwitched, ReduceOnlyChanged
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
@@ -53,6 +53,7 @@ from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
@@ -61,6 +62,7 @@ from trading_agent.telemetry.webhooks import open_webhooks
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
 from trading_agent.trading.kill_switch import ALL_DESKS, Halt, KillSwitch
 from trading_agent.trading.order_outcomes import OrderOutcomes
+from trading_agent.trading.reduce_only import ReduceOnly, ReduceOnlyStates
 from trading_agent.trading.replay import ReplayFeed
 
 __all__ = ["Daemon", "open_daemon"]
@@ -148,6 +150,9 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
         kill_switch.on_change = _announce(bus)
+        reduce_only = await ReduceOnlyStates.restore(await SqliteReduceOnly.open(database))
+        stack.push_async_callback(reduce_only.close)
+        reduce_only.on_change = _announce_reduce_only(bus)
         venues: dict[str, TradingVenue] = {}
         approvals = ApprovalBook.from_config(
             settings.operator,
@@ -166,7 +171,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 state=TradingStateFile(database, fence=fence, desk=name), account=name,
                 symbols=desk_settings.symbols, risk_limits=desk_settings.risk, environ=environ,
                 feed=feed, kill_switch=kill_switch,
-                account_peers=_account_peers(name, desk_settings, in_force)))
+                account_peers=_account_peers(name, desk_settings, in_force),
+                reduce_only=reduce_only, protections=desk_settings.protections))
             venues[name] = venue
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.transcripts.set_call_outcomes(name, OrderOutcomes(venue.exchange))
@@ -190,8 +196,10 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         supervisor = Supervisor(
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
-            service_backoff=backoff(settings), services=services, kill_switch=kill_switch)
-        spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store)
+            service_backoff=backoff(settings), services=services, kill_switch=kill_switch,
+            reduce_only=reduce_only)
+        spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store,
+                                                      backends)
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
@@ -202,6 +210,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
             async def build_taken(name: str, desk_stack: AsyncExitStack) -> DeskRuntime:
                 await kill_switch.refresh()  # a switch its last daemon set holds here too
+                await reduce_only.refresh()  # and so does its reduce-only
                 runtime = await build(name, settings.desks[name], settings, desk_stack)
                 await venues[name].count_fills_while_away()
                 await _reconcile(name, venues[name], runtime, bus)
@@ -281,11 +290,26 @@ async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,
-                       store: Store) -> SpendGuard:
-    """The daily spend caps, counting from what the store has counted today."""
+                       store: Store, backends: ModelBackends) -> SpendGuard:
+    """The daily spend caps, counting from what the store has counted today; a cap used up
+    does to each desk what its ``controls.on_cap`` says."""
 
     async def pause(desk: str, reason: str, until: float) -> None:
-        if desk in supervisor.desk_names():  # a desk a reload just removed: nothing to pause
+        if desk not in supervisor.desk_names():  # a desk a reload just removed
+            return
+        # The caps in force (a reload hands the guard new ones) say what a cap does.
+        controls = guard.caps(desk)
+        on_cap = getattr(controls, "on_cap", "pause")
+        fallback_model = getattr(controls, "fallback_model", None)
+        if on_cap == "reduce_only":
+            await supervisor.set_reduce_only(
+                True, desk=desk, by=SPEND_CAP, reason=reason,
+                until=datetime.fromtimestamp(until, UTC))
+        elif on_cap == "fallback" and isinstance(fallback_model, str) \
+                and desk in settings.desks:
+            await _fall_back(supervisor, settings.desks[desk], desk, fallback_model, reason,
+                             backends, bus)
+        else:
             await supervisor.desk(desk).pause(SPEND_CAP, reason, until=until)
 
     async def usage_today(desk: str) -> tuple[int, float | None]:
@@ -299,6 +323,25 @@ async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus
         today = datetime.now(UTC).date()
         await guard.load(usage_today, await store.spend.spend_resumes(today))
     return guard
+
+
+async def _fall_back(supervisor: Supervisor, desk_settings: DeskSettings, desk: str,
+                     model: str, reason: str, backends: ModelBackends, bus: EventBus) -> None:
+    """A desk's spend cap is used up and its ``on_cap`` is ``fallback``: from its next model
+    request it talks to ``fallback_model`` (same provider and server), until the daemon
+    restarts (or the config is reloaded) and the day's caps are read again."""
+    running = supervisor.desk(desk)
+    previous = running.loop.backend.model
+    if previous == model:
+        return
+    own: Any = desk_settings.model  # a provider's pydantic table (ModelTable to the checker)
+    fallback = desk_settings.model_copy(update={
+        "model": own.model_copy(update={"model": model})})
+    backend = await backends.get(fallback)
+    running.switch_model(backend)
+    _log.warning("model_switched", desk=desk, model=model, previous=previous, reason=reason)
+    bus.publish(ModelSwitched(desk=desk, model=model, previous=previous,
+                              reason=f"{reason}; on_cap = \"fallback\""))
 
 
 async def _reconcile(name: str, venue: TradingVenue, runtime: DeskRuntime,
@@ -374,6 +417,23 @@ def _announce(bus: EventBus) -> Callable[[Halt, bool, str], None]:
     return changed
 
 
+
+
+def _announce_reduce_only(bus: EventBus) -> Callable[[ReduceOnly, bool, str], None]:
+    """Every desk that goes into reduce-only or out of it, whoever did it, reaches the
+    operators."""
+
+    def changed(state: ReduceOnly, on: bool, by: str) -> None:
+        text = (f"REDUCE-ONLY ON ({state.desk}): {state.describe()}" if on
+                else f"reduce-only off ({state.desk}) by {by}; it was {state.describe()}")
+        _log.warning("reduce_only", desk=state.desk, on=on, by=by, reason=state.reason,
+                     protection=state.protection)
+        bus.publish(ReduceOnlyChanged(
+            desk=state.desk, on=on, by=by, reason=state.reason,
+            until=None if state.until is None else state.until.isoformat(),
+            protection=state.protection, text=text))
+
+    return changed
 
 
 def _replays(feeds: SharedFeeds) -> list[tuple[str, Service]]:

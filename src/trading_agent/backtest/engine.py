@@ -341,7 +341,8 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
         exchange_config = _paper_next_open(config.exchange)
         venue = await stack.enter_async_context(open_exchange(
             exchange_config, state=TradingStateFile(database), account=spec.desk,
-            symbols=config.symbols, risk_limits=config.risk, feed=feed))
+            symbols=config.symbols, risk_limits=config.risk, feed=feed,
+            protections=config.protections))  # on the simulated clock, in memory
         if backend_factory is None:
             backend = await ModelBackends(stack, spec.environ).get(config)
         else:

@@ -77,6 +77,9 @@ class DeskStatus(BaseModel):
             be read in time).
         unrealized: Profit of what its books hold now at the marks, as a decimal string;
             None when it keeps no books or a mark is missing.
+        reduce_only: While the desk may only shrink its positions: ``by``, ``reason``,
+            ``at``, ``until`` (None: until an operator lifts it), ``protection`` and
+            ``text``; None otherwise.
     """
 
     name: str
@@ -102,6 +105,7 @@ class DeskStatus(BaseModel):
     daemon: str = ""
     realized_today: str | None = None
     unrealized: str | None = None
+    reduce_only: dict[str, Any] | None = None
 
 
 class DeskReply(BaseModel):
@@ -241,6 +245,20 @@ class DeskControl(Protocol):
 
     def kill_switch_halts(self) -> list[dict[str, str]]:
         """The kill switches that are on."""
+        ...
+
+    async def set_reduce_only(self, on: bool, *, desk: str, by: str,
+                              reason: str = "") -> dict[str, Any]:
+        """Puts a desk in reduce-only (it may only shrink its positions) until an operator
+        lifts it, or lifts it (whoever set it: an operator, a protection, a spend cap).
+
+        Returns:
+            ``on``, ``desk``, ``state`` (as :meth:`ReduceOnly.to_dict`, None when off) and
+            ``was`` (the state lifted, when off).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
         ...
 
     async def reload(self, by: str) -> list[str]:

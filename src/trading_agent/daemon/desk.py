@@ -45,6 +45,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from trading_agent.agent.agent_loop import AgentLoop
+from trading_agent.agent.backend import ModelBackend
 from trading_agent.agent.conversation import (
     Conversation,
     ConversationObserver,
@@ -466,6 +467,12 @@ class Desk:
         self._log.info("desk_resumed", by=by, waiting=waiting, dropped=self._dropped)
         self.event_bus.publish(DeskResumed(desk=self.name, by=by, waiting=waiting))
         return waiting
+
+    def switch_model(self, backend: ModelBackend) -> None:
+        """Talks to ``backend`` from the next model request on (a spend cap's fallback);
+        the desk's status shows its model. Subagents keep the model they were built with."""
+        self.loop.backend = backend
+        self.profile = dataclasses.replace(self.profile, model=backend.model)
 
     @property
     def hold(self) -> Hold | None:

@@ -18,7 +18,9 @@ __all__ = [
     "DeskPaused",
     "DeskResumed",
     "KillSwitchChanged",
+    "ModelSwitched",
     "OrderFilled",
+    "ReduceOnlyChanged",
     "SpendAlert",
     "TurnCancelled",
     "TurnRetried",
@@ -42,6 +44,45 @@ class KillSwitchChanged(Event):
     by: str
     reason: str
     text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceOnlyChanged(Event):
+    """A desk went into reduce-only (it may only shrink its positions), or out of it.
+
+    Attributes:
+        on: Whether it is now in reduce-only.
+        by: Who set it (an operator, ``protection NAME``, ``spend cap``), or who lifted it
+            (an operator, or ``daemon`` when its time was up).
+        reason: Why it was set, with the protection's numbers.
+        until: When it lifts by itself (ISO 8601, the desk's clock), or None.
+        protection: The protection that set it, when one did.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "reduce_only"
+    on: bool
+    by: str
+    reason: str
+    until: str | None = None
+    protection: str | None = None
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSwitched(Event):
+    """A desk now talks to another model (its spend cap reached, ``on_cap = "fallback"``).
+
+    Attributes:
+        model: The model it talks to now.
+        previous: The one before.
+        reason: Why.
+    """
+
+    type: ClassVar[str] = "model_switched"
+    model: str
+    previous: str
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -108,6 +108,10 @@ class SpendGuard:
         self._caps = dict(desks)
         self._daemon = daemon
 
+    def caps(self, desk: str) -> SpendCaps | None:
+        """The desk's own caps as configured now (its settings' ``controls``), or None."""
+        return self._caps.get(desk)
+
     @property
     def active(self) -> bool:
         """Whether any cap is set (without one, nothing needs counting)."""

@@ -32,6 +32,7 @@ from trading_agent.daemon.mailbox import Delivery
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.errors import ConfigError
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
+from trading_agent.trading.reduce_only import ReduceOnly, ReduceOnlyStates
 
 if TYPE_CHECKING:
     from trading_agent.store.daily_usage import DailyUsage
@@ -126,6 +127,7 @@ class Supervisor:
         clock: Seconds since the epoch.
         kill_switch: The daemon's kill switch, which every desk's risk policy obeys.
         spend: The daily spend caps, for the desks' status.
+        reduce_only: The desks' reduce-only states, which every desk's risk policy obeys.
     """
 
     def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
@@ -134,7 +136,8 @@ class Supervisor:
                  services: Sequence[tuple[str, Service]] = (),
                  clock: Callable[[], float] = time.time,
                  kill_switch: KillSwitch | None = None,
-                 spend: SpendGuard | None = None) -> None:
+                 spend: SpendGuard | None = None,
+                 reduce_only: ReduceOnlyStates | None = None) -> None:
         self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
         self.event_bus = event_bus
         self._history = history
@@ -146,6 +149,7 @@ class Supervisor:
         self._clock = clock
         self.kill_switch = kill_switch or KillSwitch.in_memory()
         self.spend = spend
+        self.reduce_only = reduce_only or ReduceOnlyStates.in_memory()
         self.reloader: Reloader | None = None
         """Reads the config again (``reload``, SIGHUP); None when there is no file."""
         self._group: anyio.abc.TaskGroup | None = None
@@ -195,6 +199,8 @@ class Supervisor:
         update["kill_switch"] = halt.describe() if halt is not None else ""
         if self.spend is not None:
             update["spend"] = self.spend.figures(desk)
+        held = self.reduce_only.state_for(desk, self.desk_clock(desk))
+        update["reduce_only"] = held.to_dict() if held is not None else None
         if runtime.account is not None:
             with anyio.move_on_after(_STATUS_PROBE_SECONDS):
                 try:
@@ -359,6 +365,37 @@ class Supervisor:
     def kill_switch_halts(self) -> list[dict[str, str]]:
         """The kill switches that are on, the daemon-wide one first."""
         return [halt.to_dict() for halt in self.kill_switch.halts()]
+
+    def desk_clock(self, desk: str) -> datetime:
+        """The desk's clock: its exchange's (replayed time on a paper replay), else the
+        wall clock.
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        risk = self._runtime(desk).risk
+        return risk.exchange.now() if risk is not None else datetime.now(UTC)
+
+    async def set_reduce_only(self, on: bool, *, desk: str, by: str, reason: str = "",
+                              until: datetime | None = None) -> dict[str, Any]:
+        """Puts a desk in reduce-only (until an operator lifts it, or until ``until``), or
+        lifts it, whoever set it.
+
+        Returns:
+            ``on``, ``desk``, ``state`` (the state that holds, None when off) and ``was``
+            (the state lifted, when off).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        now = self.desk_clock(desk)
+        if not on:
+            was = await self.reduce_only.switch_off(desk, by)
+            return {"on": False, "desk": desk, "state": None,
+                    "was": was.to_dict() if was is not None else None}
+        state = await self.reduce_only.switch_on(ReduceOnly(
+            desk, by, reason.strip() or "no reason given", now, until))
+        return {"on": True, "desk": desk, "state": state.to_dict()}
 
     async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds a desk until it is resumed (a running turn ends at its next safe point).

@@ -34,10 +34,11 @@ import structlog
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.context_compressor import compressor_for
+from trading_agent.agent.conversation import ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecutor
-from trading_agent.agent.tool_registry import ToolRegistry
+from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.backends.providers import ProviderContext, provider
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import order_filled
@@ -58,6 +59,7 @@ from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.protections import ProtectionGuard
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
 
@@ -137,9 +139,11 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     compressor = compressor_for(config.context, backend.context_window,
                                 key=f"desks.{name}.context")
     mailbox = Mailbox()
+    hooks = load_hooks(name, config.hooks)
+    if venue.risk is not None and venue.risk.protections is not None:
+        hooks.append(_ToolErrors(venue.risk.protections))  # tool_error_guard's count
     loop = AgentLoop(name, backend, executor, bus, config.maximum_rounds, compressor=compressor,
-                     steering_inbox=mailbox, image_preparer=preparer,
-                     hooks=load_hooks(name, config.hooks))
+                     steering_inbox=mailbox, image_preparer=preparer, hooks=hooks)
     profile = DeskProfile(name, mode=venue.mode, model=backend.model,
                           symbols=tuple(config.symbols))
     timing: dict[str, Any] = {} if clock is None else {
@@ -290,8 +294,31 @@ async def _keep_books(desk: str, venue: TradingVenue) -> None:
                       orders=[fill.order_id for fill in fills])
         if venue.risk is not None:
             await venue.risk.observe()
+            if venue.risk.protections is not None:  # a trip shows before the next order
+                await venue.risk.protections.observe()
     except TradingAgentError as exc:  # no price yet, the exchange unreachable: next candle
         _log.warning("desk_books_not_updated", desk=desk, error=f"{type(exc).__name__}: {exc}")
+
+
+class _ToolErrors:
+    """A hook that tells the desk's protections of each tool call that failed or was
+    refused (``tool_error_guard``)."""
+
+    def __init__(self, guard: ProtectionGuard) -> None:
+        self._guard = guard
+
+    def after_tool_result(self, call: ToolUseBlock, result: ToolResultBlock,
+                          context: ToolContext) -> None:
+        self._guard.note_tool_result(
+            result.is_error, _refused_limit(result.text) if result.is_error else None)
+
+
+def _refused_limit(text: str) -> str | None:
+    """The limit a refusal's text names (``Refused (reduce_only, ...``), if any."""
+    head = text.removeprefix("Error: ")
+    if head.startswith("Refused (") and ")" in head:
+        return head[len("Refused ("):].split(")", 1)[0].split(",", 1)[0].strip()
+    return None
 
 
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,

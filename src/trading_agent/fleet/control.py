@@ -241,6 +241,14 @@ class FleetControl:
         result = await self.ask(desk, {"op": "resume", "by": by})
         return None if result is None else int(result)
 
+    async def set_reduce_only(self, on: bool, *, desk: str, by: str,
+                              reason: str = "") -> dict[str, Any]:
+        """The desk's reduce-only, on the daemon that runs it."""
+        if self.holds(desk):
+            return await self.local.set_reduce_only(on, desk=desk, by=by, reason=reason)
+        return dict(await self.ask(desk, {"op": "reduce_only", "on": on, "by": by,
+                                          "reason": reason}))
+
     def cancel_turn(self, desk: str, by: str, *, now: bool = False) -> bool:
         """Ends the desk's running turn; for a desk held elsewhere the request is sent and
         True returned (whether a turn ran is known to that daemon)."""
@@ -449,6 +457,10 @@ class DeskService:
             result = await local.pause(desk, str(request["by"]), str(request["reason"]))
         elif op == "resume":
             result = await local.resume(desk, str(request["by"]))
+        elif op == "reduce_only":
+            result = await local.set_reduce_only(bool(request["on"]), desk=desk,
+                                                 by=str(request["by"]),
+                                                 reason=str(request.get("reason", "")))
         elif op == "cancel":
             result = local.cancel_turn(desk, str(request["by"]), now=bool(request["now"]))
         elif op == "retry":

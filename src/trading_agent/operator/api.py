@@ -313,6 +313,14 @@ class _ControlBody(BaseModel):
     now: bool = False
 
 
+class _ReduceOnlyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    on: bool
+    operator: str = Field(default="operator", min_length=1, max_length=64,
+                          pattern=r"^[\w .@+-]+$")
+    reason: str = Field(default="", max_length=2000)
+
+
 class _KillSwitchBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     on: bool
@@ -675,6 +683,18 @@ async def _kill_switch(request: Request) -> Response:
 
 
 @_endpoint
+async def _reduce_only(request: Request) -> Response:
+    service = _service(request)
+    desk = _desk(request)
+    body = await _json_body(request, _ReduceOnlyBody, 16_384)
+    _utf8_text("reason", body.reason)
+    result = await service.control.set_reduce_only(
+        body.on, desk=desk, by=body.operator, reason=redact_secrets(body.reason.strip()))
+    status = await service.control.desk_status(desk)
+    return json_response({**result, "status": status.model_dump()})
+
+
+@_endpoint
 async def _reload(request: Request) -> Response:
     service = _service(request)
     body = await _json_body(request, _ControlBody, 16_384)
@@ -1014,6 +1034,7 @@ def create_app(service: OperatorService, *, token: str | None = None,
         Route("/api/desks/{desk}/compact", _compact, methods=["POST"]),
         Route("/api/desks/{desk}/pause", _pause, methods=["POST"]),
         Route("/api/desks/{desk}/resume", _resume, methods=["POST"]),
+        Route("/api/desks/{desk}/reduce_only", _reduce_only, methods=["POST"]),
         Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
         Route("/api/desks/{desk}/retry", _retry, methods=["POST"]),
         Route("/api/kill-switch", _kill_switches, methods=["GET"]),

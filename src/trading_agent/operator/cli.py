@@ -46,6 +46,7 @@ from trading_agent.operator.render import (
     EventPrinter,
     Style,
     describe_kill_switch,
+    describe_reduce_only,
     format_cache_share,
     format_money,
     format_table,
@@ -244,6 +245,9 @@ async def _desks(client: OperatorClient, args: argparse.Namespace) -> int:
         if d.get("kill_switch"):
             print(f"{d['name']}: KILL SWITCH ON, new orders refused: "
                   f"{printable(str(d['kill_switch']))}")
+        if d.get("reduce_only"):
+            print(f"{d['name']}: REDUCE-ONLY, new exposure refused: "
+                  f"{printable(str(d['reduce_only']['text']))}")
         if d.get("state") == "paused" and d.get("paused_reason"):
             print(f"{d['name']} is paused: {printable(str(d['paused_reason']))}")
         if d.get("spend"):
@@ -325,6 +329,9 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
                        refuse every new order of this desk (--all: of every desk);
                        --flatten closes positions at market, after you confirm
   /kill off [--all]    switch it off
+  /reduce_only on REASON | off
+                       let the desk only shrink its positions (or lift that, whoever
+                       set it: you, a protection, a spend cap)
   /reload              read the daemon's config file again (a bad one changes nothing)
   /help                this help
   /quit                leave (the desk keeps running)
@@ -363,6 +370,8 @@ class _Chat:
             parts.append(f"paused: {s['paused_reason']}")
         if s.get("kill_switch"):
             parts.append(self.style.bad(f"KILL SWITCH ON: {s['kill_switch']}"))
+        if s.get("reduce_only"):
+            parts.append(self.style.warn(f"REDUCE-ONLY: {s['reduce_only']['text']}"))
         if s.get("spend"):
             parts.append(f"spend caps: {format_spend(s['spend'])}")
         return " · ".join(parts)
@@ -436,6 +445,8 @@ class _Chat:
                          "left what the desk is sent; its turn runs again.")
             elif command == "/kill":
                 await self.kill(rest)
+            elif command == "/reduce_only":
+                await self.reduce_only(rest)
             elif command == "/reload":
                 result = await self.client.reload(self.operator)
                 changes = result.get("changes") or ["nothing changed"]
@@ -516,6 +527,17 @@ class _Chat:
             self.confirming = request
             return
         await self.switch(request)
+
+    async def reduce_only(self, rest: str) -> None:
+        """``/reduce_only on REASON`` or ``/reduce_only off``."""
+        state, _, reason = rest.partition(" ")
+        if state not in ("on", "off"):
+            self.say(self.style.bad("Usage: /reduce_only on REASON, or /reduce_only off"))
+            return
+        result = await self.client.reduce_only(self.desk, state == "on", self.operator,
+                                               reason.strip())
+        text = describe_reduce_only(result)
+        self.say(self.style.warn(text) if state == "on" else self.style.good(text))
 
     async def switch(self, request: dict[str, Any]) -> None:
         on = bool(request.pop("on"))

@@ -277,6 +277,15 @@ class OperatorClient:
             "POST", f"/api/desks/{_part(desk)}/resume", json={"operator": operator})
         return result
 
+    async def reduce_only(self, desk: str, on: bool, operator: str,
+                          reason: str = "") -> dict[str, Any]:
+        """Puts a desk in reduce-only, or lifts it. Returns ``on``, ``state`` (or ``was``)
+        and the status."""
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/reduce_only",
+            json={"on": on, "operator": operator, "reason": reason})
+        return result
+
     async def cancel(self, desk: str, operator: str, *, now: bool = False) -> bool:
         """Ends the desk's running turn (at its next safe point, or at once); False when
         none was running."""

@@ -1,5 +1,5 @@
-"""The operator's controls over money and thinking, as commands: ``kill-switch``, ``pause``,
-``resume``, ``cancel``, ``retry``, ``send`` and ``reload``.
+"""The operator's controls over money and thinking, as commands: ``kill-switch``,
+``reduce-only``, ``pause``, ``resume``, ``cancel``, ``retry``, ``send`` and ``reload``.
 
 Each talks to the running daemon through its operator API, found as for ``desks`` and
 ``chat`` (``--socket``, ``--url``, ``--config``...). Exit codes: 0 done; 1 the daemon cannot
@@ -18,7 +18,11 @@ from typing import Any
 
 from trading_agent.operator.cli import add_connection_options, run_with_client
 from trading_agent.operator.client import OperatorClient, OperatorRequestError
-from trading_agent.operator.render import describe_kill_switch, printable
+from trading_agent.operator.render import (
+    describe_kill_switch,
+    describe_reduce_only,
+    printable,
+)
 
 __all__ = ["EXIT_REFUSED", "EXIT_TURN_FAILED", "add_control_subcommands"]
 
@@ -33,8 +37,8 @@ _Body = Callable[[OperatorClient, argparse.Namespace], Awaitable[int]]
 
 
 def add_control_subcommands(subparsers: Any) -> None:
-    """Adds ``kill-switch``, ``pause``, ``resume``, ``cancel``, ``retry``, ``send`` and
-    ``reload``.
+    """Adds ``kill-switch``, ``reduce-only``, ``pause``, ``resume``, ``cancel``, ``retry``,
+    ``send`` and ``reload``.
 
     Args:
         subparsers: What ``ArgumentParser.add_subparsers()`` returned.
@@ -54,6 +58,19 @@ def add_control_subcommands(subparsers: Any) -> None:
     kill.add_argument("--flatten", action="store_true",
                       help="with on: also close every position at market")
     _talks_to_the_daemon(kill, _kill_switch)
+
+    reduce = subparsers.add_parser(
+        "reduce-only", help="let a desk only shrink its positions (or lift that)",
+        description="on: from this instant every order of DESK that would open, grow or "
+                    "reverse a position is refused by its risk policy, naming who set it and "
+                    "why; an order that makes a position smaller passes. It stays on across "
+                    "restarts until switched off. off: lifts it, whoever set it (an "
+                    "operator, a protection, a spend cap).")
+    reduce.add_argument("state", choices=["on", "off"])
+    reduce.add_argument("desk", metavar="DESK")
+    reduce.add_argument("--reason", default="", metavar="TEXT",
+                        help="why (every refused order quotes it)")
+    _talks_to_the_daemon(reduce, _reduce_only)
 
     pause = subparsers.add_parser(
         "pause", help="stop a desk from thinking until it is resumed",
@@ -145,6 +162,16 @@ async def _kill_switch(client: OperatorClient, args: argparse.Namespace) -> int:
         return _refused(exc)
     print(describe_kill_switch(result))
     return 1 if result.get("failed") else 0
+
+
+async def _reduce_only(client: OperatorClient, args: argparse.Namespace) -> int:
+    on = args.state == "on"
+    try:
+        result = await client.reduce_only(args.desk, on, _operator(args), args.reason)
+    except OperatorRequestError as exc:
+        return _refused(exc)
+    print(printable(describe_reduce_only(result)))
+    return 0
 
 
 async def _pause(client: OperatorClient, args: argparse.Namespace) -> int:

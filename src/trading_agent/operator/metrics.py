@@ -36,6 +36,7 @@ trading_agent_unrealized_profit                         gauge      desk, symbol
 trading_agent_realized_profit                           gauge      desk, symbol
 trading_agent_kill_switch                               gauge      desk (``*``: every desk's)
 trading_agent_desk_paused                               gauge      desk
+trading_agent_desk_reduce_only                          gauge      desk
 trading_agent_desk_state                                gauge      desk, state
 trading_agent_start_time_seconds                        gauge
 trading_agent_uptime_seconds                            gauge
@@ -126,7 +127,7 @@ _WANTED = (TurnStarted, TurnEnded, ModelRequest, RetryScheduled, UsageReported,
 """The events the metrics read; the subscription holds no others (text deltas above all)."""
 
 _REFUSAL = re.compile(r"^(?:Error: )?Refused\b")
-_NAMED_REFUSAL = re.compile(r"^(?:Error: )?Refused \((\w+)\)")
+_NAMED_REFUSAL = re.compile(r"^(?:Error: )?Refused \((\w+)[,)]")
 
 _LIMIT_NAMES = ("allowed_symbols", "max_daily_loss", "max_order_notional",
                 "max_position_notional", "max_open_orders", "max_orders_per_hour")
@@ -240,6 +241,10 @@ class DaemonMetrics:
         self._paused = gauge("trading_agent_desk_paused",
                              "1 while the desk takes no turns (held, or its model unavailable).",
                              "desk")
+        self._reduce_only = gauge(
+            "trading_agent_desk_reduce_only",
+            "1 while the desk may only shrink its positions (an operator, a protection or a "
+            "spend cap put it in reduce-only).", "desk")
         self._state = gauge("trading_agent_desk_state", "1 for the desk's current state.",
                             "desk", "state")
         self._start_time = gauge("trading_agent_start_time_seconds",
@@ -379,7 +384,8 @@ class DaemonMetrics:
         halted = {halt.get("scope", "") for halt in self._control.kill_switch_halts()}
         # Set with no await in between: a concurrent scrape never sees half of them.
         for gauge in (self._pending, self._queue, self._equity, self._open_orders,
-                      self._kill_switch, self._paused, self._state, self._position_amount,
+                      self._kill_switch, self._paused, self._reduce_only, self._state,
+                      self._position_amount,
                       self._unrealized, self._realized):
             gauge.clear()
         for desk, answer in books.items():
@@ -404,6 +410,7 @@ class DaemonMetrics:
             on = desk in halted or _EVERY_DESK in halted
             self._kill_switch.labels(desk=desk).set(1 if on else 0)
             self._paused.labels(desk=desk).set(1 if status.state == "paused" else 0)
+            self._reduce_only.labels(desk=desk).set(1 if status.reduce_only else 0)
             for state in _DESK_STATES:
                 self._state.labels(desk=desk, state=state).set(1 if status.state == state else 0)
             # Seen from the first scrape, as 0, rather than appearing with the first event.

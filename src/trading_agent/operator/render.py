@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 __all__ = ["EventPrinter", "Style", "describe_event", "describe_kill_switch",
+           "describe_reduce_only",
            "format_cache_share", "format_money",
            "format_table", "printable"]
 
@@ -251,6 +252,12 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
     if kind == "kill_switch":
         line = f"⛔ {_short(data.get('text'), 300)}"
         return style.bad(line) if data.get("on") else style.good(line)
+    if kind == "reduce_only":
+        line = f"⇲ {_short(data.get('text'), 400)}"
+        return style.warn(line) if data.get("on") else style.good(line)
+    if kind == "model_switched":
+        return style.warn(f"⇄ now on model {data.get('model')} (was {data.get('previous')}): "
+                          f"{_short(data.get('reason'), 200)}")
     if kind == "desk_paused":
         until = data.get("until")
         when = (f" until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(until))}"
@@ -426,3 +433,16 @@ def describe_kill_switch(result: dict[str, Any]) -> str:
     lines += [f"  {line}" for line in result.get("flattened", [])]
     lines += [f"  FAILED: {line}" for line in result.get("failed", [])]
     return printable("\n".join(lines))
+
+
+def describe_reduce_only(result: dict[str, Any]) -> str:
+    """The daemon's answer to a reduce-only request, as a line for a person."""
+    desk = result.get("desk")
+    if result.get("on"):
+        state = result.get("state") or {}
+        return printable(f"{desk} is in reduce-only: {state.get('text', '')}. Orders that "
+                         "would open, grow or reverse a position are refused; orders that "
+                         f"shrink one pass. Lift it with 'trading-agent reduce-only off {desk}'.")
+    was = result.get("was")
+    return printable(f"{desk} is no longer in reduce-only (it was {was['text']})." if was
+                     else f"{desk} was not in reduce-only.")

@@ -20,7 +20,7 @@ from trading_agent.tools.config import (
     McpServerConfig,
     SubagentConfig,
 )
-from trading_agent.trading.config import ExchangeConfig, RiskLimits
+from trading_agent.trading.config import ExchangeConfig, ProtectionsConfig, RiskLimits
 
 __all__ = ["DESK_TOOL_NAMES", "ControlSettings", "DeskSettings", "ImageSettings"]
 
@@ -39,10 +39,25 @@ class ControlSettings(SpendCaps):
             An operator's message always waits.
         halt_after_failed_turns: The kill switch goes on by itself for the desk after this
             many failed turns in a row; 0 never.
+        on_cap: What a spend cap used up (the desk's or the daemon's) does to the desk:
+            ``pause`` it until 00:00 UTC, switch it to ``fallback`` (its
+            ``fallback_model``) for the rest of the day, or put it in ``reduce_only`` until
+            00:00 UTC (it keeps thinking, and may only shrink its positions).
+        fallback_model: The model name the desk switches to with ``on_cap = "fallback"``
+            (same provider and server as its own model).
     """
 
     when_paused: Literal["wait", "drop"] = "wait"
     halt_after_failed_turns: int = Field(default=5, ge=0, le=1000)
+    on_cap: Literal["pause", "fallback", "reduce_only"] = "pause"
+    fallback_model: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _fallback_named(self) -> ControlSettings:
+        if self.on_cap == "fallback" and self.fallback_model is None:
+            raise ValueError('on_cap = "fallback" needs fallback_model (the model name to '
+                             "switch to); or set on_cap to \"pause\" or \"reduce_only\"")
+        return self
 
 
 class ImageSettings(Table):
@@ -81,6 +96,8 @@ class DeskSettings(Table):
             switch goes on by itself.
         mcp_servers: MCP servers whose tools it gets besides its own
             (``[[desks.<name>.mcp_servers]]``), each under its server's name as a prefix.
+        protections: The rules that put it in reduce-only for a while when it loses or
+            flails (:mod:`trading_agent.trading.protections`).
     """
 
     system_prompt: str = Field(min_length=1)
@@ -98,6 +115,7 @@ class DeskSettings(Table):
     triggers: TriggerSettings = Field(default_factory=TriggerSettings)
     controls: ControlSettings = Field(default_factory=ControlSettings)
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+    protections: ProtectionsConfig = Field(default_factory=ProtectionsConfig)
 
     # Hooks: each ``package.module:factory`` or an entry point of group trading_agent.hooks,
     # made in order when the desk is built, before the approval gate (desks/hooks.py).

@@ -27,7 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 __all__ = ["WEBHOOK_EVENTS", "TelemetrySettings", "WebhookEvent", "WebhookSettings"]
 
 WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused", "error",
-                       "spend_alert"]
+                       "spend_alert", "reduce_only"]
 """What a webhook can ask for:
 
 - ``fill``: an order filled (``place_order`` answered that it filled, or an ``order_filled``
@@ -36,11 +36,13 @@ WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused
 - ``kill_switch``: a kill switch went on or off;
 - ``desk_paused``: a desk stopped taking turns (an operator, or a spend cap);
 - ``error``: a desk's turn or a service failed, or the model was unreachable;
-- ``spend_alert``: a daily spend cap is 80% used, or used up.
+- ``spend_alert``: a daily spend cap is 80% used, or used up;
+- ``reduce_only``: a desk went into reduce-only (an operator, a protection, a spend cap) or
+  out of it.
 """
 
 WEBHOOK_EVENTS: tuple[str, ...] = ("fill", "approval_requested", "kill_switch", "desk_paused",
-                                   "error", "spend_alert")
+                                   "error", "spend_alert", "reduce_only")
 """Every :data:`WebhookEvent`, in a fixed order."""
 
 

@@ -54,7 +54,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import ErrorEvent, Event, EventsDropped
-from trading_agent.daemon.events import DeskPaused, KillSwitchChanged, SpendAlert
+from trading_agent.daemon.events import (
+    DeskPaused,
+    KillSwitchChanged,
+    ReduceOnlyChanged,
+    SpendAlert,
+)
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
 from trading_agent.telemetry.config import WebhookEvent, WebhookSettings
@@ -145,6 +150,8 @@ def webhook_kind(event: Event) -> WebhookEvent | None:
         return "error"
     if isinstance(event, SpendAlert):
         return "spend_alert"
+    if isinstance(event, ReduceOnlyChanged):
+        return "reduce_only"
     return None
 
 

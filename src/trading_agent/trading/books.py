@@ -49,6 +49,7 @@ from trading_agent.trading.exchange import Order, OrderSide
 
 __all__ = [
     "FLATTEN_TURN",
+    "STOP_LOSS_TURN",
     "ZERO",
     "BookFill",
     "BookOrder",
@@ -66,6 +67,13 @@ ZERO = Decimal(0)
 
 FLATTEN_TURN = "flatten"
 """The turn noted for orders a kill switch's flatten placed (no model decided them)."""
+
+STOP_LOSS_TURN = "stop_loss"
+"""The turn noted for orders a position's stop loss placed: the round trip they close has
+this exit reason (what ``stoploss_guard`` counts)."""
+
+_EXIT_TURNS = frozenset({FLATTEN_TURN, STOP_LOSS_TURN})
+"""Turns that are themselves the exit reason of the round trip their order closes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +212,8 @@ class RoundTrip:
         profit: Realized profit, every quote fee of its fills subtracted.
         fees: Quote-currency fees of its fills.
         exit_reason: Why it closed: ``decision`` (a turn's order), ``flatten`` (the kill
-            switch), ``reversed`` (an order crossed zero); None while open.
+            switch), ``stop_loss`` (its stop loss), ``reversed`` (an order crossed zero);
+            None while open.
         opened_turn: The turn whose order opened it.
         closed_turn: The turn whose order closed it.
     """
@@ -369,7 +378,7 @@ def apply_fill(position: BookPosition, trade: RoundTrip | None, fill: BookFill
     if left != 0:  # partly closed
         return FillEffect(replace(base, amount=left, realized=base.realized + realized),
                           realized, updated=touched)
-    reason = FLATTEN_TURN if fill.turn == FLATTEN_TURN else (
+    reason = fill.turn if fill.turn in _EXIT_TURNS else (
         "reversed" if abs(change) > abs(held) else "decision")
     closed = replace(touched, closed_at=fill.at, exit_reason=reason,
                      closed_turn=fill.turn) if touched else None

@@ -38,6 +38,7 @@ __all__ = [
     "CcxtExchangeConfig",
     "ExchangeConfig",
     "PaperExchangeConfig",
+    "ProtectionsConfig",
     "ReplayConfig",
     "RiskLimits",
 ]
@@ -231,3 +232,92 @@ class ExchangeConfig(BaseModel):
             needs = "live mode" if self.mode == "live" else 'feed = "ccxt"'
             raise ValueError(f"{needs} needs an [exchange.ccxt] section")
         return self
+
+
+class _Protection(BaseModel):
+    """What every protection has: how far back it looks and how long it holds the desk in
+    reduce-only once it trips (minutes, on the desk's clock)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    lookback_minutes: float = Field(default=1440, gt=0, le=525_600)
+    pause_minutes: float = Field(default=60, gt=0, le=525_600)
+
+
+class MaxDrawdownConfig(_Protection):
+    """``max_drawdown``: the desk's equity fell this far below its highest value within the
+    lookback.
+
+    Attributes:
+        max_drawdown_percent: The fall, in percent of that high, that trips it.
+    """
+
+    max_drawdown_percent: Decimal = Field(gt=0, lt=100)
+
+
+class StoplossGuardConfig(_Protection):
+    """``stoploss_guard``: this many round trips closed by their stop loss within the
+    lookback.
+
+    Attributes:
+        max_stops: How many stops trip it.
+    """
+
+    max_stops: int = Field(ge=1, le=10_000)
+
+
+class CooldownAfterExitConfig(BaseModel):
+    """``cooldown_after_exit``: after a round trip closes, no new exposure for a while (its
+    lookback is its pause: only the last exit counts).
+
+    Attributes:
+        pause_minutes: How long after each exit.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    pause_minutes: float = Field(gt=0, le=525_600)
+
+
+class FlipFlopGuardConfig(_Protection):
+    """``flip_flop_guard``: the desk reversed its position (a round trip opened on the
+    other side of the one before, in the same market) more than this many times within the
+    lookback.
+
+    Attributes:
+        max_flips: Reversals allowed; one more trips it.
+    """
+
+    max_flips: int = Field(ge=0, le=10_000)
+
+
+class ToolErrorGuardConfig(_Protection):
+    """``tool_error_guard``: the desk's tool calls failed or were refused more than this many
+    times within the lookback (refusals by reduce-only itself are not counted).
+
+    Attributes:
+        max_errors: Failed calls allowed; one more trips it.
+    """
+
+    max_errors: int = Field(ge=0, le=100_000)
+
+
+class ProtectionsConfig(BaseModel):
+    """A desk's protections (``[desks.<name>.protections]``): each, when set, puts the desk
+    in reduce-only for its ``pause_minutes`` once it trips.
+
+    Attributes:
+        max_drawdown: Equity drawdown within the lookback.
+        stoploss_guard: Stops hit within the lookback.
+        cooldown_after_exit: A pause after every closed round trip.
+        flip_flop_guard: Position reversals within the lookback.
+        tool_error_guard: Failed or refused tool calls within the lookback.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_drawdown: MaxDrawdownConfig | None = None
+    stoploss_guard: StoplossGuardConfig | None = None
+    cooldown_after_exit: CooldownAfterExitConfig | None = None
+    flip_flop_guard: FlipFlopGuardConfig | None = None
+    tool_error_guard: ToolErrorGuardConfig | None = None

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -38,7 +39,7 @@ import anyio
 
 from trading_agent.trading.booked_exchange import BookedExchange
 from trading_agent.trading.books import BookFill, DeskBookRecords
-from trading_agent.trading.config import ExchangeConfig, RiskLimits
+from trading_agent.trading.config import ExchangeConfig, ProtectionsConfig, RiskLimits
 from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Exchange, Fill
 from trading_agent.trading.feed import PriceFeed
@@ -46,6 +47,8 @@ from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.ledger import PaperBooks
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
+from trading_agent.trading.protections import ProtectionGuard, protections_from
+from trading_agent.trading.reduce_only import ReduceOnlyStates
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import AccountCap, RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
@@ -167,6 +170,8 @@ async def open_exchange(
     feed: PriceFeed | None = None,
     kill_switch: KillSwitch | None = None,
     account_peers: Sequence[str] = (),
+    reduce_only: ReduceOnlyStates | None = None,
+    protections: ProtectionsConfig | None = None,
 ) -> AsyncIterator[TradingVenue]:
     """Opens a desk's exchange and feed (and risk policy), and closes them on exit.
 
@@ -187,6 +192,9 @@ async def open_exchange(
         account_peers: The other desks trading the same account (the same
             :meth:`~trading_agent.trading.config.ExchangeConfig.account_key`), whose books
             the account-wide cap adds to this desk's.
+        reduce_only: The daemon's reduce-only states, which the risk policy obeys; None for
+            the desk's own, in memory.
+        protections: The desk's protections (``[desks.<name>.protections]``).
 
     Raises:
         ConfigError: A file, an exchange id or a credential is wrong.
@@ -245,10 +253,22 @@ async def open_exchange(
                     stack.push_async_callback(peer_records.close)
                     peers.append(DeskBooks(peer_records, booked))
                 cap = AccountCap(config.max_account_notional, peers)
+            quote = risk_limits.quote_currency
+
+            async def equity() -> Decimal | None:
+                # The desk's own equity, as its daily loss reads it (TradingVenue.equity).
+                valuation = await (books.equity(quote) if config.mode == "live"
+                                   else value_account(booked, quote))
+                return None if valuation.unpriced else valuation.total
+
+            guard = ProtectionGuard(account, protections_from(protections),
+                                    reduce_only or ReduceOnlyStates.in_memory(), records,
+                                    booked.now, equity, quote)
             risk = RiskPolicy(risk_limits, booked, journal=risk_journal,
                               order_seconds=order_seconds(config), kill_switch=kill_switch,
                               account_cap=cap,
-                              equity=books.equity if config.mode == "live" else None)
+                              equity=books.equity if config.mode == "live" else None,
+                              protections=guard)
         yield TradingVenue(config.mode, booked, feed, risk, books, matcher, reconciler)
 
 

@@ -61,6 +61,7 @@ from trading_agent.trading.config import RiskLimits
 from trading_agent.trading.exchange import Exchange, Order, OrderRequest, client_order_id_for
 from trading_agent.trading.formatting import format_amount
 from trading_agent.trading.kill_switch import KillSwitch
+from trading_agent.trading.protections import REDUCE_ONLY_LIMIT, ProtectionGuard
 from trading_agent.trading.risk_journal import DayState, RiskJournal
 from trading_agent.trading.valuation import Valuation, convert, value_account
 
@@ -157,13 +158,17 @@ class RiskPolicy:
             desk's books:
             :meth:`~trading_agent.trading.desk_books.DeskBooks.equity`); None for the
             account's value (a paper account, the desk's alone).
+        protections: The desk's protections and reduce-only state: while it is in
+            reduce-only, an order that would open, grow or reverse a position is refused;
+            None for no reduce-only.
     """
 
     def __init__(self, limits: RiskLimits, exchange: Exchange, *,
                  journal: RiskJournal | None = None, check_seconds: float = 60.0,
                  order_seconds: float = 60.0, kill_switch: KillSwitch | None = None,
                  account_cap: AccountCap | None = None,
-                 equity: Callable[[str], Awaitable[Valuation]] | None = None) -> None:
+                 equity: Callable[[str], Awaitable[Valuation]] | None = None,
+                 protections: ProtectionGuard | None = None) -> None:
         self.limits = limits
         self.exchange = exchange
         self.journal = journal or RiskJournal.in_memory()
@@ -172,6 +177,7 @@ class RiskPolicy:
         self.kill_switch = kill_switch or KillSwitch.in_memory()
         self.account_cap = account_cap
         self._equity = equity
+        self.protections = protections
         self._lock = anyio.Lock()
 
     @property
@@ -311,6 +317,7 @@ class RiskPolicy:
         projected = held + direction * (same_side + request.amount)
         if request.side == "sell" and ":" not in request.symbol and projected < 0:
             await self._refuse_selling_more_than_held(request, held, same_side)
+        await self._refuse_new_exposure(request, held, projected)
         position_notional = await self._in_quote(abs(projected) * price, market_quote)
         if abs(projected) > abs(held) and position_notional > limits.max_position_notional:
             base = request.symbol.partition("/")[0]
@@ -368,6 +375,30 @@ class RiskPolicy:
                 f"{format_amount(own, quote)} with this order, the others "
                 f"{format_amount(others, quote)}), exceeding max_account_notional "
                 f"{format_amount(cap.limit, quote)}.")
+
+    async def _refuse_new_exposure(self, request: OrderRequest, held: Decimal,
+                                   projected: Decimal) -> None:
+        """Reduce-only (an operator's, a protection's, a spend cap's): only an order that
+        leaves the position smaller on the same side passes (open orders counted)."""
+        if self.protections is None:
+            return
+        state = await self.protections.current()
+        if state is None:
+            return
+        shrinks = held != 0 and abs(projected) < abs(held) and (projected == 0 or (
+            projected > 0) == (held > 0))
+        if shrinks:
+            return
+        base = request.symbol.partition("/")[0]
+        why = f"protection {state.protection}" if state.protection else f"set by {state.by}"
+        can = (f"a {'sell' if held > 0 else 'buy'} of at most {abs(held)} {base} still passes"
+               if held != 0 else "it holds no position to reduce")
+        raise RiskLimitError(
+            REDUCE_ONLY_LIMIT,
+            f"Refused (reduce_only, {why}): {state.reason}. This desk may only reduce its "
+            f"positions {state.lifts()}: this {request.side} of {request.amount} {base} "
+            f"would take the {request.symbol} position from {held} to {projected} "
+            f"(open orders counted); {can}.")
 
     async def _refuse_selling_more_than_held(self, request: OrderRequest, held: Decimal,
                                              selling: Decimal) -> None:

@@ -161,6 +161,7 @@
       if (desk.name === state.selected) item.classList.add("selected");
       const top = el("div", "desk-card-top");
       top.append(el("span", "desk-card-name", desk.name), el("span", `badge badge-${desk.state}`, desk.state));
+      if (desk.reduce_only) top.append(el("span", "badge badge-reduce-only", "reduce-only"));
       const figures = el("div", "desk-card-figures");
       figures.append(el("span", "equity", money(desk.equity)), el("span", "muted", `${desk.mode} · ${ago(desk.last_turn_at)}`));
       item.append(top, figures);
@@ -205,6 +206,9 @@
     mode.hidden = false;
     mode.className = `badge badge-mode mode-${desk.mode}`;
     mode.textContent = desk.mode;
+    const reduce = $("desk-reduce-only");
+    reduce.hidden = !desk.reduce_only;
+    reduce.title = desk.reduce_only ? desk.reduce_only.text : "";
     $("desk-model").textContent = [desk.model, (desk.symbols || []).join(", ")].filter(Boolean).join(" · ");
     const figures = [
       ["Equity", money(desk.equity)],
@@ -242,6 +246,12 @@
       const banner = el("div", "banner banner-kill");
       banner.append(el("strong", null, `⛔ Kill switch on${everyDesk ? " (every desk)" : ""}: `),
         el("span", null, `${desk.kill_switch}. Every new order is refused before any exchange sees it.`));
+      box.append(banner);
+    }
+    if (desk.reduce_only) {
+      const banner = el("div", "banner banner-reduce-only");
+      banner.append(el("strong", null, "⇲ Reduce-only: "),
+        el("span", null, `${desk.reduce_only.text}. Orders that would open, grow or reverse a position are refused; orders that shrink one pass.`));
       box.append(banner);
     }
     if (desk.paused_reason) {
@@ -687,13 +697,20 @@
   }
 
   // The operator's controls and what the daemon says about money, as lines of the log.
-  const CONTROL_EVENTS = new Set(["kill_switch", "desk_paused", "desk_resumed", "turn_cancelled", "turn_retried",
+  const CONTROL_EVENTS = new Set(["kill_switch", "reduce_only", "model_switched", "desk_paused", "desk_resumed", "turn_cancelled", "turn_retried",
     "spend_alert", "config_reloaded", "reconciliation", "order_filled"]);
 
   function onControlEvent(data, turnId) {
     switch (data.type) {
       case "kill_switch":
         addNote(`⛔ ${data.text}`, data.on ? "kill" : "good", data.at);
+        break;
+      case "reduce_only":
+        addNote(`⇲ ${data.text}`, data.on ? "warn" : "good", data.at);
+        scheduleRefresh();
+        break;
+      case "model_switched":
+        addNote(`⇄ now on model ${data.model} (was ${data.previous}): ${data.reason}`, "warn", data.at);
         break;
       case "desk_paused": {
         const until = typeof data.until === "number" ? ` until ${utc(data.until)}` : " until resumed";
@@ -850,6 +867,10 @@
     pause.className = isHeld(desk) ? "button good" : "button";
     $("cancel-turn").disabled = desk.state !== "working";
     $("retry-turn").disabled = desk.state === "working";
+    const reduce = $("reduce-only");
+    reduce.dataset.action = desk.reduce_only ? "reduce-only-off" : "reduce-only-on";
+    reduce.textContent = desk.reduce_only ? "Lift reduce-only" : "Reduce-only";
+    reduce.className = desk.reduce_only ? "button good" : "button";
     renderKillSwitch($("desk-controls"), desk.name);
   }
 
@@ -967,6 +988,26 @@
     }
   }
 
+  async function toggleReduceOnly() {
+    const desk = state.desks.get(state.selected);
+    if (!desk) return;
+    const on = $("reduce-only").dataset.action === "reduce-only-on";
+    const body = { on, operator: state.operator, reason: $("control-reason").value.trim() };
+    $("reduce-only").disabled = true;
+    try {
+      const result = await api(`/api/desks/${encodeURIComponent(desk.name)}/reduce_only`, { method: "POST", body });
+      if (!on && !result.was) addNote(`${desk.name} was not in reduce-only.`, "note");
+      if (on) $("control-reason").value = "";
+      state.desks.set(desk.name, result.status);
+      renderDeskList();
+      renderDeskHead();
+    } catch (error) {
+      addNote(`Reduce-only not changed for ${desk.name}: ${error.message}`, "error");
+    } finally {
+      $("reduce-only").disabled = false;
+    }
+  }
+
   async function cancelTurn() {
     const name = state.selected;
     if (!name) return;
@@ -1017,6 +1058,7 @@
   function setupControls() {
     $("reload").addEventListener("click", reloadConfig);
     $("pause").addEventListener("click", pauseOrResume);
+    $("reduce-only").addEventListener("click", toggleReduceOnly);
     $("cancel-turn").addEventListener("click", cancelTurn);
     $("retry-turn").addEventListener("click", retryTurn);
     const desk = $("desk-controls");
