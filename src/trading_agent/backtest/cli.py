@@ -82,6 +82,9 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--messages", type=Path, metavar="FILE",
                         help="operator messages to send during the run, one per line: "
                              "ISO-TIME TEXT")
+    parser.add_argument("--require-unseen", action="store_true",
+                        help="refuse a span that starts before the end of the model's "
+                             "knowledge_cutoff (the model may have seen it)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_backtest)
 
@@ -130,6 +133,9 @@ def _backtest(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(summary_table(figures))
+    for label, figure in figures:
+        for notice in figure.notices:
+            print(f"\nRead this first ({label}): {notice}.")
     trades = ("trades.csv and fills.csv" if len(records) == 1
               else "a trades-<run>.csv and a fills-<run>.csv per run")
     print(f"\nReport: {out / 'report.html'} (with report.json, {trades})")
@@ -151,6 +157,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         desk_settings,
         load_history,
         load_scripted_messages,
+        span_notice,
     )
     from trading_agent.logging_setup import configure_logging
     from trading_agent.settings import load_settings
@@ -182,6 +189,12 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   "--data SYMBOL=FILE")
             spec = replace(spec, data={**data, config.symbols[0]: unnamed[0]})
         load_history(spec, config)  # the data and the span, checked now
+        notice = span_notice(spec, config)
+        if notice is not None:
+            if args.require_unseen:
+                raise ConfigError(f"--require-unseen: desk {run.desk} of {run.config}: "
+                                  f"{notice}")
+            print(f"backtest: warning: desk {run.desk}: {notice}", file=sys.stderr)
         specs.append(spec)
     configure_logging("warning", "auto", secret_env_names=secrets, stream=sys.stderr)
     return runs, out, specs

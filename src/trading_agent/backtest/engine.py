@@ -67,6 +67,7 @@ from trading_agent.backtest.candles import (
     default_data_dir,
     load_history_csv,
 )
+from trading_agent.backtest.cutoff import seen_notice
 from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
@@ -80,6 +81,7 @@ from trading_agent.blocking import blocking_inline
 from trading_agent.desks.building import DeskParts, ModelBackends, build_desk
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
+from trading_agent.settings.model import knowledge_cutoff
 from trading_agent.store.store import Store
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.booked_exchange import STARTING_TURN
@@ -91,7 +93,7 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["BacktestSpec", "Progress", "ScriptedMessage", "default_cache_dir",
-           "load_scripted_messages", "run_backtest", "scratch_folder"]
+           "load_scripted_messages", "run_backtest", "scratch_folder", "span_notice"]
 
 _log = structlog.get_logger(__name__)
 
@@ -164,6 +166,7 @@ class BacktestSpec:
         messages: Operator messages to send during the run.
         environ: Where secrets are read from (the model's API key).
         source: The config file, named in messages.
+        masked: Whether the model reads the run through the mask (:mod:`.mask`).
     """
 
     settings: Settings
@@ -177,6 +180,7 @@ class BacktestSpec:
     messages: Sequence[ScriptedMessage] = ()
     environ: Mapping[str, str] | None = None
     source: str = "the config"
+    masked: bool = False
 
 
 BackendFactory = Callable[[DeskSettings, AsyncExitStack], Awaitable[ModelBackend]]
@@ -204,6 +208,14 @@ def desk_settings(spec: BacktestSpec) -> DeskSettings:
             f"{spec.source}: desks.{spec.desk}.exchange.mode is \"live\": a backtest never "
             "reaches a live exchange; copy the config with mode = \"paper\" to backtest it")
     return config
+
+
+def span_notice(spec: BacktestSpec, config: DeskSettings) -> str | None:
+    """The notice for a span the desk's model may have seen in training
+    (:mod:`.cutoff`), or None when it starts after the model's ``knowledge_cutoff`` or the
+    model has none."""
+    return seen_notice(spec.start, knowledge_cutoff(config.model),
+                       getattr(config.model, "knowledge_cutoff", None), masked=spec.masked)
 
 
 def load_history(spec: BacktestSpec, config: DeskSettings) -> tuple[dict[str, list[Candle]],
@@ -376,7 +388,10 @@ class _Run:
         self.record = BacktestRecord(
             desk=spec.desk, model=cache.model, start=feed.now(), end=feed.now(),
             timeframe=feed.timeframe, quote_currency=self.quote, candles={},
-            starting_equity=Decimal(0))
+            starting_equity=Decimal(0), masked=spec.masked)
+        notice = span_notice(spec, config)
+        if notice is not None:
+            self.record.notices.append(notice)
         self.spool = TranscriptSpool()
         """Where decisions' transcripts wait for the report, out of memory."""
         self._turns: dict[str, _TurnNotes] = {}

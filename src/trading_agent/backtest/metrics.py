@@ -34,6 +34,8 @@ Definitions (the README quotes them):
   ``model_calls``, ``cache_hits``, ``input_tokens``, ``output_tokens``, ``cost``: from the
   run's model usage (tokens and cost count cached answers too: what the run would cost
   without the cache; ``cost`` None when no prices are configured).
+- ``masked``: whether the model read the run through the mask; ``notices``: what a reader
+  must know first (a span before the model's knowledge cutoff), one sentence each.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class Figures:
     realized_profit: float
     fees: float
     exposure: float
+    notices: tuple[str, ...] = ()
+    masked: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The content of ``report.json``: plain JSON values, keys in a stable order.
@@ -127,6 +131,8 @@ class Figures:
             "realized_profit": self.realized_profit,
             "fees": self.fees,
             "exposure": self.exposure,
+            "masked": self.masked,
+            "notices": list(self.notices),
         }
 
 
@@ -203,6 +209,8 @@ def compute_figures(record: BacktestRecord) -> Figures:
         fees=float(sum((trade.fees for trade in record.trades), Decimal(0))),
         exposure=math.fsum(float(point.exposure) for point in record.equity)
         / len(record.equity),
+        notices=tuple(record.notices),
+        masked=record.masked,
     )
 
 

@@ -231,6 +231,9 @@ class BacktestRecord:
         fills: Every fill of the desk's books, oldest first.
         decisions: Every turn, oldest first.
         usage: Model calls, cache hits, tokens, cost.
+        notices: What a reader must know before trusting the figures (the span is before
+            the model's knowledge cutoff...), one sentence each.
+        masked: Whether the model read the run through the mask (:mod:`.mask`).
     """
 
     desk: str
@@ -246,3 +249,5 @@ class BacktestRecord:
     fills: list[FillRecord] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     usage: ModelUsage = field(default_factory=ModelUsage)
+    notices: list[str] = field(default_factory=list)
+    masked: bool = False

@@ -193,6 +193,7 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
     links = _Links(record, "decision-")
     body = [
         _header(f"Backtest of {record.desk}", _span_line(record)),
+        _notices_section(record.notices),
         _figures_section([(record.desk, figures)]),
         _chart_section(png),
         _trades_section(record.trades, links, "Trades"),
@@ -260,6 +261,7 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
         prefix = f"decision-{slug}-"
         body.append(f'<section class="run" id="run-{slug}">\n<h2>{_e(label)}</h2>\n'
                     f'<p class="meta">{_e(_span_line(record))}</p>')
+        body.append(_notices_section(record.notices))
         links = _Links(record, prefix)
         body.append(_trades_section(record.trades, links, f"Trades of {label}"))
         body.append(_fills_section(record.fills, links, f"Fills of {label}"))
@@ -355,6 +357,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
        margin: 0 auto; max-width: 1240px; padding: 24px; color: #1d2230; background: #f6f7fa; }
 h1 { font-size: 22px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 28px 0 10px; }
+.notices { background: #fff4e5; border-left: 4px solid #e8a33d; padding: 2px 16px; }
 .meta { color: #5b6275; margin: 0 0 16px; }
 table { border-collapse: collapse; background: #fff; }
 th, td { padding: 5px 10px; border-bottom: 1px solid #e3e6ee; text-align: left;
@@ -404,8 +407,9 @@ def _preview(text: str, limit: int) -> str:
 
 
 def _span_line(record: BacktestRecord) -> str:
+    masked = " · masked" if record.masked else ""
     return (f"model {record.model} · {_when(record.start)} to {_when(record.end)} UTC · "
-            f"{record.timeframe} · {', '.join(record.candles)}")
+            f"{record.timeframe} · {', '.join(record.candles)}{masked}")
 
 
 def _page(title: str, body: Sequence[str]) -> str:
@@ -417,6 +421,13 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def _header(title: str, subtitle: str) -> str:
     return f"<header>\n<h1>{_e(title)}</h1>\n<p class=\"meta\">{_e(subtitle)}</p>\n</header>"
+
+
+def _notices_section(notices: Sequence[str]) -> str:
+    if not notices:
+        return ""
+    items = "".join(f"<li>{_e(notice)}</li>" for notice in notices)
+    return f'<section class="notices">\n<h2>Read this first</h2>\n<ul>{items}</ul>\n</section>'
 
 
 def _figures_section(runs: Sequence[tuple[str, Figures]]) -> str:
