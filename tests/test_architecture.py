@@ -27,6 +27,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("cli", "backtest.cli"): "backtest: the engine and its report (pillow)",
     ("cli", "backtest.fetch"): "data fetch: its ccxt client",
     ("backtest.cli", "backtest.engine"): "the engine builds a whole desk; --help needs none",
+    ("backtest.cli", "backtest.mask"): "the mask wraps a running engine's venue",
     ("backtest.cli", "backtest.progress"): "only a running backtest draws progress",
     ("backtest.cli", "backtest.record"): "only a running backtest records",
     ("backtest.cli", "backtest.report"): "the report draws with pillow",

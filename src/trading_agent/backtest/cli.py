@@ -4,7 +4,7 @@
 
     trading-agent backtest CONFIG --desk NAME --from ISO --to ISO --out DIR
         [--cache record|strict|off] [--cache-dir DIR] [--data SYMBOL=FILE]
-        [--messages FILE] [--force]
+        [--messages FILE] [--force] [--mask [--mask-seed N]] [--require-unseen]
     trading-agent backtest --compare A.toml B.toml ... --from ISO --to ISO --out DIR
     trading-agent backtest CONFIG --desk A --desk B ... --from ISO --to ISO --out DIR
 
@@ -82,6 +82,12 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--messages", type=Path, metavar="FILE",
                         help="operator messages to send during the run, one per line: "
                              "ISO-TIME TEXT")
+    parser.add_argument("--mask", action="store_true",
+                        help="the model reads a disguised market: times shifted by whole "
+                             "weeks, prices scaled by one factor, the symbol renamed "
+                             "ASSET/USD; fills, fees and the report stay real")
+    parser.add_argument("--mask-seed", type=int, default=0, metavar="N",
+                        help="picks the mask's time offset and price factor (0 by default)")
     parser.add_argument("--require-unseen", action="store_true",
                         help="refuse a span that starts before the end of the model's "
                              "knowledge_cutoff (the model may have seen it)")
@@ -159,6 +165,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         load_scripted_messages,
         span_notice,
     )
+    from trading_agent.backtest.mask import choose_mask
     from trading_agent.logging_setup import configure_logging
     from trading_agent.settings import load_settings
 
@@ -189,6 +196,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   "--data SYMBOL=FILE")
             spec = replace(spec, data={**data, config.symbols[0]: unnamed[0]})
         load_history(spec, config)  # the data and the span, checked now
+        if args.mask:
+            spec = replace(spec, mask=choose_mask(config.symbols, start, args.mask_seed))
         notice = span_notice(spec, config)
         if notice is not None:
             if args.require_unseen:

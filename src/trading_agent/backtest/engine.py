@@ -68,6 +68,7 @@ from trading_agent.backtest.candles import (
     load_history_csv,
 )
 from trading_agent.backtest.cutoff import seen_notice
+from trading_agent.backtest.mask import Mask, MaskedModel
 from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
@@ -166,7 +167,8 @@ class BacktestSpec:
         messages: Operator messages to send during the run.
         environ: Where secrets are read from (the model's API key).
         source: The config file, named in messages.
-        masked: Whether the model reads the run through the mask (:mod:`.mask`).
+        mask: The view the desk reads its market through (:mod:`.mask`); None for the
+            real market.
     """
 
     settings: Settings
@@ -180,7 +182,7 @@ class BacktestSpec:
     messages: Sequence[ScriptedMessage] = ()
     environ: Mapping[str, str] | None = None
     source: str = "the config"
-    masked: bool = False
+    mask: Mask | None = None
 
 
 BackendFactory = Callable[[DeskSettings, AsyncExitStack], Awaitable[ModelBackend]]
@@ -215,7 +217,8 @@ def span_notice(spec: BacktestSpec, config: DeskSettings) -> str | None:
     (:mod:`.cutoff`), or None when it starts after the model's ``knowledge_cutoff`` or the
     model has none."""
     return seen_notice(spec.start, knowledge_cutoff(config.model),
-                       getattr(config.model, "knowledge_cutoff", None), masked=spec.masked)
+                       getattr(config.model, "knowledge_cutoff", None),
+                       masked=spec.mask is not None)
 
 
 def load_history(spec: BacktestSpec, config: DeskSettings) -> tuple[dict[str, list[Candle]],
@@ -362,9 +365,18 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
                               sampling=_sampling(backend))
         await cache.open()
         stack.push_async_callback(cache.aclose)
-        parts = await build_desk(spec.desk, config, venue, cache, stack=stack, database=database,
-                                 store=store, bus=bus, approvals=None, settings=spec.settings,
-                                 clock=feed.now, sleep=_no_wait)
+        mask = spec.mask
+        if mask is None:
+            parts = await build_desk(spec.desk, config, venue, cache, stack=stack,
+                                     database=database, store=store, bus=bus, approvals=None,
+                                     settings=spec.settings, clock=feed.now, sleep=_no_wait)
+        else:
+            # The same desk, built on the masked view of the same venue: what it reads is
+            # masked, what it sends is made real before the risk policy sees it.
+            parts = await build_desk(spec.desk, mask.desk_settings(config), mask.venue(venue),
+                                     MaskedModel(cache, mask), stack=stack, database=database,
+                                     store=store, bus=bus, approvals=None, settings=spec.settings,
+                                     clock=lambda: mask.time(feed.now()), sleep=_no_wait)
         numbers = itertools.count(1)
         parts.desk.loop.new_turn_id = lambda: f"t{next(numbers):06d}"
         run = _Run(spec, config, feed, venue, parts, cache, bus.subscribe(
@@ -388,7 +400,7 @@ class _Run:
         self.record = BacktestRecord(
             desk=spec.desk, model=cache.model, start=feed.now(), end=feed.now(),
             timeframe=feed.timeframe, quote_currency=self.quote, candles={},
-            starting_equity=Decimal(0), masked=spec.masked)
+            starting_equity=Decimal(0), masked=spec.mask is not None)
         notice = span_notice(spec, config)
         if notice is not None:
             self.record.notices.append(notice)
@@ -419,7 +431,8 @@ class _Run:
             candles = feed.advance()
             for candle in candles:
                 span[candle.symbol].append(candle)
-            await watcher.take_step(candles)
+            await watcher.take_step(candles if self.spec.mask is None
+                                    else [self.spec.mask.candle(c) for c in candles])
             if schedules is not None:
                 schedules.fire_due()
             await self._send_due_messages()
@@ -447,7 +460,8 @@ class _Run:
         now = self.feed.now()
         while self._messages and self._messages[0].at <= now:
             message = self._messages.pop(0)
-            await self.parts.desk.send_message(message.text, source="operator (scripted)")
+            text = message.text if self.spec.mask is None else self.spec.mask.text(message.text)
+            await self.parts.desk.send_message(text, source="operator (scripted)")
 
     async def _equity(self) -> tuple[Decimal, Decimal]:
         valuation = await value_account(self.venue.exchange, self.quote)
