@@ -27,6 +27,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("cli", "backtest.cli"): "backtest: the engine and its report (pillow)",
     ("cli", "backtest.fetch"): "data fetch: its ccxt client",
     ("backtest.cli", "backtest.engine"): "the engine builds a whole desk; --help needs none",
+    ("backtest.cli", "backtest.audit"): "only an audit compares runs",
+    ("backtest.cli", "backtest.metrics"): "only an audit computes figures itself",
     ("backtest.cli", "backtest.mask"): "the mask wraps a running engine's venue",
     ("backtest.cli", "backtest.progress"): "only a running backtest draws progress",
     ("backtest.cli", "backtest.record"): "only a running backtest records",

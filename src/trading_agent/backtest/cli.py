@@ -88,6 +88,9 @@ def add_backtest_subcommand(subparsers: Any) -> None:
                              "ASSET/USD; fills, fees and the report stay real")
     parser.add_argument("--mask-seed", type=int, default=0, metavar="N",
                         help="picks the mask's time offset and price factor (0 by default)")
+    parser.add_argument("--audit", action="store_true",
+                        help="run the span plain and masked and report the difference: "
+                             "return, trades, how many decisions agree, and what it suggests")
     parser.add_argument("--require-unseen", action="store_true",
                         help="refuse a span that starts before the end of the model's "
                              "knowledge_cutoff (the model may have seen it)")
@@ -128,8 +131,18 @@ def _backtest(args: argparse.Namespace) -> int:
             return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
         bar.finish()
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    audited = None
     try:
-        if len(records) == 1:
+        if args.audit:
+            from trading_agent.backtest.audit import audit
+            from trading_agent.backtest.metrics import compute_figures
+
+            plain, masked = records
+            audited = audit(plain, masked, compute_figures(plain), compute_figures(masked))
+            figures = list(zip(["plain", "masked"],
+                               write_comparison(records, ["plain", "masked"], staging,
+                                                audit=audited), strict=True))
+        elif len(records) == 1:
             figures = [(runs[0].label, write_report(records[0], staging))]
         else:
             labels = [run.label for run in runs]
@@ -139,6 +152,12 @@ def _backtest(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(summary_table(figures))
+    if audited is not None:
+        agreement = "n/a" if audited.agreement is None else f"{audited.agreement:.0%}"
+        print(f"\nAudit: return plain {audited.plain_return:+.2%}, masked "
+              f"{audited.masked_return:+.2%}; trades {audited.plain_trades} vs "
+              f"{audited.masked_trades}; decisions agreeing {agreement} of "
+              f"{audited.decisions}.\n{audited.verdict}")
     for label, figure in figures:
         for notice in figure.notices:
             print(f"\nRead this first ({label}): {notice}.")
@@ -205,6 +224,14 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   f"{notice}")
             print(f"backtest: warning: desk {run.desk}: {notice}", file=sys.stderr)
         specs.append(spec)
+    if args.audit:
+        if len(specs) != 1 or args.mask:
+            raise ConfigError("--audit runs one desk plain and masked: name one desk and one "
+                              "config, without --mask or --compare")
+        spec = specs[0]
+        desk = desk_settings(spec).symbols
+        runs = [replace(runs[0], label="plain"), replace(runs[0], label="masked")]
+        specs = [spec, replace(spec, mask=choose_mask(desk, start, args.mask_seed))]
     configure_logging("warning", "auto", secret_env_names=secrets, stream=sys.stderr)
     return runs, out, specs
 

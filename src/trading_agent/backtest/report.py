@@ -43,6 +43,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from trading_agent.backtest.audit import Audit
 from trading_agent.backtest.metrics import (
     Figures,
     buy_and_hold_curve,
@@ -213,7 +214,7 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
 
 
 def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
-                     out_dir: Path) -> list[Figures]:
+                     out_dir: Path, *, audit: Audit | None = None) -> list[Figures]:
     """Writes one report comparing several runs over the same span, side by side.
 
     Args:
@@ -227,6 +228,8 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
             buy-and-hold of the first run) and ``report.html`` (the figures in one column
             per run, then each run's trades, fills and decisions, anchored
             ``#decision-<slug>-N``).
+        audit: The memorisation audit of a plain and a masked run (:mod:`.audit`): in
+            ``report.json`` as ``audit``, and above the figures.
 
     Returns:
         The figures of each run, in order.
@@ -255,8 +258,8 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
     title = "Backtest comparison: " + " vs ".join(labels)
     span = (f"{_when(first.start)} to {_when(first.end)} UTC · {first.timeframe} · "
             + ", ".join(first.candles))
-    body = [_header(title, span), _figures_section(list(zip(labels, figures, strict=True))),
-            _chart_section(png)]
+    body = [_header(title, span), _audit_section(audit),
+            _figures_section(list(zip(labels, figures, strict=True))), _chart_section(png)]
     for label, slug, record in zip(labels, slugs, records, strict=True):
         prefix = f"decision-{slug}-"
         body.append(f'<section class="run" id="run-{slug}">\n<h2>{_e(label)}</h2>\n'
@@ -267,9 +270,12 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
         body.append(_fills_section(record.fills, links, f"Fills of {label}"))
         body.append(_decisions_section(record.decisions, prefix, f"Decisions of {label}"))
         body.append("</section>")
-    report = {"from": iso_time(first.start), "to": iso_time(first.end),
-              "runs": [{"label": label, **f.to_json()}
-                       for label, f in zip(labels, figures, strict=True)]}
+    report: dict[str, object] = {
+        "from": iso_time(first.start), "to": iso_time(first.end),
+        "runs": [{"label": label, **f.to_json()}
+                 for label, f in zip(labels, figures, strict=True)]}
+    if audit is not None:
+        report["audit"] = audit.to_json()
     files: dict[str, str | bytes] = {"report.json": _json_text(report)}
     for slug, record in zip(slugs, records, strict=True):
         files[f"trades-{slug}.csv"] = _trades_csv(record.trades)
@@ -421,6 +427,20 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def _header(title: str, subtitle: str) -> str:
     return f"<header>\n<h1>{_e(title)}</h1>\n<p class=\"meta\">{_e(subtitle)}</p>\n</header>"
+
+
+def _audit_section(audit: Audit | None) -> str:
+    if audit is None:
+        return ""
+    agreement = "n/a" if audit.agreement is None else f"{audit.agreement:.0%}"
+    rows = [("Return, plain", _percent(audit.plain_return)),
+            ("Return, masked", _percent(audit.masked_return)),
+            ("Difference (plain − masked)", f"{audit.return_difference * 100:+.2f} points"),
+            ("Trades, plain / masked", f"{audit.plain_trades} / {audit.masked_trades}"),
+            ("Decisions agreeing", f"{agreement} of {audit.decisions}")]
+    cells = "".join(f"<tr><th>{_e(name)}</th><td>{_e(value)}</td></tr>" for name, value in rows)
+    return (f'<section class="audit">\n<h2>Memorisation audit</h2>\n'
+            f'<p>{_e(audit.verdict)}</p>\n<table class="figures">{cells}</table>\n</section>')
 
 
 def _notices_section(notices: Sequence[str]) -> str:
