@@ -83,6 +83,7 @@ from trading_agent.agent.conversation import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from trading_agent.backtest.files import append_private, private_folder
 from trading_agent.errors import BackendError, ConfigError, ContextOverflowError
 
 __all__ = ["FORMAT_VERSION", "CacheFileError", "CacheMissError", "CacheMode", "ResponseCache"]
@@ -979,13 +980,13 @@ class ResponseCache:
         """Writes whole lines at the end of the file (in a thread)."""
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                private_folder(self.path.parent)
                 recording = self._recording
                 if recording is not None and recording.torn_at is not None:
                     os.truncate(self.path, recording.torn_at)  # a torn last line: cut it off
                     recording.torn_at = None
                 # Kept open for the run, closed by aclose.
-                self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
+                self._file = append_private(self.path)
             view = memoryview(data)
             while view:  # unbuffered: each write goes to the OS, so a crash keeps it
                 view = view[self._file.write(view) or 0:]

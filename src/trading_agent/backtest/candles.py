@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from trading_agent.backtest.files import private_folder
 from trading_agent.errors import ConfigError
 from trading_agent.trading.exchange import Candle, timeframe_delta
 
@@ -374,7 +375,7 @@ def write_history_csv(path: Path, candles: Sequence[Candle]) -> None:
         ConfigError: The file could not be written (nothing is left behind).
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, then renamed
             "w", encoding="utf-8", newline="", dir=path.parent, prefix=f".{path.name}.",
             suffix=".tmp", delete=False)

@@ -44,6 +44,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from trading_agent.backtest.audit import Audit
+from trading_agent.backtest.files import write_private
 from trading_agent.backtest.metrics import (
     Figures,
     buy_and_hold_curve,
@@ -55,7 +56,8 @@ from trading_agent.backtest.record import BacktestRecord, Decision, FillRecord
 from trading_agent.tools.charts import DARK, ChartTheme
 from trading_agent.trading.books import RoundTrip
 
-__all__ = ["CHART_SIZE", "FILL_COLUMNS", "TRADE_COLUMNS", "equity_chart_png", "summary_table",
+__all__ = ["CHART_SIZE", "FILL_COLUMNS", "TRADE_COLUMNS", "equity_chart_png",
+           "spreadsheet_safe", "summary_table",
            "write_comparison", "write_report"]
 
 TRADE_COLUMNS = ("opened_at", "closed_at", "symbol", "side", "amount", "entry_price",
@@ -295,7 +297,7 @@ def _write_all(out_dir: Path, files: dict[str, str | bytes]) -> None:
         # operator views show it, rather than failing the whole report.
         data = (_LONE_SURROGATE.sub("\ufffd", content).encode()
                 if isinstance(content, str) else content)
-        (out_dir / name).write_bytes(data)
+        write_private(out_dir / name, data)
 
 
 def _json_text(content: object) -> str:
@@ -316,9 +318,33 @@ def _profit_percent(trade: RoundTrip) -> Decimal:
     return trade.profit_percent.quantize(_PERCENT_PLACES)
 
 
+_FORMULA_START = frozenset("=+-@\t\r")
+"""What a spreadsheet may read as the start of a formula (OWASP's CSV injection list)."""
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """A CSV cell a spreadsheet shows as text, never runs: one starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return gets a leading ``'``, unless it is a number
+    (``-12.5`` stays a number)."""
+    if cell and cell[0] in _FORMULA_START and not _NUMBER.match(cell):
+        return "'" + cell
+    return cell
+
+
+class _SafeWriter:
+    """``csv.writer`` whose every cell is :func:`spreadsheet_safe`."""
+
+    def __init__(self, buffer: io.StringIO) -> None:
+        self._writer = csv.writer(buffer)  # RFC 4180: CRLF rows, quotes doubled, newlines kept
+
+    def writerow(self, row: Sequence[str]) -> None:
+        self._writer.writerow([spreadsheet_safe(cell) for cell in row])
+
+
 def _trades_csv(trades: Sequence[RoundTrip]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)  # RFC 4180: CRLF rows, quotes doubled, newlines kept
+    writer = _SafeWriter(buffer)
     writer.writerow(TRADE_COLUMNS)
     for trade in trades:
         writer.writerow([
@@ -334,7 +360,7 @@ def _trades_csv(trades: Sequence[RoundTrip]) -> str:
 
 def _fills_csv(fills: Sequence[FillRecord]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = _SafeWriter(buffer)
     writer.writerow(FILL_COLUMNS)
     for fill in fills:
         writer.writerow([iso_time(fill.decided_at), iso_time(fill.filled_at), fill.symbol,
