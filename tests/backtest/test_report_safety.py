@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.backtest.test_backtest_cli import backtest, write_config
-from tests.backtest.test_metrics import _fill, _record, _trip
+from tests.backtest.test_metrics import HOUR, START, _fill, _record, _trip
 from tests.backtest.trader import trading_responder
 from tests.scripted_server import ScriptedServer
+from trading_agent.backtest.record import Decision, TranscriptEntry
 from trading_agent.backtest.report import spreadsheet_safe, write_report
 
 
@@ -75,3 +76,30 @@ def test_the_report_and_the_cache_are_the_operators_alone(tmp_path: Path,
     assert _mode(tmp_path / "deep") == 0o700 and _mode(tmp_path / "deep" / "cache") == 0o700
     files = list((tmp_path / "deep" / "cache").iterdir())
     assert files and all(_mode(path) == 0o600 for path in files)
+
+
+def test_a_long_runs_transcripts_go_to_linked_pages_and_the_report_stays_small(
+        tmp_path: Path) -> None:
+    hours = 250
+    record = _record(["100"] * hours)
+    result = "x" * 5000  # a tool result of 5,000 characters in every decision
+    record.decisions = [
+        Decision(index=n, at=START + n * HOUR, trigger="schedule: hourly",
+                 final_text=f"Held, decision {n}.", turn=f"t{n:06d}",
+                 transcript=[TranscriptEntry("tool_call", "get_candles({})"),
+                             TranscriptEntry("tool_result", f"candles {n} {result}")])
+        for n in range(1, hours + 1)]
+    write_report(record, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert len(page) < 200_000  # the transcripts alone are 1.25 MB
+    pages = sorted(path.name for path in (tmp_path / "transcripts").iterdir())
+    assert pages == ["decisions-1.html", "decisions-2.html", "decisions-3.html"]
+    # Decision 150 is listed on the report, linked to its transcript on page 2.
+    assert '<li id="decision-150"><a href="transcripts/decisions-2.html#decision-150">' in page
+    second = (tmp_path / "transcripts" / "decisions-2.html").read_text()
+    assert 'id="decision-150" open>' in second and "candles 150 xxx" in second
+    assert "candles 150 xxx" not in page
+    assert '<a href="decisions-1.html">previous page</a>' in second
+    assert '<a href="decisions-3.html">next page</a>' in second
+    assert _mode(tmp_path / "transcripts") == 0o700
+    assert _mode(tmp_path / "transcripts" / "decisions-2.html") == 0o600
