@@ -69,6 +69,7 @@ from trading_agent.backtest.candles import (
 )
 from trading_agent.backtest.cutoff import seen_notice
 from trading_agent.backtest.mask import Mask, MaskedModel
+from trading_agent.backtest.mcp_replay import McpReplay, recordings_path
 from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
@@ -366,20 +367,24 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
         await cache.open()
         stack.push_async_callback(cache.aclose)
         mask = spec.mask
+        # MCP servers are never started: recorded answers are replayed, others refused.
+        mcp = McpReplay(recordings_path(_cache_path(spec)))
         if mask is None:
             parts = await build_desk(spec.desk, config, venue, cache, stack=stack,
                                      database=database, store=store, bus=bus, approvals=None,
-                                     settings=spec.settings, clock=feed.now, sleep=_no_wait)
+                                     settings=spec.settings, clock=feed.now, sleep=_no_wait,
+                                     mcp_tools=mcp.register)
         else:
             # The same desk, built on the masked view of the same venue: what it reads is
             # masked, what it sends is made real before the risk policy sees it.
             parts = await build_desk(spec.desk, mask.desk_settings(config), mask.venue(venue),
                                      MaskedModel(cache, mask), stack=stack, database=database,
                                      store=store, bus=bus, approvals=None, settings=spec.settings,
-                                     clock=lambda: mask.time(feed.now()), sleep=_no_wait)
+                                     clock=lambda: mask.time(feed.now()), sleep=_no_wait,
+                                     mcp_tools=mcp.register)
         numbers = itertools.count(1)
         parts.desk.loop.new_turn_id = lambda: f"t{next(numbers):06d}"
-        run = _Run(spec, config, feed, venue, parts, cache, bus.subscribe(
+        run = _Run(spec, config, feed, venue, parts, cache, mcp.notices, bus.subscribe(
             "backtest", max_buffer=_EVENTS_BUFFER, accept=lambda e: isinstance(e, _RECORDED)))
         return await run.go(on_progress)
 
@@ -389,7 +394,7 @@ class _Run:
 
     def __init__(self, spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
                  venue: TradingVenue, parts: DeskParts, cache: ResponseCache,
-                 events: Subscription) -> None:
+                 notices: Sequence[str], events: Subscription) -> None:
         self.spec = spec
         self.feed = feed
         self.venue = venue
@@ -404,6 +409,7 @@ class _Run:
         notice = span_notice(spec, config)
         if notice is not None:
             self.record.notices.append(notice)
+        self.record.notices.extend(notices)
         self.spool = TranscriptSpool()
         """Where decisions' transcripts wait for the report, out of memory."""
         self._turns: dict[str, _TurnNotes] = {}
