@@ -91,6 +91,22 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--audit", action="store_true",
                         help="run the span plain and masked and report the difference: "
                              "return, trades, how many decisions agree, and what it suggests")
+    parser.add_argument("--windows", type=int, metavar="N",
+                        help="run N windows of --window days inside --from..--to (random "
+                             "starts from --seed, or --spacing even) and report a scorecard "
+                             "against baselines")
+    parser.add_argument("--window", type=float, metavar="DAYS",
+                        help="each window's length in days (with --windows or --walk-forward)")
+    parser.add_argument("--spacing", choices=["random", "even"], default="random",
+                        help="how --windows start: at random (seeded) or evenly spaced")
+    parser.add_argument("--walk-forward", action="store_true",
+                        help="consecutive windows of --window days from --from to --to")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the random windows, random traders and bootstrap")
+    parser.add_argument("--random-traders", type=int, default=20, metavar="N",
+                        help="random traders per window (20 by default)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run windows in N worker processes (the cache is shared)")
     parser.add_argument("--require-unseen", action="store_true",
                         help="refuse a span that starts before the end of the model's "
                              "knowledge_cutoff (the model may have seen it)")
@@ -104,6 +120,8 @@ def _backtest(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"backtest: {exc}", file=sys.stderr)
         return _EXIT_INPUT
+    if args.windows is not None or args.walk_forward:
+        return _sweep(args, runs, out, specs)
     import anyio  # here: the other commands need none of the engine
 
     from trading_agent.backtest.engine import run_backtest
@@ -224,8 +242,10 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   f"{notice}")
             print(f"backtest: warning: desk {run.desk}: {notice}", file=sys.stderr)
         specs.append(spec)
+    if args.windows is not None or args.walk_forward:
+        _check_windows(args)
     if args.audit:
-        if len(specs) != 1 or args.mask:
+        if len(specs) != 1 or args.mask or args.windows is not None or args.walk_forward:
             raise ConfigError("--audit runs one desk plain and masked: name one desk and one "
                               "config, without --mask or --compare")
         spec = specs[0]
@@ -234,6 +254,67 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         specs = [spec, replace(spec, mask=choose_mask(desk, start, args.mask_seed))]
     configure_logging("warning", "auto", secret_env_names=secrets, stream=sys.stderr)
     return runs, out, specs
+
+
+def _check_windows(args: argparse.Namespace) -> None:
+    if args.window is None or args.window <= 0:
+        raise ConfigError("--windows and --walk-forward need --window DAYS (above 0)")
+    if args.windows is not None and args.walk_forward:
+        raise ConfigError("choose --windows N or --walk-forward, not both")
+    if args.windows is not None and args.windows < 1:
+        raise ConfigError("--windows must be 1 or more")
+    if args.random_traders < 0 or args.jobs < 1:
+        raise ConfigError("--random-traders must be 0 or more and --jobs 1 or more")
+
+
+def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[Any]) -> int:
+    """Many windows of each run, with baselines: the scorecard."""
+    from datetime import timedelta
+
+    from trading_agent.backtest.engine import desk_settings
+    from trading_agent.backtest.parallel import run_jobs
+    from trading_agent.backtest.scorecard import scorecard, with_deflated_sharpe
+    from trading_agent.backtest.scorecard_report import scorecard_text, write_scorecard
+    from trading_agent.backtest.sweep import WindowJob
+    from trading_agent.backtest.windows import choose_windows
+    from trading_agent.trading.exchange import timeframe_delta
+
+    first = specs[0]
+    step = timeframe_delta(desk_settings(first).exchange.replay.timeframe)
+    try:
+        windows = choose_windows(
+            first.start, first.end, timedelta(days=args.window), count=args.windows or 0,
+            spacing="walk-forward" if args.walk_forward else args.spacing, seed=args.seed,
+            step=step)
+    except ValueError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_INPUT
+    jobs = [WindowJob(spec, window, args.random_traders, args.seed * 1000)
+            for spec in specs for window in windows]
+    try:
+        results = run_jobs(jobs, workers=args.jobs, quiet=args.quiet)
+    except ConfigError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_INPUT
+    except (TradingAgentError, KeyboardInterrupt) as exc:
+        why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+               else f"failed: {type(exc).__name__}: {exc}")
+        print(f"backtest {why}\nNothing was written to {out}. Every answer the model gave "
+              "is kept in the response cache: a re-run replays them for free.",
+              file=sys.stderr)
+        return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
+    cards = with_deflated_sharpe([
+        scorecard(run.label, results[index * len(windows):(index + 1) * len(windows)],
+                  seed=args.seed) for index, run in enumerate(runs)])
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_scorecard(cards, windows, staging)
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(scorecard_text(cards, windows))
+    print(f"Report: {out / 'report.html'} (with report.json and windows.csv)")
+    return 0
 
 
 def _time(text: str, flag: str) -> datetime:

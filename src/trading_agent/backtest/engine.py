@@ -46,7 +46,7 @@ from typing import Any
 import anyio
 import structlog
 
-from trading_agent.agent.backend import ModelBackend
+from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import (
     Event,
@@ -95,7 +95,8 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["BacktestSpec", "Progress", "ScriptedMessage", "default_cache_dir",
-           "load_scripted_messages", "run_backtest", "scratch_folder", "span_notice"]
+           "load_scripted_messages", "paper_exchange", "run_backtest", "scratch_folder",
+           "span_notice"]
 
 _log = structlog.get_logger(__name__)
 
@@ -362,7 +363,8 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
             backend = await ModelBackends(stack, spec.environ).get(config)
         else:
             backend = await backend_factory(config, stack)
-        cache = ResponseCache(backend, _cache_path(spec), spec.cache_mode,
+        timed = _Timed(backend)
+        cache = ResponseCache(timed, _cache_path(spec), spec.cache_mode,
                               sampling=_sampling(backend))
         await cache.open()
         stack.push_async_callback(cache.aclose)
@@ -386,7 +388,9 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
         parts.desk.loop.new_turn_id = lambda: f"t{next(numbers):06d}"
         run = _Run(spec, config, feed, venue, parts, cache, mcp.notices, bus.subscribe(
             "backtest", max_buffer=_EVENTS_BUFFER, accept=lambda e: isinstance(e, _RECORDED)))
-        return await run.go(on_progress)
+        record = await run.go(on_progress)
+        record.usage.model_seconds = timed.seconds
+        return record
 
 
 class _Run:
@@ -642,6 +646,12 @@ def scratch_folder() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+def paper_exchange(config: ExchangeConfig) -> ExchangeConfig:
+    """The exchange a backtest trades on (and its baselines): the desk's, paper on the
+    replay, market orders filling at the next open."""
+    return _paper_next_open(config)
+
+
 def _paper_next_open(config: ExchangeConfig) -> ExchangeConfig:
     """The desk's exchange, paper on the replay, market orders filling at the next open."""
     paper = config.paper.model_copy(update={"market_fill": "next_open"})
@@ -661,6 +671,28 @@ def _sampling(backend: ModelBackend) -> dict[str, Any]:
     return {key: getattr(config, key, None)
             for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body",
                         "thinking_budget_tokens")}
+
+
+class _Timed:
+    """The model, with the seconds spent waiting for it counted."""
+
+    def __init__(self, inner: ModelBackend) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.context_window = inner.context_window
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # count_tokens, config...
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
+        started = time.perf_counter()
+        try:
+            return await self.inner.complete(request, on_text, on_thinking)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 async def _no_wait(seconds: float) -> None:

@@ -202,6 +202,8 @@ class ModelUsage:
             would cost without the cache).
         output_tokens: Completion tokens, likewise.
         cost: Money at the configured prices, likewise; None when no prices are configured.
+        model_seconds: Wall-clock seconds spent waiting for the model (cache hits cost
+            none).
     """
 
     model_calls: int = 0
@@ -209,6 +211,7 @@ class ModelUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = None
+    model_seconds: float = 0.0
 
 
 @dataclass
