@@ -107,6 +107,9 @@ def add_backtest_subcommand(subparsers: Any) -> None:
                         help="random traders per window (20 by default)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run windows in N worker processes (the cache is shared)")
+    parser.add_argument("--concurrency", type=int, metavar="N",
+                        help="at most N model calls in flight across all --jobs (for a "
+                             "remote model); a 429 is waited out and asked again")
     parser.add_argument("--require-unseen", action="store_true",
                         help="refuse a span that starts before the end of the model's "
                              "knowledge_cutoff (the model may have seen it)")
@@ -224,7 +227,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         secrets.update(settings.secret_env_vars())
         spec = BacktestSpec(settings, run.desk, start, end, cache_mode=args.cache,
                             cache_dir=args.cache_dir, data=data, data_dir=args.data_dir,
-                            messages=messages, source=str(run.config))
+                            messages=messages, source=str(run.config),
+                            concurrency=args.concurrency)
         config = desk_settings(spec)
         if unnamed:
             if len(config.symbols) != 1:
@@ -242,6 +246,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   f"{notice}")
             print(f"backtest: warning: desk {run.desk}: {notice}", file=sys.stderr)
         specs.append(spec)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError("--concurrency must be 1 or more")
     if args.windows is not None or args.walk_forward:
         _check_windows(args)
     if args.audit:

@@ -67,6 +67,7 @@ from trading_agent.backtest.candles import (
     default_data_dir,
     load_history_csv,
 )
+from trading_agent.backtest.concurrency import BoundedModel, ModelSlots
 from trading_agent.backtest.cutoff import seen_notice
 from trading_agent.backtest.mask import Mask, MaskedModel
 from trading_agent.backtest.mcp_replay import McpReplay, recordings_path
@@ -171,6 +172,8 @@ class BacktestSpec:
         source: The config file, named in messages.
         mask: The view the desk reads its market through (:mod:`.mask`); None for the
             real market.
+        concurrency: At most this many model calls in flight across every process of the
+            run, 429s waited out (:mod:`.concurrency`); None for no bound.
     """
 
     settings: Settings
@@ -185,6 +188,7 @@ class BacktestSpec:
     environ: Mapping[str, str] | None = None
     source: str = "the config"
     mask: Mask | None = None
+    concurrency: int | None = None
 
 
 BackendFactory = Callable[[DeskSettings, AsyncExitStack], Awaitable[ModelBackend]]
@@ -363,7 +367,12 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
             backend = await ModelBackends(stack, spec.environ).get(config)
         else:
             backend = await backend_factory(config, stack)
-        timed = _Timed(backend)
+        if spec.concurrency is not None:
+            slots = ModelSlots((spec.cache_dir or default_cache_dir()) / "model-slots",
+                               spec.concurrency)
+            timed = _Timed(BoundedModel(backend, slots))
+        else:
+            timed = _Timed(backend)
         cache = ResponseCache(timed, _cache_path(spec), spec.cache_mode,
                               sampling=_sampling(backend))
         await cache.open()

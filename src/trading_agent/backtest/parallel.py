@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from trading_agent.backtest.scorecard import WindowResult
 from trading_agent.backtest.sweep import WindowJob, run_window
+from trading_agent.logging_setup import configure_logging
 
 __all__ = ["run_jobs"]
 
@@ -40,13 +41,20 @@ def run_jobs(jobs: Sequence[WindowJob], *, workers: int = 1,
             _done(number, len(jobs), job, quiet)
         return results
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                             initializer=_worker_logging) as pool:
         futures = [pool.submit(run_window, job) for job in jobs]
         found: list[WindowResult] = []
         for number, (job, future) in enumerate(zip(jobs, futures, strict=True), start=1):
             found.append(future.result())
             _done(number, len(jobs), job, quiet)
         return found
+
+
+def _worker_logging() -> None:
+    """A worker logs warnings and worse to stderr, as the command does (a fill per order at
+    info would drown the output)."""
+    configure_logging("warning", "auto", stream=sys.stderr)
 
 
 def _done(number: int, total: int, job: WindowJob, quiet: bool) -> None:

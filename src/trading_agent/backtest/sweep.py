@@ -9,6 +9,7 @@ can hand windows to worker processes; the results do not depend on which process
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,7 @@ from trading_agent.backtest.baselines import (
     run_baseline,
 )
 from trading_agent.backtest.engine import (
+    BackendFactory,
     BacktestSpec,
     desk_settings,
     load_history,
@@ -46,12 +48,16 @@ class WindowJob:
         window: The window.
         random_traders: How many random traders (seeds) to run.
         seed: The random traders' first seed.
+        backend: A model to use instead of the desk's own, by import path
+            (``module:function``, a :data:`~.engine.BackendFactory`): a benchmark's
+            in-process model, which a worker process imports by name.
     """
 
     spec: BacktestSpec
     window: Window
     random_traders: int = 20
     seed: int = 0
+    backend: str | None = None
 
 
 def run_window(job: WindowJob) -> WindowResult:
@@ -68,7 +74,7 @@ async def window_result(job: WindowJob) -> WindowResult:
         BackendError: The model failed, or the strict cache missed.
     """
     spec = replace(job.spec, start=job.window.start, end=job.window.end)
-    record = await run_backtest(spec)
+    record = await run_backtest(spec, backend_factory=_factory(job.backend))
     figures = compute_figures(record)
     config = desk_settings(spec)
     series, timeframe = load_history(spec, config)
@@ -91,6 +97,14 @@ async def window_result(job: WindowJob) -> WindowResult:
         decisions=figures.decisions, baselines=baselines, random_returns=randoms,
         tokens=figures.input_tokens + figures.output_tokens, cost=figures.cost,
         model_seconds=figures.model_seconds, returns=_returns(record))
+
+
+def _factory(path: str | None) -> BackendFactory | None:
+    if path is None:
+        return None
+    module, _, name = path.partition(":")
+    found: BackendFactory = getattr(importlib.import_module(module), name)
+    return found
 
 
 def _returns(record: BacktestRecord) -> tuple[float, ...]:
