@@ -66,8 +66,8 @@ import json
 import operator
 import os
 import platform
-import resource
 import re
+import resource
 import sqlite3
 import statistics
 import tempfile
