@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.backtest.test_backtest_cli import write_config
+from tests.backtest.test_cutoff import _with_cutoff
 from tests.backtest.trader import trading_responder
 from tests.scripted_server import ScriptedServer
 from trading_agent.backtest.scorecard_report import WINDOW_COLUMNS
@@ -73,7 +74,7 @@ def test_a_sweep_writes_a_scorecard_against_every_baseline(
     assert run["total_return"]["median"] == sorted(
         w["total_return"] for w in run["windows"])[1]
     assert run["tokens_per_decision"] > 0 and run["cost_per_decision"] > 0
-    assert len(report["verdicts"]) == 3
+    assert len(report["verdicts"]) == 3 and report["notices"] == []
     with (tmp_path / "out" / "windows.csv").open(newline="") as file:
         rows = list(csv.DictReader(file))
     assert list(rows[0]) == list(WINDOW_COLUMNS) and len(rows) == 3
@@ -88,3 +89,14 @@ def test_a_sweep_needs_a_window_length(tmp_path: Path, server: ScriptedServer,
                  "--out", str(tmp_path / "out"), "--windows", "3"]) == 2
     assert "--window DAYS" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_over_a_period_the_model_may_have_seen_says_so(
+        tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _with_cutoff(tmp_path / "desk.toml", server, '"2023-06"')
+    assert sweep(config, tmp_path / "out", tmp_path / "cache", "--windows", "1",
+                 "--random-traders", "0") == 0
+    assert "Read this first: hourly: the span starts" in capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(report["notices"]) == 1 and "run with --mask" in report["notices"][0]
+    assert "Read this first" in (tmp_path / "out" / "report.html").read_text()

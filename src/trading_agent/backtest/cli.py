@@ -277,7 +277,7 @@ def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[An
     """Many windows of each run, with baselines: the scorecard."""
     from datetime import timedelta
 
-    from trading_agent.backtest.engine import desk_settings
+    from trading_agent.backtest.engine import desk_settings, span_notice
     from trading_agent.backtest.parallel import run_jobs
     from trading_agent.backtest.scorecard import scorecard, with_deflated_sharpe
     from trading_agent.backtest.scorecard_report import scorecard_text, write_scorecard
@@ -312,13 +312,17 @@ def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[An
     cards = with_deflated_sharpe([
         scorecard(run.label, results[index * len(windows):(index + 1) * len(windows)],
                   seed=args.seed) for index, run in enumerate(runs)])
+    notices = [f"{run.label}: {notice}" for run, spec in zip(runs, specs, strict=True)
+               if (notice := span_notice(spec, desk_settings(spec))) is not None]
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_scorecard(cards, windows, staging)
+        write_scorecard(cards, windows, staging, notices=notices)
         _move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(scorecard_text(cards, windows))
+    for notice in notices:
+        print(f"Read this first: {notice}.")
     print(f"Report: {out / 'report.html'} (with report.json and windows.csv)")
     return 0
 

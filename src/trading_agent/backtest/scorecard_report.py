@@ -110,12 +110,16 @@ li.beat { color: #1a7f37; } li.lost { color: #c62828; }
 """
 
 
-def _page(cards: Sequence[Scorecard], windows: Sequence[Window]) -> str:
+def _page(cards: Sequence[Scorecard], windows: Sequence[Window],
+          notices: Sequence[str] = ()) -> str:
     e = html.escape
     body = [f"<h1>Scorecard over {len(windows)} windows of {e(_days(windows))}</h1>",
             f'<p class="meta">{e(windows[0].label)} to {e(windows[-1].label)} UTC; each '
             "baseline runs the same windows through the same paper exchange, fees and "
             "slippage.</p>"]
+    if notices:
+        body.append("<h2>Read this first</h2><ul>"
+                    + "".join(f"<li>{e(notice)}</li>" for notice in notices) + "</ul>")
     for card in cards:
         body.append(f"<h2>{e(card.label)}</h2><ul>")
         body.extend(f'<li class="{e(c.verdict)}">{e(c.line)}</li>' for c in card.comparisons)
@@ -148,15 +152,24 @@ def _page(cards: Sequence[Scorecard], windows: Sequence[Window]) -> str:
 
 
 def write_scorecard(cards: Sequence[Scorecard], windows: Sequence[Window],
-                    out_dir: Path) -> None:
-    """Writes ``report.json``, ``windows.csv`` and ``report.html`` (blocking)."""
+                    out_dir: Path, *, notices: Sequence[str] = ()) -> None:
+    """Writes ``report.json``, ``windows.csv`` and ``report.html`` (blocking).
+
+    Args:
+        cards: Each run's scorecard.
+        windows: The windows.
+        out_dir: An existing, empty folder.
+        notices: What a reader must know first (a span the model may have seen).
+    """
     report = {"from": windows[0].start.isoformat(), "to": windows[-1].end.isoformat(),
+              "notices": list(notices),
               "windows": [{"start": w.start.isoformat(), "end": w.end.isoformat()}
                           for w in windows],
               "runs": [card.to_json() for card in cards],
               "verdicts": [f"{card.label} {c.line}" for card in cards
                            for c in card.comparisons]}
     files = {"report.json": json.dumps(report, indent=2, allow_nan=False) + "\n",
-             "windows.csv": _windows_csv(cards), "report.html": _page(cards, windows)}
+             "windows.csv": _windows_csv(cards),
+             "report.html": _page(cards, windows, notices)}
     for name, text in files.items():
         write_private(out_dir / name, text.encode())
