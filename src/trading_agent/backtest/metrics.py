@@ -34,7 +34,9 @@ Definitions (the README quotes them):
   ``model_calls``, ``cache_hits``, ``input_tokens``, ``output_tokens``, ``cost``: from the
   run's model usage (tokens and cost count cached answers too: what the run would cost
   without the cache; ``cost`` None when no prices are configured).
-- ``model_seconds``: wall-clock seconds spent waiting for the model (0 for cached answers).
+- ``model_seconds``: wall-clock seconds spent waiting for the model (0 for cached answers);
+  not in ``report.json``, which a re-run from the cache reproduces byte for byte, but in a
+  many-window scorecard's cost per decision.
 - ``masked``: whether the model read the run through the mask; ``notices``: what a reader
   must know first (a span before the model's knowledge cutoff), one sentence each.
 """
@@ -133,7 +135,6 @@ class Figures:
             "realized_profit": self.realized_profit,
             "fees": self.fees,
             "exposure": self.exposure,
-            "model_seconds": self.model_seconds,
             "masked": self.masked,
             "notices": list(self.notices),
         }
