@@ -23,7 +23,9 @@ exchange, the risk policy and the books underneath stay real. Orders are turned 
 real terms before any check, so fills, fees, the books and the report are real; only the
 decisions' transcripts show what the model read, masked.
 
-What the view does not reach: numbers inside a free-text error that are neither a name nor
+What the view does not reach: a cron schedule in a time zone with daylight saving fires at
+the same UTC moments, which near a change may read an hour off in the masked year; numbers
+inside a free-text error that are neither a name nor
 a time (a paper exchange's "insufficient funds" naming a real base amount) and what the
 model writes in its own notes (already masked, since it read only masked values).
 """
