@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.backtest.test_backtest_cli import write_config
+from tests.backtest.test_backtest_cli import SPAN, write_config
 from tests.backtest.test_windows import sweep
 from tests.backtest.trader import trading_responder
 from tests.scripted_server import ScriptedServer
+from trading_agent.cli import main
 
 
 @pytest.fixture
@@ -49,4 +50,34 @@ def test_two_jobs_record_one_cache_and_report_as_one_job_does(
         run.pop("model_seconds_per_decision")
         for window in run["windows"]:
             window.pop("model_seconds")
+    assert recorded == replayed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_configs_in_two_jobs_give_the_report_of_one_job(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    first = write_config(tmp_path / "calm.toml", server)
+    second = write_config(tmp_path / "bold.toml", server, prompt="You trade BTC/USDT boldly.")
+    cache = tmp_path / "cache"
+
+    def compare(out: str, *more: str) -> int:
+        return main(["backtest", "--compare", str(first), str(second), *SPAN, "--out",
+                     str(tmp_path / out), "--cache-dir", str(cache), "--quiet", *more])
+
+    assert compare("recorded", "--jobs", "2") == 0
+    asked = len(server.requests)
+    assert compare("one", "--cache", "strict") == 0
+    assert compare("two", "--cache", "strict", "--jobs", "2") == 0
+    assert len(server.requests) == asked
+    names = sorted(path.name for path in (tmp_path / "one").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    # The recording's figures are the replays' too (it asked the model, they did not).
+    recorded, replayed = (json.loads((tmp_path / name / "report.json").read_text())
+                          for name in ("recorded", "one"))
+    for report in (recorded, replayed):
+        for run in report["runs"]:
+            del run["model_calls"], run["cache_hits"]
     assert recorded == replayed

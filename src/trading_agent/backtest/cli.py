@@ -106,7 +106,8 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--random-traders", type=int, default=20, metavar="N",
                         help="random traders per window (20 by default)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="run windows in N worker processes (the cache is shared)")
+                        help="run windows (or several desks and configs) in N worker "
+                             "processes; the response cache is shared")
     parser.add_argument("--concurrency", type=int, metavar="N",
                         help="at most N model calls in flight across all --jobs (for a "
                              "remote model); a 429 is waited out and asked again")
@@ -133,7 +134,25 @@ def _backtest(args: argparse.Namespace) -> int:
     from trading_agent.backtest.report import summary_table, write_comparison, write_report
 
     records: list[BacktestRecord] = []
+    in_workers = args.jobs > 1 and len(specs) > 1
+    if in_workers:
+        from trading_agent.backtest.parallel import run_records
+
+        try:
+            records = run_records(specs, workers=args.jobs)
+        except ConfigError as exc:
+            print(f"backtest: {exc}", file=sys.stderr)
+            return _EXIT_INPUT
+        except (TradingAgentError, KeyboardInterrupt) as exc:
+            why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else f"failed: {type(exc).__name__}: {exc}")
+            print(f"backtest {why}\nNothing was written to {out}. Every answer the model "
+                  "gave is kept in the response cache: a re-run replays them for free.",
+                  file=sys.stderr)
+            return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
     for run, spec in zip(runs, specs, strict=True):
+        if in_workers:
+            break  # run by the workers
         bar = ProgressBar(run.label)
         try:
             records.append(anyio.run(_one, run_backtest, spec,
@@ -248,6 +267,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         specs.append(spec)
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError("--concurrency must be 1 or more")
+    if args.jobs < 1:
+        raise ConfigError("--jobs must be 1 or more")
     if args.windows is not None or args.walk_forward:
         _check_windows(args)
     if args.audit:
@@ -269,8 +290,8 @@ def _check_windows(args: argparse.Namespace) -> None:
         raise ConfigError("choose --windows N or --walk-forward, not both")
     if args.windows is not None and args.windows < 1:
         raise ConfigError("--windows must be 1 or more")
-    if args.random_traders < 0 or args.jobs < 1:
-        raise ConfigError("--random-traders must be 0 or more and --jobs 1 or more")
+    if args.random_traders < 0:
+        raise ConfigError("--random-traders must be 0 or more")
 
 
 def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[Any]) -> int:

@@ -1,4 +1,5 @@
-"""Running many windows: in this process, or in worker processes with ``--jobs N``.
+"""Running many windows (or several desks and configs): in this process, or in worker
+processes with ``--jobs N``.
 
 Each window is a :class:`~.sweep.WindowJob` run by :func:`~.sweep.run_window`, its own
 engine on its own event loop. With several workers the jobs go to a process pool (spawned
@@ -13,12 +14,17 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
+import anyio
+
+from trading_agent.backtest.engine import BacktestSpec, run_backtest
+from trading_agent.backtest.record import BacktestRecord
 from trading_agent.backtest.scorecard import WindowResult
 from trading_agent.backtest.sweep import WindowJob, run_window
 from trading_agent.logging_setup import configure_logging
 
-__all__ = ["run_jobs"]
+__all__ = ["run_jobs", "run_records"]
 
 
 def run_jobs(jobs: Sequence[WindowJob], *, workers: int = 1,
@@ -49,6 +55,28 @@ def run_jobs(jobs: Sequence[WindowJob], *, workers: int = 1,
             found.append(future.result())
             _done(number, len(jobs), job, quiet)
         return found
+
+
+def run_records(specs: Sequence[BacktestSpec], *, workers: int) -> list[BacktestRecord]:
+    """Runs several whole backtests (desks, configs) in worker processes; the records in
+    the specs' order, their transcripts read into memory to come back.
+
+    Raises:
+        ConfigError: Bad input found by a run.
+        BackendError: A run's model failed.
+    """
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                             initializer=_worker_logging) as pool:
+        return list(pool.map(_one_record, specs))
+
+
+def _one_record(spec: BacktestSpec) -> BacktestRecord:
+    record: BacktestRecord = anyio.run(run_backtest, spec, backend="asyncio")
+    # A spooled transcript reads a temporary file of this process: brought along whole.
+    record.decisions = [replace(decision, transcript=tuple(decision.transcript))
+                        for decision in record.decisions]
+    return record
 
 
 def _worker_logging() -> None:
