@@ -5,6 +5,10 @@
     trading-agent backtest CONFIG --desk NAME --from ISO --to ISO --out DIR
         [--cache record|strict|off] [--cache-dir DIR] [--data SYMBOL=FILE]
         [--messages FILE] [--force] [--mask [--mask-seed N]] [--require-unseen]
+        [--audit] [--jobs N] [--concurrency N]
+    trading-agent backtest CONFIG --from ISO --to ISO --out DIR --window DAYS
+        (--windows N [--spacing random|even] | --walk-forward) [--seed S]
+        [--random-traders N] [--jobs N]
     trading-agent backtest --compare A.toml B.toml ... --from ISO --to ISO --out DIR
     trading-agent backtest CONFIG --desk A --desk B ... --from ISO --to ISO --out DIR
 
