@@ -56,6 +56,7 @@ def test_the_verdict_names_what_the_difference_suggests() -> None:
     assert "no sign that memory helped" in verdict(-0.03, 0.4, 4)
     assert "as much chance as skill" in verdict(0.0, 0.3, 4)
     assert "cannot tell" in verdict(0.0, None, 0)
+    assert "Neither run closed a trade (100% of decisions agree)" in verdict(0.0, 1.0, 0)
     assert agreement({}, {}) is None
 
 

@@ -121,6 +121,9 @@ def verdict(difference: float, share: float | None, trades: int) -> str:
     if share is None:
         return ("Neither run decided anything, so the audit cannot tell whether the model "
                 "remembers the period.")
+    if trades == 0 and abs(difference) <= _CLOSE_RETURN:
+        return (f"Neither run closed a trade ({agree}): the audit shows that both held, not "
+                "whether the model remembers the period; audit a span where it trades.")
     if abs(difference) <= _CLOSE_RETURN and share >= _HIGH_AGREEMENT:
         return (f"The masked run decided alike ({agree}) and returned about the same: no sign "
                 "that the model recognised the period.")
@@ -132,8 +135,5 @@ def verdict(difference: float, share: float | None, trades: int) -> str:
         return (f"The masked run returned {-difference * 100:.1f} points more ({agree}): no "
                 "sign that memory helped, but the gap shows how much the result moves with "
                 "the numbers the model reads.")
-    if trades == 0:
-        return (f"Neither run traded much and returns are close ({agree}): the decisions "
-                "differ in wording more than in money.")
     return (f"Returns are close but only {agree}: the model's choices change with the "
             "numbers it reads, so one run's figures are as much chance as skill.")
