@@ -33,8 +33,16 @@ decisions, in under 4 minutes of CPU beyond the model); a cached re-run of the w
 under 60 s on two cores; memory flat. Timings are printed, never asserted (the re-runs'
 decisions, trades, equity and tokens are checked to equal the record's).
 
+**A sweep in parallel** (``--sweep``, issue 29): 20 windows (evenly spaced, ``--window-days``
+each, half a day by default) with their baselines (buy and hold, the crossover,
+``--random-traders`` random traders each, 5 by default) are recorded once, then re-run from
+the cache (``strict``: no model call) with one worker and with two worker processes
+(``--jobs 2``); both must give the same results. Bar: two jobs at least 1.7 times as fast
+as one on two cores. Printed, not asserted: the machine may be shared.
+
 Run: ``.venv/bin/python bench/backtest_speed.py [--quick | --full | --days N] [--off]
-[--context-window TOKENS]``
+[--context-window TOKENS]`` or ``.venv/bin/python bench/backtest_speed.py --sweep
+[--window-days D] [--random-traders N]``
 
 - default: 5 days (1,440 decisions), about a minute on two cores; what ``make bench`` runs;
 - ``--quick``: 1 day (288 decisions), a smoke run of about 15 seconds;
@@ -59,13 +67,14 @@ import operator
 import os
 import platform
 import re
+import resource
 import sqlite3
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -92,7 +101,10 @@ from trading_agent.backtest.engine import (
     run_backtest,
     scratch_folder,
 )
+from trading_agent.backtest.parallel import run_jobs
 from trading_agent.backtest.record import BacktestRecord
+from trading_agent.backtest.sweep import WindowJob
+from trading_agent.backtest.windows import choose_windows
 from trading_agent.settings import DeskSettings, Settings, load_settings
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.config import PACKAGED_CANDLES
@@ -328,6 +340,77 @@ def _chunk_ends(steps: int) -> list[int]:
 def _chunk_steps(steps: int) -> set[int]:
     """The steps at which counters are taken: each chunk's end, and 10%, 50%, 100%."""
     return set(_chunk_ends(steps)) | {max(1, round(steps * share)) for share in (0.1, 0.5, 1.0)}
+
+
+async def bench_backend(config: DeskSettings, stack: AsyncExitStack) -> ModelBackend:
+    """The scripted trader, by import path (``backtest_speed:bench_backend``): what a sweep's
+    worker processes build their desks' model with."""
+    return ScriptedTrader("bench-trader", config.model.context_window)
+
+
+BAR_SWEEP_SPEEDUP = 1.7
+SWEEP_WINDOWS = 20
+
+
+def sweep(args: argparse.Namespace) -> None:
+    """Records 20 windows once, then times their cached sweep with one and two jobs."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    candles = load_candles_csv(PACKAGED_CANDLES, "BTC/USDT")
+    first = candles[0].opened_at + timedelta(minutes=5 * 288)
+    windows = choose_windows(first, candles[-1].closes_at, timedelta(days=args.window_days),
+                             count=SWEEP_WINDOWS, spacing="even")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"backtest_speed --sweep: {len(windows)} windows of {args.window_days:g} days, "
+          f"each with buy and hold, the crossover and {args.random_traders} random traders")
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, {_processor()}; "
+          f"load average {load}")
+    with tempfile.TemporaryDirectory(prefix="backtest-sweep-") as name:
+        folder = Path(name)
+        config_path = folder / "config.toml"
+        config_path.write_text(CONFIG.format(state=folder / "state", window=args.context_window,
+                                             desk=DESK))
+        spec = BacktestSpec(load_settings(config_path), DESK, first, candles[-1].closes_at,
+                            cache_dir=folder / "cache", source=str(config_path))
+
+        async def record() -> None:
+            for window in windows:
+                await run_backtest(replace(spec, start=window.start, end=window.end),
+                                   backend_factory=bench_backend)
+
+        started = time.perf_counter()
+        anyio.run(record)
+        print(f"  recorded the windows' answers in {time.perf_counter() - started:.1f} s")
+        jobs = [WindowJob(replace(spec, cache_mode="strict"), window, args.random_traders,
+                          backend=f"{Path(__file__).stem}:bench_backend")
+                for window in windows]
+        timings: dict[int, float] = {}
+        results = {}
+        for workers in (1, 2):
+            cpu = _cpu_seconds()
+            started = time.perf_counter()
+            results[workers] = run_jobs(jobs, workers=workers)
+            timings[workers] = time.perf_counter() - started
+            load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+            print(f"  --jobs {workers}: {timings[workers]:.1f} s wall, "
+                  f"{_cpu_seconds() - cpu:.1f} s CPU (this process and its workers); load "
+                  f"average now {load}", flush=True)
+    same = [replace(r, model_seconds=0.0) for r in results[1]] == [
+        replace(r, model_seconds=0.0) for r in results[2]]
+    assert same, "two jobs gave other results than one"
+    speedup = timings[1] / timings[2]
+    decisions = sum(r.decisions for r in results[1])
+    print(f"  the same {len(windows)} window results with one job and two "
+          f"({decisions:,} decisions, {sum(len(r.random_returns) for r in results[1])} random "
+          "traders)")
+    print(f"speedup with two jobs: {speedup:.2f}x (bar >= {BAR_SWEEP_SPEEDUP}x): "
+          f"{_verdict(speedup >= BAR_SWEEP_SPEEDUP)}")
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished children (the workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 async def run_once(spec: BacktestSpec, mode: CacheMode, window: int) -> Run:
@@ -605,5 +688,14 @@ if __name__ == "__main__":
     parser.add_argument("--off", action="store_true", help="also run without a cache")
     parser.add_argument("--context-window", type=int, default=200_000,
                         help="the model's window in tokens (200,000)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time a 20-window cached sweep with one and two jobs")
+    parser.add_argument("--window-days", type=float, default=0.5,
+                        help="each sweep window's length in days (0.5)")
+    parser.add_argument("--random-traders", type=int, default=5,
+                        help="random traders per sweep window (5)")
     options = parser.parse_args()
-    anyio.run(main, options)
+    if options.sweep:
+        sweep(options)
+    else:
+        anyio.run(main, options)

@@ -35,7 +35,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -639,21 +639,26 @@ class _Placed:
     arguments: dict[str, Any]
 
 
-def _placed_orders(record: BacktestRecord) -> dict[str, _Placed]:
-    """Client order id → the decision and the arguments of the ``place_order`` call."""
+def _placed_orders(record: BacktestRecord,
+                   unmask: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                   ) -> dict[str, _Placed]:
+    """Client order id → the decision and the arguments of the ``place_order`` call (in
+    real terms, through ``unmask``, for a masked run)."""
     placed: dict[str, _Placed] = {}
     for decision in record.decisions:
         calls = [entry.text for entry in decision.transcript
                  if entry.kind == "tool_call" and entry.text.startswith("place_order(")]
         # The engine lists a turn's orders in the order of its place_order calls.
         for cid, call in zip(decision.orders, calls, strict=True):
+            arguments = json.loads(call.removeprefix("place_order(")[:-1])
             placed[cid] = _Placed(decision.at, decision.index,
-                                  json.loads(call.removeprefix("place_order(")[:-1]))
+                                  arguments if unmask is None else unmask(arguments))
     return placed
 
 
 def check_fills(record: BacktestRecord, candles: Mapping[str, Sequence[Candle]],
-                paper: PaperExchangeConfig) -> int:
+                paper: PaperExchangeConfig, *,
+                unmask: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> int:
     """Every fill of the run used only prices that came after its decision.
 
     An order decided at a candle's close reaches the book at the open of the next candle
@@ -667,6 +672,7 @@ def check_fills(record: BacktestRecord, candles: Mapping[str, Sequence[Candle]],
         record: The run's record.
         candles: Each symbol's candles, as the run was given them.
         paper: The desk's ``[exchange.paper]`` settings.
+        unmask: Turns a masked run's ``place_order`` arguments into real ones.
 
     Returns:
         How many fills of orders were checked (what the account held at the start is
@@ -675,7 +681,7 @@ def check_fills(record: BacktestRecord, candles: Mapping[str, Sequence[Candle]],
     Raises:
         LookAheadError: A fill at another time or price, or of an order nobody placed.
     """
-    placed = _placed_orders(record)
+    placed = _placed_orders(record, unmask)
     checked = 0
     for fill in record.fills:
         if fill.turn == STARTING_TURN:

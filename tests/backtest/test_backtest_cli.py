@@ -90,7 +90,7 @@ def test_a_backtest_writes_its_report_and_a_strict_rerun_replays_it_for_free(
     assert [f["decided_at"][11:16] for f in fills] == ["01:00", "02:00", "03:00", "04:00",
                                                        "05:00"]
     assert all(f["filled_at"] == f["decided_at"] for f in fills)  # the next candle's open
-    assert fills[0]["reason"].startswith("Traded 0.01 BTC")
+    assert fills[0]["reason"].startswith("Traded 0.01 at market")
     with (tmp_path / "first" / "trades.csv").open(newline="") as handle:
         trades = list(csv.DictReader(handle))
     assert list(trades[0]) == ["opened_at", "closed_at", "symbol", "side", "amount",

@@ -75,11 +75,12 @@ from tests.scripted_server import (
 )
 from trading_agent.backtest.cache import CacheMissError, CacheMode
 from trading_agent.backtest.engine import BacktestSpec, ScriptedMessage, run_backtest
+from trading_agent.backtest.mask import Mask, MaskedExchange, choose_mask
 from trading_agent.backtest.record import BacktestRecord, Decision, FillRecord, TranscriptEntry
 from trading_agent.settings import Settings, load_settings
 from trading_agent.trading.booked_exchange import STARTING_TURN
 from trading_agent.trading.config import PACKAGED_CANDLES, PaperExchangeConfig
-from trading_agent.trading.exchange import Candle
+from trading_agent.trading.exchange import Candle, Ticker
 from trading_agent.trading.replay import ReplayFeed, load_candles_csv
 
 DESK = "probe"
@@ -179,8 +180,10 @@ def _pick(rng: random.Random, offered: Sequence[str], symbols: Sequence[str],
         return name, rng.choice(({}, {"key": "plan"}, {"search": "orders"}))
     if name == "place_order":
         side = rng.choice(("buy", "sell"))
+        # A masked run's symbols (ASSET/USD) take the first symbol's amounts.
         order: dict[str, Any] = {"symbol": symbol, "side": side,
-                                 "amount": rng.choice(_AMOUNTS[symbol])}
+                                 "amount": rng.choice(_AMOUNTS.get(symbol,
+                                                                   _AMOUNTS["BTC/USDT"]))}
         # A limit price is the price read this turn (this step: the clock stands still while
         # the desk thinks), mostly moved away on the passive side, so the order rests until
         # a later candle trades through it; sometimes through the market, so the next open
@@ -399,7 +402,7 @@ Answer = Callable[[RecordedRequest, str], Step]
 
 async def _backtest(server: ScriptedServer, settings: Settings, scenario: Scenario,
                     folder: Path, *, cut: bool, mode: CacheMode, cache: Path, answer: Answer,
-                    ) -> tuple[BacktestRecord, list[SentRequest]]:
+                    mask: Mask | None = None) -> tuple[BacktestRecord, list[SentRequest]]:
     """One run on its own data files and its own model, its requests recorded with their
     clocks."""
     data = await anyio.to_thread.run_sync(_write_data, scenario, folder, cut)
@@ -408,7 +411,8 @@ async def _backtest(server: ScriptedServer, settings: Settings, scenario: Scenar
     spec = BacktestSpec(
         settings, DESK, scenario.start, scenario.cut if cut else scenario.end,
         cache_mode=mode, cache_dir=cache, data=data,
-        messages=(ScriptedMessage(scenario.cut, OPERATOR_TEXT),), source="the test's config")
+        messages=(ScriptedMessage(scenario.cut, OPERATOR_TEXT),), source="the test's config",
+        mask=mask)
     record = await run_backtest(spec, on_progress=clock)
     return record, clock.requests
 
@@ -669,3 +673,143 @@ def test_a_marketable_limit_order_fills_at_the_next_open() -> None:
     taker = runs.settings.desks[DESK].exchange.paper.taker_fee
     assert all(f.filled_at == f.decided_at and f.fee == f.amount * f.price * taker
                for f in fills), fills
+
+
+# --------------------------------------------------------------------------- the mask
+
+
+MASK_FACTOR = Decimal("6.4")
+"""The masked runs' price factor: BTC's 16,000-18,000 read as 100,000-120,000, the made-up
+ETH's 1,100-1,300 as 7,000-8,500, apart from every real price."""
+_REAL_NAMES = re.compile(r"(?<![A-Za-z])(BTC|ETH|USDT)(?![A-Za-z])")
+_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})")
+_FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+
+
+def _read_text(body: bytes) -> str:
+    """Every string a request holds (messages, tool definitions), its images left out."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("type") == "image_url":
+                return
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str):
+            found.append(value)
+
+    walk(json.loads(body))
+    return "\n".join(found)
+
+
+@dataclass
+class MaskFindings:
+    """How much the masked run's checks found to check."""
+
+    requests: int = 0
+    dates: int = 0
+    numbers: int = 0
+    fills: int = 0
+
+
+def examine_masked(scenario: Scenario, root: Path) -> MaskFindings:
+    """Runs the scenario's desk through the mask and checks every request it sent: no real
+    symbol or currency name, no date of the real data, no real candle price; and the fills
+    are real.
+
+    Raises:
+        LookAheadError: What leaked.
+    """
+    mask = choose_mask(scenario.symbols, scenario.start, seed=7, factor=MASK_FACTOR)
+
+    async def run() -> tuple[Settings, BacktestRecord, list[SentRequest]]:
+        with ScriptedServer() as server:
+            path = root / "config.toml"
+            path.write_text(scenario.config(server.base_url), encoding="utf-8")
+            settings = load_settings(path)
+            record, requests = await _backtest(
+                server, settings, scenario, root / "masked", cut=False, mode="off",
+                cache=root / "cache", answer=desk_model, mask=mask)
+            assert not server.errors, server.errors
+        return settings, record, requests
+
+    settings, record, requests = anyio.run(run)
+    data = scenario.data(cut=False)
+    real_days = {c.opened_at.date() for series in data.values() for c in series}
+    real_prices = {value.normalize() for series in data.values() for c in series
+                   for value in (c.open, c.high, c.low, c.close)}
+    findings = MaskFindings(requests=len(requests))
+    for request in requests:
+        text = _read_text(request.body)
+        name = _REAL_NAMES.search(text)
+        if name:
+            raise LookAheadError(f"{request.where()} names the real {name.group(0)}: "
+                                 f"{text[max(0, name.start() - 80):name.end() + 80]!r}")
+        for match in _DATE.finditer(text):
+            findings.dates += 1
+            day = datetime(*(int(part) for part in match.groups())).date()
+            if day in real_days or day.year < 2030:
+                raise LookAheadError(f"{request.where()} names the real date "
+                                     f"{match.group(0)}")
+        for match in _FIGURE.finditer(text):
+            findings.numbers += 1
+            if Decimal(match.group(0).replace(",", "")).normalize() in real_prices:
+                around = text[max(0, match.start() - 80):match.end() + 80]
+                raise LookAheadError(f"{request.where()} names {match.group(0)}, a real "
+                                     f"price: {around!r}")
+    # The books and the report stay real: real symbols, fills at real prices, as the plain
+    # checks of fills prove them.
+    def unmask(arguments: dict[str, Any]) -> dict[str, Any]:
+        real = {**arguments, "symbol": mask.real_symbol(arguments["symbol"]),
+                "amount": str(mask.real_amount(Decimal(arguments["amount"])))}
+        if "price" in arguments:
+            real["price"] = str(mask.real_price(Decimal(arguments["price"])))
+        return real
+
+    findings.fills = check_fills(record, data, settings.desks[DESK].exchange.paper,
+                                 unmask=unmask)
+    assert {fill.symbol for fill in record.fills} <= set(scenario.symbols)
+    assert record.masked
+    return findings
+
+
+def test_a_masked_run_sends_no_real_name_date_or_price_and_fills_really() -> None:
+    """Four hours on BTC/USDT, a desk waking every half hour and on moves: the model is sent
+    hundreds of dates and numbers, none real; its orders fill at real prices."""
+    scenario = Scenario(first=900, length=48, cut_after=48, schedules=("30m",),
+                        move_percent=0.3)
+    with tempfile.TemporaryDirectory(prefix="masked-") as folder:
+        findings = examine_masked(scenario, Path(folder))
+    assert findings.requests > 20 and findings.dates > 50 and findings.numbers > 1000, findings
+    assert findings.fills > 2, findings
+
+
+def test_a_view_that_lets_one_real_price_through_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is not blind: a masked exchange whose ticker is real is caught."""
+    async def real_ticker(self: MaskedExchange, symbol: str) -> Ticker:
+        ticker = await self.inner.fetch_ticker(self.mask.real_symbol(symbol))
+        return replace(self.mask.ticker(ticker), last=ticker.last)
+
+    monkeypatch.setattr(MaskedExchange, "fetch_ticker", real_ticker)
+    scenario = Scenario(first=900, length=24, cut_after=24, schedules=("30m",))
+    with (tempfile.TemporaryDirectory(prefix="masked-") as folder,
+          pytest.raises(LookAheadError, match="a real price")):
+        examine_masked(scenario, Path(folder))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@settings(max_examples=6, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario=scenarios())
+def test_no_masked_request_ever_names_a_real_symbol_time_or_price(scenario: Scenario) -> None:
+    """Any span, symbols and desk, masked: nothing real reaches the model."""
+    scenario = replace(scenario, cut_after=scenario.length)  # the real prices throughout
+    with tempfile.TemporaryDirectory(prefix="masked-") as folder:
+        findings = examine_masked(scenario, Path(folder))
+    assert findings.requests > 0, findings

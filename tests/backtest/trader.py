@@ -17,6 +17,16 @@ from tests.scripted_server import RecordedRequest, Reply, Step, ToolCall
 __all__ = ["trading_responder"]
 
 _LAST = re.compile(r"last ([\d,]+\.?\d*)")
+_SYMBOLS = re.compile(r"Desk symbols: ([^,.]+)")
+
+
+def _symbol(request: RecordedRequest) -> str:
+    """The desk's first symbol, as its ticker tool describes it (ASSET/USD when masked)."""
+    for tool in request.tools:
+        found = _SYMBOLS.search(str(tool["function"].get("description", "")))
+        if found:
+            return found.group(1).strip()
+    return "BTC/USDT"
 
 
 def _tool_name(messages: list[dict[str, Any]], call_id: str) -> str:
@@ -34,7 +44,7 @@ def trading_responder(request: RecordedRequest) -> Step:
         return Reply("Summary: the desk alternates small buys and sells.")
     last = messages[-1]
     if last.get("role") != "tool":
-        return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})])
+        return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": _symbol(request)})])
     name = _tool_name(messages, str(last.get("tool_call_id")))
     content = last.get("content")
     text = content if isinstance(content, str) else json.dumps(content)
@@ -43,7 +53,7 @@ def trading_responder(request: RecordedRequest) -> Step:
                      if c["function"]["name"] == "place_order")
         side = "buy" if orders % 2 == 0 else "sell"
         return Reply(tool_calls=[ToolCall("place_order", {
-            "symbol": "BTC/USDT", "side": side, "type": "market", "amount": "0.01"})])
+            "symbol": _symbol(request), "side": side, "type": "market", "amount": "0.01"})])
     price = _LAST.search(text)
     seen = price.group(1) if price else "the market"
-    return Reply(f"Traded 0.01 BTC at market after reading the ticker ({seen}): {text[:60]}")
+    return Reply(f"Traded 0.01 at market after reading the ticker ({seen}): {text[:60]}")

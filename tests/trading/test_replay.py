@@ -39,13 +39,17 @@ def test_the_packaged_candles_are_the_documented_ones() -> None:
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    ("time,open,high,low,close,volume\n", "the header must be"),
-    ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,0.5\n", ":2: expected 6"),
-    ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,x,1,1\n", ":2: not a number"),
+    # The one reader of candle files (trading/candle_csv.py), shared with backtests.
+    ("when,open,high,low,close,volume\n", "the header lacks a time column"),
+    ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,0.5\n",
+     ":2: 4 fields; expected 6"),
+    ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,x,1,1\n", ":2: .*not a number"),
     ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,1.5,1,1\n",
      ":2: inconsistent candle"),
     ("timestamp_ms,open,high,low,close,volume\n1672678200000,1,2,1,1,1\n"
-     "1672677900000,1,2,1,1,1\n", ":3: candles must be in time order"),
+     "1672677900000,1,2,1,1,1\n", ":3: unordered timestamp"),
+    ("timestamp_ms,open,high,low,close,volume\n1672677900000,1,2,1,1,1\n"
+     "1672678500000,1,2,1,1,1\n", ":3: a gap: 1 candle of 5m missing"),
     ("timestamp_ms,open,high,low,close,volume\n", "no candles"),
 ])
 def test_a_malformed_file_is_a_config_error_naming_the_line(

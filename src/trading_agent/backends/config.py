@@ -9,11 +9,20 @@ log line can carry the secret.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from trading_agent.backends.llama_chat_handler import TOOL_CHAT_FORMAT
 from trading_agent.errors import ConfigError
@@ -22,6 +31,7 @@ __all__ = [
     "DEFAULT_MODEL_PACKAGE",
     "MAX_CONTEXT_WINDOW",
     "AnthropicBackendConfig",
+    "KnowledgeCutoff",
     "LocalModelConfig",
     "OpenAIBackendConfig",
     "read_api_key",
@@ -41,6 +51,25 @@ _MAX_REQUEST_TIMEOUT = 3600.0
 """An hour: a server silent for longer is gone, not thinking."""
 
 
+_MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+def _month(value: object) -> str:
+    # TOML reads 2024-08-01 as a date: accepted as its month.
+    if isinstance(value, date):
+        return f"{value.year:04d}-{value.month:02d}"
+    match = _MONTH.match(value.strip()) if isinstance(value, str) else None
+    if match is None or not 1 <= int(match.group(2)) <= 12 or int(match.group(1)) < 1970:
+        raise ValueError(f"a month as \"YYYY-MM\" (such as \"2024-08\"), the last month "
+                         f"the model's training data covers; found {value!r}")
+    return match.group(0)
+
+
+KnowledgeCutoff = Annotated[str, BeforeValidator(_month)]
+"""``knowledge_cutoff``: the last month a model's training data covers, ``"YYYY-MM"``. A
+backtest over a span before its end is flagged (the model may remember it)."""
+
+
 class OpenAIBackendConfig(BaseModel):
     """How to reach one model on an OpenAI-compatible chat-completions server.
 
@@ -50,6 +79,9 @@ class OpenAIBackendConfig(BaseModel):
         api_key_env: The name of the environment variable holding the API key, or None for a
             server that needs no key (a placeholder is sent then).
         context_window: The model's window in tokens.
+        knowledge_cutoff: The last month the model's training data covers (``"2024-08"``);
+            a backtest over a span before its end is flagged, or refused with
+            ``--require-unseen``.
         max_output_tokens: A cap on each answer, or None for the server's default. A request's
             own cap wins over this one.
         max_tokens_field: The body field the cap goes in: ``max_tokens`` (understood by every
@@ -80,6 +112,7 @@ class OpenAIBackendConfig(BaseModel):
     model: str = Field(min_length=1)
     api_key_env: str | None = None
     context_window: int = Field(gt=0, le=MAX_CONTEXT_WINDOW)
+    knowledge_cutoff: KnowledgeCutoff | None = None
     max_output_tokens: int | None = Field(default=None, gt=0, le=MAX_CONTEXT_WINDOW)
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     request_timeout: float = Field(default=120.0, gt=0, le=_MAX_REQUEST_TIMEOUT)
@@ -156,6 +189,9 @@ class AnthropicBackendConfig(BaseModel):
         api_key_env: The name of the environment variable holding the API key, sent as
             ``x-api-key``; None for a compatible server that needs no key.
         context_window: The model's window in tokens.
+        knowledge_cutoff: The last month the model's training data covers (``"2024-08"``);
+            a backtest over a span before its end is flagged, or refused with
+            ``--require-unseen``.
         max_output_tokens: ``max_tokens``, which the API requires: the longest answer, its
             thinking included. A request's own cap is for the answer alone and wins over it
             (thinking's budget is added to it).
@@ -183,6 +219,7 @@ class AnthropicBackendConfig(BaseModel):
     model: str = Field(min_length=1)
     api_key_env: str | None = "ANTHROPIC_API_KEY"
     context_window: int = Field(gt=0, le=MAX_CONTEXT_WINDOW)
+    knowledge_cutoff: KnowledgeCutoff | None = None
     max_output_tokens: int = Field(default=4096, gt=0, le=MAX_CONTEXT_WINDOW)
     request_timeout: float = Field(default=120.0, gt=0, le=_MAX_REQUEST_TIMEOUT)
     price_input_per_million: float | None = Field(default=None, ge=0)
@@ -259,6 +296,9 @@ class LocalModelConfig(BaseModel):
         model_alias: The model's name on the wire (``/v1/models``, the ``model`` field).
         cache_dir: Where the assembled GGUF file and the server's log are kept.
         context_window: The context size the server allocates, in tokens.
+        knowledge_cutoff: The last month the model's training data covers (``"2024-08"``);
+            a backtest over a span before its end is flagged, or refused with
+            ``--require-unseen``.
         threads: CPU threads for generation and prompt processing; None uses every CPU.
         chat_format: A llama-cpp-python chat format:
             :data:`~trading_agent.backends.llama_chat_handler.TOOL_CHAT_FORMAT` (tool calling),
@@ -277,6 +317,7 @@ class LocalModelConfig(BaseModel):
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "trading-agent" / "models")
     context_window: int = Field(default=8192, ge=512)
+    knowledge_cutoff: KnowledgeCutoff | None = None
     threads: int | None = Field(default=None, ge=1, le=1024)
     chat_format: str = Field(default=TOOL_CHAT_FORMAT, min_length=1)
     startup_timeout: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import json
 import os
@@ -83,6 +84,7 @@ from trading_agent.agent.conversation import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from trading_agent.backtest.files import append_private, private_folder
 from trading_agent.errors import BackendError, ConfigError, ContextOverflowError
 
 __all__ = ["FORMAT_VERSION", "CacheFileError", "CacheMissError", "CacheMode", "ResponseCache"]
@@ -715,6 +717,8 @@ class ResponseCache:
         self._reader: IO[bytes] | None = None
         self._file: IO[bytes] | None = None
         self._write_lock: anyio.Lock | None = None
+        self._lock_file: IO[bytes] | None = None
+        """``<cache>.lock``: held while this process appends (``--jobs`` share the file)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, path={str(self.path)!r}, {self.mode})"
@@ -736,8 +740,9 @@ class ResponseCache:
 
     async def aclose(self) -> None:
         """Closes the file (the wrapped backend is the caller's to close)."""
-        files = [file for file in (self._file, self._reader) if file is not None]
-        self._file = self._reader = None
+        files = [file for file in (self._file, self._reader, self._lock_file)
+                 if file is not None]
+        self._file = self._reader = self._lock_file = None
         for file in files:
             await anyio.to_thread.run_sync(file.close)
 
@@ -921,48 +926,59 @@ class ResponseCache:
         recording = self._recording
         assert recording is not None and self._write_lock is not None
         async with self._write_lock:  # lines in order: a body before the answer naming it
-            lines: list[dict[str, Any]] = []
-            system = (None if parts.system in recording.systems else request.system_prompt)
-            if system is not None:
-                lines.append({"v": FORMAT_VERSION, "kind": "system", "hash": parts.system,
-                              "text": system})
-            new_tools = parts.tools not in recording.tools
-            if new_tools:
-                lines.append({"v": FORMAT_VERSION, "kind": "tools", "hash": parts.tools,
-                              "tools": json.loads(_canonical([dict(t) for t in request.tools]))})
-            messages = parts.sent.messages
-            base, keep = self._base_for(parts.sent)
-            added: list[str] = []
-            written: set[bytes] = set()
-            for message in messages[keep:]:
-                digest = _message_digest(message)
-                added.append(digest.hex())
-                if digest not in recording.messages and digest not in written:
-                    written.add(digest)
-                    lines.append({"v": FORMAT_VERSION, "kind": "message", "hash": added[-1],
-                                  "body": _message_body(message)})
-            answer: dict[str, Any] = {
-                "v": FORMAT_VERSION, "kind": "answer", "key": parts.key.hex(),
-                "model": self.model, "sampling": self._sampling,
-                "max_output_tokens": request.max_output_tokens, "system": parts.system,
-                "tools": parts.tools, "base": base, "keep": keep, "messages": added}
-            if isinstance(outcome, _Overflow):
-                answer["error"] = {"kind": "context_overflow", "message": outcome.message,
-                                   "status_code": outcome.status_code}
-            else:
-                answer["reply"] = _reply_json(outcome)
-            lines.append(answer)
-            data = "".join(_canonical(line) + "\n" for line in lines).encode("ascii")
-            await anyio.to_thread.run_sync(self._append, data)
+            # Other processes (--jobs) may have appended since: take their lines first, under
+            # the file lock, so this answer's base and bodies name what the file holds.
+            await anyio.to_thread.run_sync(self._lock_and_catch_up)
+            try:
+                await self._append_answer(request, parts, outcome, recording)
+            finally:
+                await anyio.to_thread.run_sync(self._unlock)
 
-            if system is not None:
-                recording.systems.add(parts.system)
-            if new_tools:
-                recording.tools.add(parts.tools)
-            recording.messages.update(written)
-            recording.size += len(data)
-            parts.sent.entry = len(recording.lengths)
-            recording.lengths.append(len(messages))
+    async def _append_answer(self, request: ModelRequestSpec, parts: _Parts,
+                             outcome: _Outcome, recording: _Recording) -> None:
+        """Appends one answer and its new bodies (the file lock held)."""
+        lines: list[dict[str, Any]] = []
+        system = (None if parts.system in recording.systems else request.system_prompt)
+        if system is not None:
+            lines.append({"v": FORMAT_VERSION, "kind": "system", "hash": parts.system,
+                          "text": system})
+        new_tools = parts.tools not in recording.tools
+        if new_tools:
+            lines.append({"v": FORMAT_VERSION, "kind": "tools", "hash": parts.tools,
+                          "tools": json.loads(_canonical([dict(t) for t in request.tools]))})
+        messages = parts.sent.messages
+        base, keep = self._base_for(parts.sent)
+        added: list[str] = []
+        written: set[bytes] = set()
+        for message in messages[keep:]:
+            digest = _message_digest(message)
+            added.append(digest.hex())
+            if digest not in recording.messages and digest not in written:
+                written.add(digest)
+                lines.append({"v": FORMAT_VERSION, "kind": "message", "hash": added[-1],
+                              "body": _message_body(message)})
+        answer: dict[str, Any] = {
+            "v": FORMAT_VERSION, "kind": "answer", "key": parts.key.hex(),
+            "model": self.model, "sampling": self._sampling,
+            "max_output_tokens": request.max_output_tokens, "system": parts.system,
+            "tools": parts.tools, "base": base, "keep": keep, "messages": added}
+        if isinstance(outcome, _Overflow):
+            answer["error"] = {"kind": "context_overflow", "message": outcome.message,
+                               "status_code": outcome.status_code}
+        else:
+            answer["reply"] = _reply_json(outcome)
+        lines.append(answer)
+        data = "".join(_canonical(line) + "\n" for line in lines).encode("ascii")
+        await anyio.to_thread.run_sync(self._append, data)
+
+        if system is not None:
+            recording.systems.add(parts.system)
+        if new_tools:
+            recording.tools.add(parts.tools)
+        recording.messages.update(written)
+        recording.size += len(data)
+        parts.sent.entry = len(recording.lengths)
+        recording.lengths.append(len(messages))
 
     def _base_for(self, sent: _Sent) -> tuple[int | None, int]:
         """The recent answer sharing the most leading messages, and how many it shares: a
@@ -975,17 +991,62 @@ class ResponseCache:
                     best = (recent.entry, common)
         return best
 
-    def _append(self, data: bytes) -> None:
-        """Writes whole lines at the end of the file (in a thread)."""
+    def _lock_and_catch_up(self) -> None:
+        """Takes the file lock, then the lines other processes appended since this one last
+        read (in a thread). Under the lock nobody is writing, so a last line without its
+        newline is a crash's, cut off by the next append.
+
+        Raises:
+            CacheFileError: The lock or the file cannot be opened, or a new line is
+                unreadable.
+        """
+        recording = self._recording
+        assert recording is not None
         try:
+            if self._lock_file is None:
+                private_folder(self.path.parent)
+                self._lock_file = append_private(self.path.with_name(self.path.name + ".lock"))
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
+            recording.torn_at = None
+            try:
+                file = open(self.path, "rb")  # noqa: SIM115  (closed below)
+            except FileNotFoundError:
+                return
+            with file:
+                file.seek(recording.size)
+                offset = recording.size
+                for raw in file:
+                    if not raw.endswith(b"\n"):
+                        recording.torn_at = offset
+                        break
+                    recording.take(raw, offset)
+                    offset += len(raw)
+                recording.size = offset
+        except _BadLine as exc:
+            self._unlock()
+            raise CacheFileError(f"{self.path}: a line another run appended is unreadable: "
+                                 f"{exc}. Delete the file to record afresh, or run with "
+                                 "`--cache off`") from None
+        except OSError as exc:
+            self._unlock()
+            raise CacheFileError(f"{self.path}: cannot lock or read the response cache "
+                                 f"({exc}); fix it, or run with `--cache off`") from None
+
+    def _unlock(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+
+    def _append(self, data: bytes) -> None:
+        """Writes whole lines at the end of the file (in a thread, the file lock held)."""
+        try:
+            recording = self._recording
+            if recording is not None and recording.torn_at is not None:
+                os.truncate(self.path, recording.torn_at)  # a torn last line: cut it off
+                recording.torn_at = None
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                recording = self._recording
-                if recording is not None and recording.torn_at is not None:
-                    os.truncate(self.path, recording.torn_at)  # a torn last line: cut it off
-                    recording.torn_at = None
+                private_folder(self.path.parent)
                 # Kept open for the run, closed by aclose.
-                self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
+                self._file = append_private(self.path)
             view = memoryview(data)
             while view:  # unbuffered: each write goes to the OS, so a crash keeps it
                 view = view[self._file.write(view) or 0:]

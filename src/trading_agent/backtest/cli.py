@@ -4,7 +4,11 @@
 
     trading-agent backtest CONFIG --desk NAME --from ISO --to ISO --out DIR
         [--cache record|strict|off] [--cache-dir DIR] [--data SYMBOL=FILE]
-        [--messages FILE] [--force]
+        [--messages FILE] [--force] [--mask [--mask-seed N]] [--require-unseen]
+        [--audit] [--jobs N] [--concurrency N]
+    trading-agent backtest CONFIG --from ISO --to ISO --out DIR --window DAYS
+        (--windows N [--spacing random|even] | --walk-forward) [--seed S]
+        [--random-traders N] [--jobs N]
     trading-agent backtest --compare A.toml B.toml ... --from ISO --to ISO --out DIR
     trading-agent backtest CONFIG --desk A --desk B ... --from ISO --to ISO --out DIR
 
@@ -82,6 +86,38 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--messages", type=Path, metavar="FILE",
                         help="operator messages to send during the run, one per line: "
                              "ISO-TIME TEXT")
+    parser.add_argument("--mask", action="store_true",
+                        help="the model reads a disguised market: times shifted by whole "
+                             "weeks, prices scaled by one factor, the symbol renamed "
+                             "ASSET/USD; fills, fees and the report stay real")
+    parser.add_argument("--mask-seed", type=int, default=0, metavar="N",
+                        help="picks the mask's time offset and price factor (0 by default)")
+    parser.add_argument("--audit", action="store_true",
+                        help="run the span plain and masked and report the difference: "
+                             "return, trades, how many decisions agree, and what it suggests")
+    parser.add_argument("--windows", type=int, metavar="N",
+                        help="run N windows of --window days inside --from..--to (random "
+                             "starts from --seed, or --spacing even) and report a scorecard "
+                             "against baselines")
+    parser.add_argument("--window", type=float, metavar="DAYS",
+                        help="each window's length in days (with --windows or --walk-forward)")
+    parser.add_argument("--spacing", choices=["random", "even"], default="random",
+                        help="how --windows start: at random (seeded) or evenly spaced")
+    parser.add_argument("--walk-forward", action="store_true",
+                        help="consecutive windows of --window days from --from to --to")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the random windows, random traders and bootstrap")
+    parser.add_argument("--random-traders", type=int, default=20, metavar="N",
+                        help="random traders per window (20 by default)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run windows (or several desks and configs) in N worker "
+                             "processes; the response cache is shared")
+    parser.add_argument("--concurrency", type=int, metavar="N",
+                        help="at most N model calls in flight across all --jobs (for a "
+                             "remote model); a 429 is waited out and asked again")
+    parser.add_argument("--require-unseen", action="store_true",
+                        help="refuse a span that starts before the end of the model's "
+                             "knowledge_cutoff (the model may have seen it)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_backtest)
 
@@ -92,6 +128,8 @@ def _backtest(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"backtest: {exc}", file=sys.stderr)
         return _EXIT_INPUT
+    if args.windows is not None or args.walk_forward:
+        return _sweep(args, runs, out, specs)
     import anyio  # here: the other commands need none of the engine
 
     from trading_agent.backtest.engine import run_backtest
@@ -100,7 +138,25 @@ def _backtest(args: argparse.Namespace) -> int:
     from trading_agent.backtest.report import summary_table, write_comparison, write_report
 
     records: list[BacktestRecord] = []
+    in_workers = args.jobs > 1 and len(specs) > 1
+    if in_workers:
+        from trading_agent.backtest.parallel import run_records
+
+        try:
+            records = run_records(specs, workers=args.jobs)
+        except ConfigError as exc:
+            print(f"backtest: {exc}", file=sys.stderr)
+            return _EXIT_INPUT
+        except (TradingAgentError, KeyboardInterrupt) as exc:
+            why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else f"failed: {type(exc).__name__}: {exc}")
+            print(f"backtest {why}\nNothing was written to {out}. Every answer the model "
+                  "gave is kept in the response cache: a re-run replays them for free.",
+                  file=sys.stderr)
+            return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
     for run, spec in zip(runs, specs, strict=True):
+        if in_workers:
+            break  # run by the workers
         bar = ProgressBar(run.label)
         try:
             records.append(anyio.run(_one, run_backtest, spec,
@@ -119,8 +175,18 @@ def _backtest(args: argparse.Namespace) -> int:
             return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
         bar.finish()
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    audited = None
     try:
-        if len(records) == 1:
+        if args.audit:
+            from trading_agent.backtest.audit import audit
+            from trading_agent.backtest.metrics import compute_figures
+
+            plain, masked = records
+            audited = audit(plain, masked, compute_figures(plain), compute_figures(masked))
+            figures = list(zip(["plain", "masked"],
+                               write_comparison(records, ["plain", "masked"], staging,
+                                                audit=audited), strict=True))
+        elif len(records) == 1:
             figures = [(runs[0].label, write_report(records[0], staging))]
         else:
             labels = [run.label for run in runs]
@@ -130,6 +196,15 @@ def _backtest(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(summary_table(figures))
+    if audited is not None:
+        agreement = "n/a" if audited.agreement is None else f"{audited.agreement:.0%}"
+        print(f"\nAudit: return plain {audited.plain_return:+.2%}, masked "
+              f"{audited.masked_return:+.2%}; trades {audited.plain_trades} vs "
+              f"{audited.masked_trades}; decisions agreeing {agreement} of "
+              f"{audited.decisions}.\n{audited.verdict}")
+    for label, figure in figures:
+        for notice in figure.notices:
+            print(f"\nRead this first ({label}): {notice}.")
     trades = ("trades.csv and fills.csv" if len(records) == 1
               else "a trades-<run>.csv and a fills-<run>.csv per run")
     print(f"\nReport: {out / 'report.html'} (with report.json, {trades})")
@@ -151,7 +226,9 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         desk_settings,
         load_history,
         load_scripted_messages,
+        span_notice,
     )
+    from trading_agent.backtest.mask import choose_mask
     from trading_agent.logging_setup import configure_logging
     from trading_agent.settings import load_settings
 
@@ -173,7 +250,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
         secrets.update(settings.secret_env_vars())
         spec = BacktestSpec(settings, run.desk, start, end, cache_mode=args.cache,
                             cache_dir=args.cache_dir, data=data, data_dir=args.data_dir,
-                            messages=messages, source=str(run.config))
+                            messages=messages, source=str(run.config),
+                            concurrency=args.concurrency)
         config = desk_settings(spec)
         if unnamed:
             if len(config.symbols) != 1:
@@ -182,9 +260,96 @@ def _prepare(args: argparse.Namespace) -> tuple[list[_Run], Path, list[Any]]:
                                   "--data SYMBOL=FILE")
             spec = replace(spec, data={**data, config.symbols[0]: unnamed[0]})
         load_history(spec, config)  # the data and the span, checked now
+        if args.mask:
+            spec = replace(spec, mask=choose_mask(config.symbols, start, args.mask_seed))
+        notice = span_notice(spec, config)
+        if notice is not None:
+            if args.require_unseen:
+                raise ConfigError(f"--require-unseen: desk {run.desk} of {run.config}: "
+                                  f"{notice}")
+            print(f"backtest: warning: desk {run.desk}: {notice}", file=sys.stderr)
         specs.append(spec)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError("--concurrency must be 1 or more")
+    if args.jobs < 1:
+        raise ConfigError("--jobs must be 1 or more")
+    if args.windows is not None or args.walk_forward:
+        _check_windows(args)
+    if args.audit:
+        if len(specs) != 1 or args.mask or args.windows is not None or args.walk_forward:
+            raise ConfigError("--audit runs one desk plain and masked: name one desk and one "
+                              "config, without --mask or --compare")
+        spec = specs[0]
+        desk = desk_settings(spec).symbols
+        runs = [replace(runs[0], label="plain"), replace(runs[0], label="masked")]
+        specs = [spec, replace(spec, mask=choose_mask(desk, start, args.mask_seed))]
     configure_logging("warning", "auto", secret_env_names=secrets, stream=sys.stderr)
     return runs, out, specs
+
+
+def _check_windows(args: argparse.Namespace) -> None:
+    if args.window is None or args.window <= 0:
+        raise ConfigError("--windows and --walk-forward need --window DAYS (above 0)")
+    if args.windows is not None and args.walk_forward:
+        raise ConfigError("choose --windows N or --walk-forward, not both")
+    if args.windows is not None and args.windows < 1:
+        raise ConfigError("--windows must be 1 or more")
+    if args.random_traders < 0:
+        raise ConfigError("--random-traders must be 0 or more")
+
+
+def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[Any]) -> int:
+    """Many windows of each run, with baselines: the scorecard."""
+    from datetime import timedelta
+
+    from trading_agent.backtest.engine import desk_settings, span_notice
+    from trading_agent.backtest.parallel import run_jobs
+    from trading_agent.backtest.scorecard import scorecard, with_deflated_sharpe
+    from trading_agent.backtest.scorecard_report import scorecard_text, write_scorecard
+    from trading_agent.backtest.sweep import WindowJob
+    from trading_agent.backtest.windows import choose_windows
+    from trading_agent.trading.exchange import timeframe_delta
+
+    first = specs[0]
+    step = timeframe_delta(desk_settings(first).exchange.replay.timeframe)
+    try:
+        windows = choose_windows(
+            first.start, first.end, timedelta(days=args.window), count=args.windows or 0,
+            spacing="walk-forward" if args.walk_forward else args.spacing, seed=args.seed,
+            step=step)
+    except ValueError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_INPUT
+    jobs = [WindowJob(spec, window, args.random_traders, args.seed * 1000)
+            for spec in specs for window in windows]
+    try:
+        results = run_jobs(jobs, workers=args.jobs, quiet=args.quiet)
+    except ConfigError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_INPUT
+    except (TradingAgentError, KeyboardInterrupt) as exc:
+        why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+               else f"failed: {type(exc).__name__}: {exc}")
+        print(f"backtest {why}\nNothing was written to {out}. Every answer the model gave "
+              "is kept in the response cache: a re-run replays them for free.",
+              file=sys.stderr)
+        return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
+    cards = with_deflated_sharpe([
+        scorecard(run.label, results[index * len(windows):(index + 1) * len(windows)],
+                  seed=args.seed) for index, run in enumerate(runs)])
+    notices = [f"{run.label}: {notice}" for run, spec in zip(runs, specs, strict=True)
+               if (notice := span_notice(spec, desk_settings(spec))) is not None]
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_scorecard(cards, windows, staging, notices=notices)
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(scorecard_text(cards, windows))
+    for notice in notices:
+        print(f"Read this first: {notice}.")
+    print(f"Report: {out / 'report.html'} (with report.json and windows.csv)")
+    return 0
 
 
 def _time(text: str, flag: str) -> datetime:

@@ -46,7 +46,7 @@ from typing import Any
 import anyio
 import structlog
 
-from trading_agent.agent.backend import ModelBackend
+from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import (
     Event,
@@ -67,6 +67,10 @@ from trading_agent.backtest.candles import (
     default_data_dir,
     load_history_csv,
 )
+from trading_agent.backtest.concurrency import BoundedModel, ModelSlots
+from trading_agent.backtest.cutoff import seen_notice
+from trading_agent.backtest.mask import Mask, MaskedModel
+from trading_agent.backtest.mcp_replay import McpReplay, recordings_path
 from trading_agent.backtest.record import (
     BacktestRecord,
     Decision,
@@ -80,6 +84,7 @@ from trading_agent.blocking import blocking_inline
 from trading_agent.desks.building import DeskParts, ModelBackends, build_desk
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DeskSettings, Settings
+from trading_agent.settings.model import knowledge_cutoff
 from trading_agent.store.store import Store
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.booked_exchange import STARTING_TURN
@@ -91,7 +96,8 @@ from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["BacktestSpec", "Progress", "ScriptedMessage", "default_cache_dir",
-           "load_scripted_messages", "run_backtest", "scratch_folder"]
+           "load_scripted_messages", "paper_exchange", "run_backtest", "scratch_folder",
+           "span_notice"]
 
 _log = structlog.get_logger(__name__)
 
@@ -164,6 +170,10 @@ class BacktestSpec:
         messages: Operator messages to send during the run.
         environ: Where secrets are read from (the model's API key).
         source: The config file, named in messages.
+        mask: The view the desk reads its market through (:mod:`.mask`); None for the
+            real market.
+        concurrency: At most this many model calls in flight across every process of the
+            run, 429s waited out (:mod:`.concurrency`); None for no bound.
     """
 
     settings: Settings
@@ -177,6 +187,8 @@ class BacktestSpec:
     messages: Sequence[ScriptedMessage] = ()
     environ: Mapping[str, str] | None = None
     source: str = "the config"
+    mask: Mask | None = None
+    concurrency: int | None = None
 
 
 BackendFactory = Callable[[DeskSettings, AsyncExitStack], Awaitable[ModelBackend]]
@@ -204,6 +216,15 @@ def desk_settings(spec: BacktestSpec) -> DeskSettings:
             f"{spec.source}: desks.{spec.desk}.exchange.mode is \"live\": a backtest never "
             "reaches a live exchange; copy the config with mode = \"paper\" to backtest it")
     return config
+
+
+def span_notice(spec: BacktestSpec, config: DeskSettings) -> str | None:
+    """The notice for a span the desk's model may have seen in training
+    (:mod:`.cutoff`), or None when it starts after the model's ``knowledge_cutoff`` or the
+    model has none."""
+    return seen_notice(spec.start, knowledge_cutoff(config.model),
+                       getattr(config.model, "knowledge_cutoff", None),
+                       masked=spec.mask is not None)
 
 
 def load_history(spec: BacktestSpec, config: DeskSettings) -> tuple[dict[str, list[Candle]],
@@ -347,18 +368,39 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
             backend = await ModelBackends(stack, spec.environ).get(config)
         else:
             backend = await backend_factory(config, stack)
-        cache = ResponseCache(backend, _cache_path(spec), spec.cache_mode,
+        if spec.concurrency is not None:
+            slots = ModelSlots((spec.cache_dir or default_cache_dir()) / "model-slots",
+                               spec.concurrency)
+            timed = _Timed(BoundedModel(backend, slots))
+        else:
+            timed = _Timed(backend)
+        cache = ResponseCache(timed, _cache_path(spec), spec.cache_mode,
                               sampling=_sampling(backend))
         await cache.open()
         stack.push_async_callback(cache.aclose)
-        parts = await build_desk(spec.desk, config, venue, cache, stack=stack, database=database,
-                                 store=store, bus=bus, approvals=None, settings=spec.settings,
-                                 clock=feed.now, sleep=_no_wait)
+        mask = spec.mask
+        # MCP servers are never started: recorded answers are replayed, others refused.
+        mcp = McpReplay(recordings_path(_cache_path(spec)))
+        if mask is None:
+            parts = await build_desk(spec.desk, config, venue, cache, stack=stack,
+                                     database=database, store=store, bus=bus, approvals=None,
+                                     settings=spec.settings, clock=feed.now, sleep=_no_wait,
+                                     mcp_tools=mcp.register)
+        else:
+            # The same desk, built on the masked view of the same venue: what it reads is
+            # masked, what it sends is made real before the risk policy sees it.
+            parts = await build_desk(spec.desk, mask.desk_settings(config), mask.venue(venue),
+                                     MaskedModel(cache, mask), stack=stack, database=database,
+                                     store=store, bus=bus, approvals=None, settings=spec.settings,
+                                     clock=lambda: mask.time(feed.now()), sleep=_no_wait,
+                                     mcp_tools=mcp.register)
         numbers = itertools.count(1)
         parts.desk.loop.new_turn_id = lambda: f"t{next(numbers):06d}"
-        run = _Run(spec, config, feed, venue, parts, cache, bus.subscribe(
+        run = _Run(spec, config, feed, venue, parts, cache, mcp.notices, bus.subscribe(
             "backtest", max_buffer=_EVENTS_BUFFER, accept=lambda e: isinstance(e, _RECORDED)))
-        return await run.go(on_progress)
+        record = await run.go(on_progress)
+        record.usage.model_seconds = timed.seconds
+        return record
 
 
 class _Run:
@@ -366,7 +408,7 @@ class _Run:
 
     def __init__(self, spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
                  venue: TradingVenue, parts: DeskParts, cache: ResponseCache,
-                 events: Subscription) -> None:
+                 notices: Sequence[str], events: Subscription) -> None:
         self.spec = spec
         self.feed = feed
         self.venue = venue
@@ -377,7 +419,11 @@ class _Run:
         self.record = BacktestRecord(
             desk=spec.desk, model=cache.model, start=feed.now(), end=feed.now(),
             timeframe=feed.timeframe, quote_currency=self.quote, candles={},
-            starting_equity=Decimal(0))
+            starting_equity=Decimal(0), masked=spec.mask is not None)
+        notice = span_notice(spec, config)
+        if notice is not None:
+            self.record.notices.append(notice)
+        self.record.notices.extend(notices)
         self.spool = TranscriptSpool()
         """Where decisions' transcripts wait for the report, out of memory."""
         self._turns: dict[str, _TurnNotes] = {}
@@ -405,7 +451,8 @@ class _Run:
             candles = feed.advance()
             for candle in candles:
                 span[candle.symbol].append(candle)
-            await watcher.take_step(candles)
+            await watcher.take_step(candles if self.spec.mask is None
+                                    else [self.spec.mask.candle(c) for c in candles])
             if schedules is not None:
                 schedules.fire_due()
             await self._send_due_messages()
@@ -433,7 +480,8 @@ class _Run:
         now = self.feed.now()
         while self._messages and self._messages[0].at <= now:
             message = self._messages.pop(0)
-            await self.parts.desk.send_message(message.text, source="operator (scripted)")
+            text = message.text if self.spec.mask is None else self.spec.mask.text(message.text)
+            await self.parts.desk.send_message(text, source="operator (scripted)")
 
     async def _equity(self) -> tuple[Decimal, Decimal]:
         valuation = await value_account(self.venue.exchange, self.quote)
@@ -608,6 +656,12 @@ def scratch_folder() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+def paper_exchange(config: ExchangeConfig) -> ExchangeConfig:
+    """The exchange a backtest trades on (and its baselines): the desk's, paper on the
+    replay, market orders filling at the next open."""
+    return _paper_next_open(config)
+
+
 def _paper_next_open(config: ExchangeConfig) -> ExchangeConfig:
     """The desk's exchange, paper on the replay, market orders filling at the next open."""
     paper = config.paper.model_copy(update={"market_fill": "next_open"})
@@ -627,6 +681,28 @@ def _sampling(backend: ModelBackend) -> dict[str, Any]:
     return {key: getattr(config, key, None)
             for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body",
                         "thinking_budget_tokens")}
+
+
+class _Timed:
+    """The model, with the seconds spent waiting for it counted."""
+
+    def __init__(self, inner: ModelBackend) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.context_window = inner.context_window
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # count_tokens, config...
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
+        started = time.perf_counter()
+        try:
+            return await self.inner.complete(request, on_text, on_thinking)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 async def _no_wait(seconds: float) -> None:

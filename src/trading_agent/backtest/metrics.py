@@ -34,6 +34,11 @@ Definitions (the README quotes them):
   ``model_calls``, ``cache_hits``, ``input_tokens``, ``output_tokens``, ``cost``: from the
   run's model usage (tokens and cost count cached answers too: what the run would cost
   without the cache; ``cost`` None when no prices are configured).
+- ``model_seconds``: wall-clock seconds spent waiting for the model (0 for cached answers);
+  not in ``report.json``, which a re-run from the cache reproduces byte for byte, but in a
+  many-window scorecard's cost per decision.
+- ``masked``: whether the model read the run through the mask; ``notices``: what a reader
+  must know first (a span before the model's knowledge cutoff), one sentence each.
 """
 
 from __future__ import annotations
@@ -90,6 +95,9 @@ class Figures:
     realized_profit: float
     fees: float
     exposure: float
+    notices: tuple[str, ...] = ()
+    masked: bool = False
+    model_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The content of ``report.json``: plain JSON values, keys in a stable order.
@@ -127,6 +135,8 @@ class Figures:
             "realized_profit": self.realized_profit,
             "fees": self.fees,
             "exposure": self.exposure,
+            "masked": self.masked,
+            "notices": list(self.notices),
         }
 
 
@@ -203,6 +213,9 @@ def compute_figures(record: BacktestRecord) -> Figures:
         fees=float(sum((trade.fees for trade in record.trades), Decimal(0))),
         exposure=math.fsum(float(point.exposure) for point in record.equity)
         / len(record.equity),
+        notices=tuple(record.notices),
+        model_seconds=record.usage.model_seconds,
+        masked=record.masked,
     )
 
 

@@ -202,6 +202,8 @@ class ModelUsage:
             would cost without the cache).
         output_tokens: Completion tokens, likewise.
         cost: Money at the configured prices, likewise; None when no prices are configured.
+        model_seconds: Wall-clock seconds spent waiting for the model (cache hits cost
+            none).
     """
 
     model_calls: int = 0
@@ -209,6 +211,7 @@ class ModelUsage:
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = None
+    model_seconds: float = 0.0
 
 
 @dataclass
@@ -231,6 +234,9 @@ class BacktestRecord:
         fills: Every fill of the desk's books, oldest first.
         decisions: Every turn, oldest first.
         usage: Model calls, cache hits, tokens, cost.
+        notices: What a reader must know before trusting the figures (the span is before
+            the model's knowledge cutoff...), one sentence each.
+        masked: Whether the model read the run through the mask (:mod:`.mask`).
     """
 
     desk: str
@@ -246,3 +252,5 @@ class BacktestRecord:
     fills: list[FillRecord] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     usage: ModelUsage = field(default_factory=ModelUsage)
+    notices: list[str] = field(default_factory=list)
+    masked: bool = False

@@ -43,6 +43,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from trading_agent.backtest.audit import Audit
+from trading_agent.backtest.files import private_folder, write_private
 from trading_agent.backtest.metrics import (
     Figures,
     buy_and_hold_curve,
@@ -54,7 +56,8 @@ from trading_agent.backtest.record import BacktestRecord, Decision, FillRecord
 from trading_agent.tools.charts import DARK, ChartTheme
 from trading_agent.trading.books import RoundTrip
 
-__all__ = ["CHART_SIZE", "FILL_COLUMNS", "TRADE_COLUMNS", "equity_chart_png", "summary_table",
+__all__ = ["CHART_SIZE", "FILL_COLUMNS", "TRADE_COLUMNS", "equity_chart_png",
+           "spreadsheet_safe", "summary_table",
            "write_comparison", "write_report"]
 
 TRADE_COLUMNS = ("opened_at", "closed_at", "symbol", "side", "amount", "entry_price",
@@ -192,15 +195,18 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
     png = equity_chart_png([record])
     links = _Links(record, "decision-")
     body = [
-        _header(f"Backtest of {record.desk}", _span_line(record)),
+        _header(f"Backtest of {record.desk}", _e(_span_line(record))),
+        _notices_section(record.notices),
         _figures_section([(record.desk, figures)]),
         _chart_section(png),
         _trades_section(record.trades, links, "Trades"),
         _fills_section(record.fills, links, "Fills"),
-        _decisions_section(record.decisions, "decision-", "Decisions"),
     ]
+    transcripts: dict[str, str | bytes] = {}
+    body.append(_decisions_section(record.decisions, "decision-", "Decisions", transcripts))
     page = _page(f"Backtest of {record.desk} · {record.model}", body)
     files: dict[str, str | bytes] = {
+        **transcripts,
         "report.json": _json_text(figures.to_json()),
         "trades.csv": _trades_csv(record.trades),
         "fills.csv": _fills_csv(record.fills),
@@ -212,7 +218,7 @@ def write_report(record: BacktestRecord, out_dir: Path) -> Figures:
 
 
 def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
-                     out_dir: Path) -> list[Figures]:
+                     out_dir: Path, *, audit: Audit | None = None) -> list[Figures]:
     """Writes one report comparing several runs over the same span, side by side.
 
     Args:
@@ -226,6 +232,8 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
             buy-and-hold of the first run) and ``report.html`` (the figures in one column
             per run, then each run's trades, fills and decisions, anchored
             ``#decision-<slug>-N``).
+        audit: The memorisation audit of a plain and a masked run (:mod:`.audit`): in
+            ``report.json`` as ``audit``, and above the figures.
 
     Returns:
         The figures of each run, in order.
@@ -254,21 +262,27 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
     title = "Backtest comparison: " + " vs ".join(labels)
     span = (f"{_when(first.start)} to {_when(first.end)} UTC · {first.timeframe} · "
             + ", ".join(first.candles))
-    body = [_header(title, span), _figures_section(list(zip(labels, figures, strict=True))),
-            _chart_section(png)]
+    body = [_header(title, _e(span)), _audit_section(audit),
+            _figures_section(list(zip(labels, figures, strict=True))), _chart_section(png)]
+    transcripts: dict[str, str | bytes] = {}
     for label, slug, record in zip(labels, slugs, records, strict=True):
         prefix = f"decision-{slug}-"
         body.append(f'<section class="run" id="run-{slug}">\n<h2>{_e(label)}</h2>\n'
                     f'<p class="meta">{_e(_span_line(record))}</p>')
+        body.append(_notices_section(record.notices))
         links = _Links(record, prefix)
         body.append(_trades_section(record.trades, links, f"Trades of {label}"))
         body.append(_fills_section(record.fills, links, f"Fills of {label}"))
-        body.append(_decisions_section(record.decisions, prefix, f"Decisions of {label}"))
+        body.append(_decisions_section(record.decisions, prefix, f"Decisions of {label}",
+                                       transcripts, page_name=slug))
         body.append("</section>")
-    report = {"from": iso_time(first.start), "to": iso_time(first.end),
-              "runs": [{"label": label, **f.to_json()}
-                       for label, f in zip(labels, figures, strict=True)]}
-    files: dict[str, str | bytes] = {"report.json": _json_text(report)}
+    report: dict[str, object] = {
+        "from": iso_time(first.start), "to": iso_time(first.end),
+        "runs": [{"label": label, **f.to_json()}
+                 for label, f in zip(labels, figures, strict=True)]}
+    if audit is not None:
+        report["audit"] = audit.to_json()
+    files: dict[str, str | bytes] = {**transcripts, "report.json": _json_text(report)}
     for slug, record in zip(slugs, records, strict=True):
         files[f"trades-{slug}.csv"] = _trades_csv(record.trades)
         files[f"fills-{slug}.csv"] = _fills_csv(record.fills)
@@ -281,13 +295,19 @@ def write_comparison(records: Sequence[BacktestRecord], labels: Sequence[str],
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+TRANSCRIPTS = "transcripts"
+"""The folder of a long run's transcript pages, beside ``report.html``."""
+
+
 def _write_all(out_dir: Path, files: dict[str, str | bytes]) -> None:
     for name, content in files.items():
+        if "/" in name:
+            private_folder(out_dir / name.rpartition("/")[0])
         # Half an emoji from a broken model stream cannot be UTF-8: shown as U+FFFD, as the
         # operator views show it, rather than failing the whole report.
         data = (_LONE_SURROGATE.sub("\ufffd", content).encode()
                 if isinstance(content, str) else content)
-        (out_dir / name).write_bytes(data)
+        write_private(out_dir / name, data)
 
 
 def _json_text(content: object) -> str:
@@ -308,9 +328,33 @@ def _profit_percent(trade: RoundTrip) -> Decimal:
     return trade.profit_percent.quantize(_PERCENT_PLACES)
 
 
+_FORMULA_START = frozenset("=+-@\t\r")
+"""What a spreadsheet may read as the start of a formula (OWASP's CSV injection list)."""
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """A CSV cell a spreadsheet shows as text, never runs: one starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return gets a leading ``'``, unless it is a number
+    (``-12.5`` stays a number)."""
+    if cell and cell[0] in _FORMULA_START and not _NUMBER.match(cell):
+        return "'" + cell
+    return cell
+
+
+class _SafeWriter:
+    """``csv.writer`` whose every cell is :func:`spreadsheet_safe`."""
+
+    def __init__(self, buffer: io.StringIO) -> None:
+        self._writer = csv.writer(buffer)  # RFC 4180: CRLF rows, quotes doubled, newlines kept
+
+    def writerow(self, row: Sequence[str]) -> None:
+        self._writer.writerow([spreadsheet_safe(cell) for cell in row])
+
+
 def _trades_csv(trades: Sequence[RoundTrip]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)  # RFC 4180: CRLF rows, quotes doubled, newlines kept
+    writer = _SafeWriter(buffer)
     writer.writerow(TRADE_COLUMNS)
     for trade in trades:
         writer.writerow([
@@ -326,7 +370,7 @@ def _trades_csv(trades: Sequence[RoundTrip]) -> str:
 
 def _fills_csv(fills: Sequence[FillRecord]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = _SafeWriter(buffer)
     writer.writerow(FILL_COLUMNS)
     for fill in fills:
         writer.writerow([iso_time(fill.decided_at), iso_time(fill.filled_at), fill.symbol,
@@ -355,6 +399,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
        margin: 0 auto; max-width: 1240px; padding: 24px; color: #1d2230; background: #f6f7fa; }
 h1 { font-size: 22px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 28px 0 10px; }
+.notices { background: #fff4e5; border-left: 4px solid #e8a33d; padding: 2px 16px; }
 .meta { color: #5b6275; margin: 0 0 16px; }
 table { border-collapse: collapse; background: #fff; }
 th, td { padding: 5px 10px; border-bottom: 1px solid #e3e6ee; text-align: left;
@@ -368,6 +413,7 @@ img.chart { display: block; max-width: 100%; height: auto; border-radius: 6px; }
 details.decision { background: #fff; border: 1px solid #e3e6ee; border-radius: 6px;
                    margin: 6px 0; padding: 6px 10px; }
 details.decision:target { outline: 2px solid #6495ed; }
+ol.decision-list li:target { outline: 2px solid #6495ed; }
 details.decision > summary { cursor: pointer; }
 summary time, summary .number { font-variant-numeric: tabular-nums; color: #5b6275; }
 summary .number { display: inline-block; min-width: 3.2em; }
@@ -404,8 +450,9 @@ def _preview(text: str, limit: int) -> str:
 
 
 def _span_line(record: BacktestRecord) -> str:
+    masked = " · masked" if record.masked else ""
     return (f"model {record.model} · {_when(record.start)} to {_when(record.end)} UTC · "
-            f"{record.timeframe} · {', '.join(record.candles)}")
+            f"{record.timeframe} · {', '.join(record.candles)}{masked}")
 
 
 def _page(title: str, body: Sequence[str]) -> str:
@@ -416,7 +463,29 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 
 def _header(title: str, subtitle: str) -> str:
-    return f"<header>\n<h1>{_e(title)}</h1>\n<p class=\"meta\">{_e(subtitle)}</p>\n</header>"
+    """A page's title and its line below (``subtitle`` is HTML: escape text first)."""
+    return f"<header>\n<h1>{_e(title)}</h1>\n<p class=\"meta\">{subtitle}</p>\n</header>"
+
+
+def _audit_section(audit: Audit | None) -> str:
+    if audit is None:
+        return ""
+    agreement = "n/a" if audit.agreement is None else f"{audit.agreement:.0%}"
+    rows = [("Return, plain", _percent(audit.plain_return)),
+            ("Return, masked", _percent(audit.masked_return)),
+            ("Difference (plain − masked)", f"{audit.return_difference * 100:+.2f} points"),
+            ("Trades, plain / masked", f"{audit.plain_trades} / {audit.masked_trades}"),
+            ("Decisions agreeing", f"{agreement} of {audit.decisions}")]
+    cells = "".join(f"<tr><th>{_e(name)}</th><td>{_e(value)}</td></tr>" for name, value in rows)
+    return (f'<section class="audit">\n<h2>Memorisation audit</h2>\n'
+            f'<p>{_e(audit.verdict)}</p>\n<table class="figures">{cells}</table>\n</section>')
+
+
+def _notices_section(notices: Sequence[str]) -> str:
+    if not notices:
+        return ""
+    items = "".join(f"<li>{_e(notice)}</li>" for notice in notices)
+    return f'<section class="notices">\n<h2>Read this first</h2>\n<ul>{items}</ul>\n</section>'
 
 
 def _figures_section(runs: Sequence[tuple[str, Figures]]) -> str:
@@ -534,17 +603,55 @@ _KIND_NAMES = {"trigger": "trigger", "operator": "operator", "text": "model",
                "tool_call": "tool call", "tool_result": "tool result", "notice": "notice"}
 
 
-def _decisions_section(decisions: Sequence[Decision], prefix: str, title: str) -> str:
+INLINE_DECISIONS = 100
+"""Up to this many decisions, their transcripts are on the report page itself; past it, the
+page lists one line per decision and the transcripts go to ``transcripts/``, this many to a
+page, so a year of decisions opens as fast as a day."""
+
+
+def _decisions_section(decisions: Sequence[Decision], prefix: str, title: str,
+                       files: dict[str, str | bytes], page_name: str = "decisions") -> str:
+    """The decisions of a run: inline when few, else a list linking to transcript pages
+    (added to ``files``)."""
     parts = [f'<section class="decisions">\n<h2>{_e(title)}</h2>']
     if not decisions:
         parts.append('<p class="empty">No decision.</p>')
-    for decision in decisions:
-        parts.append(_decision(decision, prefix))
-    parts.append("</section>")
+    if len(decisions) <= INLINE_DECISIONS:
+        parts.extend(_decision(decision, prefix) for decision in decisions)
+        parts.append("</section>")
+        return "\n".join(parts)
+    pages = [decisions[at:at + INLINE_DECISIONS]
+             for at in range(0, len(decisions), INLINE_DECISIONS)]
+    names = [f"{TRANSCRIPTS}/{page_name}-{number}.html" for number in range(1, len(pages) + 1)]
+    parts.append(f'<p class="meta">{len(decisions):,} decisions: their transcripts are on '
+                 f"{len(pages)} pages in {TRANSCRIPTS}/, each decision's one click away.</p>"
+                 '<ol class="decision-list">')
+    for page, name in zip(pages, names, strict=True):
+        for decision in page:
+            anchor = f"{prefix}{decision.index}"
+            parts.append(
+                f'<li id="{_e(anchor)}"><a href="{_e(name)}#{_e(anchor)}">#{decision.index}</a> '
+                f'<time>{_when(decision.at)}</time> <span class="trigger">'
+                f"{_e(decision.trigger)}</span> <span class=\"answer\">"
+                f"{_e(_preview(decision.final_text, _ANSWER_PREVIEW))}</span></li>")
+    parts.append("</ol>\n</section>")
+    for number, (page, name) in enumerate(zip(pages, names, strict=True), start=1):
+        nav = ['<a href="../report.html">back to the report</a>']
+        if number > 1:
+            nav.append(f'<a href="{_e(Path(names[number - 2]).name)}">previous page</a>')
+        if number < len(pages):
+            nav.append(f'<a href="{_e(Path(names[number]).name)}">next page</a>')
+        heading = (f"{title}: #{page[0].index} to #{page[-1].index} "
+                   f"(page {number} of {len(pages)})")
+        body = [_header(heading, " · ".join(nav)),
+                '<section class="decisions">',
+                *(_decision(decision, prefix, open_=True) for decision in page),
+                "</section>", f'<p class="meta">{" · ".join(nav)}</p>']
+        files[name] = _page(heading, body)
     return "\n".join(parts)
 
 
-def _decision(decision: Decision, prefix: str) -> str:
+def _decision(decision: Decision, prefix: str, *, open_: bool = False) -> str:
     moment = _utc(decision.at)
     summary = (f'<summary><span class="number">#{decision.index}</span> '
                f'<time datetime="{moment.isoformat()}">{_when(moment)}</time>'
@@ -569,7 +676,8 @@ def _decision(decision: Decision, prefix: str) -> str:
     if decision.orders:
         footer.append("orders " + ", ".join(f"<code>{_e(o)}</code>" for o in decision.orders))
     footer.append(f"{decision.model_calls} model call{'' if decision.model_calls == 1 else 's'}")
-    return (f'<details class="decision" id="{_e(prefix)}{decision.index}">{summary}'
+    shown = " open" if open_ else ""
+    return (f'<details class="decision" id="{_e(prefix)}{decision.index}"{shown}>{summary}'
             f'<ol class="transcript">{"".join(entries)}</ol>'
             f'<p class="meta">{" · ".join(footer)}</p></details>')
 

@@ -53,7 +53,7 @@ from trading_agent.store.memory_notes import SqliteMemory
 from trading_agent.store.store import Store
 from trading_agent.store.targets import StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
-from trading_agent.tools.config import DELEGATE_TOOL_NAME
+from trading_agent.tools.config import DELEGATE_TOOL_NAME, McpServerConfig
 from trading_agent.tools.delegate import Delegator, register_delegate_tool
 from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.trading_tools import register_trading_tools
@@ -63,10 +63,14 @@ from trading_agent.trading.protections import ProtectionGuard
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
 
-__all__ = ["DeskParts", "ModelBackends", "backoff", "build_desk", "check_fixed_part",
-           "offline_tool_definitions"]
+__all__ = ["DeskParts", "McpRegistrar", "ModelBackends", "backoff", "build_desk",
+           "check_fixed_part", "offline_tool_definitions"]
 
 _log = structlog.get_logger(__name__)
+
+
+McpRegistrar = Callable[[McpServerConfig, ToolRegistry], Coroutine[Any, Any, None]]
+"""Registers one MCP server's tools without connecting to it (see :func:`build_desk`)."""
 
 
 def backoff(settings: Settings) -> Backoff:
@@ -103,7 +107,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                      fence: Fence | None = None,
                      settings: Settings, clock: Clock | None = None,
                      sleep: Sleep = anyio.sleep,
-                     environ: Mapping[str, str] | None = None) -> DeskParts:
+                     environ: Mapping[str, str] | None = None,
+                     mcp_tools: McpRegistrar | None = None) -> DeskParts:
     """Builds one desk the way the daemon runs it.
 
     Args:
@@ -123,6 +128,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
             the feed's replayed time in a backtest.
         sleep: The desk's backoff sleep.
         environ: Where its MCP servers' secrets are read from (``os.environ`` by default).
+        mcp_tools: Registers each MCP server's tools instead of connecting to it (a
+            backtest replays recorded answers and never starts a server); None connects.
 
     Raises:
         ConfigError: An unknown tool name, context settings that do not fit the window, or
@@ -130,7 +137,7 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
     """
     registry, delegator, sources = await _tools(
         name, config, venue, backend, stack=stack, database=database, fence=fence,
-        store=store, approvals=approvals, environ=environ)
+        store=store, approvals=approvals, environ=environ, mcp_tools=mcp_tools)
     await check_fixed_part(name, config, registry.definitions(), backend)
     preparer = ImagePreparer(ImageLimits(**config.images.model_dump()))
     executor = ToolCallExecutor(registry, approval_gate=approvals, image_preparer=preparer)
@@ -324,7 +331,8 @@ def _refused_limit(text: str) -> str | None:
 async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: ModelBackend, *,
                  stack: AsyncExitStack, database: StoreTarget, fence: Fence | None,
                  store: Store, approvals: ApprovalGate | None,
-                 environ: Mapping[str, str] | None = None
+                 environ: Mapping[str, str] | None = None,
+                 mcp_tools: McpRegistrar | None = None
                  ) -> tuple[ToolRegistry, Delegator | None, list[McpToolSource]]:
     """The desk's tools: trading and memory tools, then ``delegate``, narrowed to the
     desk's ``tools`` list; then those of its MCP servers (listed now; each source holds its
@@ -347,7 +355,11 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     if wanted is None or DELEGATE_TOOL_NAME in wanted:
         delegator = register_delegate_tool(registry, config.subagents, backend=backend,
                                            transcripts=store.transcripts, approval_gate=approvals)
-    sources = []
+    sources: list[McpToolSource] = []
+    if mcp_tools is not None:
+        for server in config.mcp_servers:
+            await mcp_tools(server, registry)
+        return registry, delegator, sources
     for index, server in enumerate(config.mcp_servers):
         source = McpToolSource(server, registry, environ=environ)
         try:

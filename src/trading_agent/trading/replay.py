@@ -8,16 +8,16 @@ goes as fast as the slowest subscriber gets through each step. :meth:`ReplayFeed
 takes steps by hand (tests, benchmarks, a backtest driving its own loop).
 
 Each symbol has its own CSV file, ``timestamp_ms,open,high,low,close,volume``, times being
-candle opens in milliseconds since the epoch.
+candle opens in milliseconds since the epoch (any file a backtest reads works too: one
+reader, :mod:`~trading_agent.trading.candle_csv`, serves both).
 """
 
 from __future__ import annotations
 
 import bisect
-import csv
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
 
@@ -25,22 +25,24 @@ import anyio
 from anyio.abc import TaskStatus
 
 from trading_agent.errors import ConfigError, ExchangeUnavailableError, OrderRejectedError
+from trading_agent.trading.candle_csv import load_history_csv
 from trading_agent.trading.config import ReplayConfig
 from trading_agent.trading.exchange import Candle, OrderBook, Ticker, timeframe_delta
 from trading_agent.trading.feed import resample
-from trading_agent.trading.timing import Sleep, from_millis
+from trading_agent.trading.timing import Sleep
 
 __all__ = ["ReplayFeed", "ReplaySubscription", "load_candles_csv"]
 
-_COLUMNS = ["timestamp_ms", "open", "high", "low", "close", "volume"]
 _DAY = timedelta(days=1)
 
 
 def load_candles_csv(path: Path, symbol: str, timeframe: str = "5m") -> list[Candle]:
-    """Reads one symbol's candles from a CSV file.
+    """Reads one symbol's candles from a CSV file, with the one reader of candle files
+    (:func:`~trading_agent.trading.candle_csv.load_history_csv`, which backtests use too).
 
     Args:
-        path: The file, with the header ``timestamp_ms,open,high,low,close,volume``.
+        path: The file: a time column (``timestamp_ms`` in the packaged file), then open,
+            high, low, close, volume.
         symbol: The market the candles belong to.
         timeframe: Their timeframe.
 
@@ -48,40 +50,10 @@ def load_candles_csv(path: Path, symbol: str, timeframe: str = "5m") -> list[Can
         The candles, oldest first.
 
     Raises:
-        ConfigError: The file is missing, or a line is malformed or out of order.
+        ConfigError: The file is missing, or a line is malformed, out of order or leaves a
+            gap (the message names the file and line).
     """
-    step = timeframe_delta(timeframe)
-    candles: list[Candle] = []
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = csv.reader(handle)
-            header = next(rows, None)
-            if header != _COLUMNS:
-                raise ConfigError(f"{path}: the header must be {','.join(_COLUMNS)}, "
-                                  f"found {header!r}")
-            for line, row in enumerate(rows, start=2):
-                candles.append(_parse_row(path, line, row, symbol, timeframe))
-                if len(candles) > 1 and candles[-1].opened_at - candles[-2].opened_at < step:
-                    raise ConfigError(f"{path}:{line}: candles must be in time order, "
-                                      f"one {timeframe} apart or more")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the candles of {symbol}: {exc.strerror}") from exc
-    if not candles:
-        raise ConfigError(f"{path}: no candles")
-    return candles
-
-
-def _parse_row(path: Path, line: int, row: list[str], symbol: str, timeframe: str) -> Candle:
-    if len(row) != len(_COLUMNS):
-        raise ConfigError(f"{path}:{line}: expected {len(_COLUMNS)} columns, found {len(row)}")
-    try:
-        opened_at = from_millis(int(row[0]))
-        open_, high, low, close, volume = (Decimal(value) for value in row[1:])
-    except (ValueError, InvalidOperation) as exc:
-        raise ConfigError(f"{path}:{line}: not a number in {row!r}") from exc
-    if not low <= min(open_, close) <= max(open_, close) <= high or volume < 0:
-        raise ConfigError(f"{path}:{line}: inconsistent candle {row!r}")
-    return Candle(symbol, timeframe, opened_at, open_, high, low, close, volume)
+    return load_history_csv(path, symbol, timeframe)
 
 
 class ReplaySubscription:
