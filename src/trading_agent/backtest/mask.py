@@ -460,6 +460,8 @@ class MaskedRisk:
         self.mask = mask
         self.limits = mask.limits(inner.limits)
         self.kill_switch = inner.kill_switch
+        # The desk's protections count its tool errors through the real policy's guard.
+        self.protections = inner.protections
 
     @property
     def desk(self) -> str:
