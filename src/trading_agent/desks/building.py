@@ -307,7 +307,8 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     stack.push_async_callback(memory.close)
     everything = register_trading_tools(ToolRegistry(), exchange=venue.exchange,
                                         risk_policy=venue.risk, symbols=config.symbols,
-                                        memory=memory, books=venue.books)
+                                        memory=memory, books=venue.books,
+                                        protection=venue.protection)
     known = [*everything.names, DELEGATE_TOOL_NAME]
     wanted = config.tools
     if wanted is not None:

@@ -49,6 +49,7 @@ from trading_agent.trading.exchange import Order, OrderSide
 
 __all__ = [
     "FLATTEN_TURN",
+    "PROTECTION_TURNS",
     "ZERO",
     "BookFill",
     "BookOrder",
@@ -66,6 +67,10 @@ ZERO = Decimal(0)
 
 FLATTEN_TURN = "flatten"
 """The turn noted for orders a kill switch's flatten placed (no model decided them)."""
+
+PROTECTION_TURNS = ("stop_loss", "take_profit")
+"""The turns noted for the orders of a position's protection (its stop, its target): no
+turn placed them when they filled, and a round trip they close has that exit reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +209,8 @@ class RoundTrip:
         profit: Realized profit, every quote fee of its fills subtracted.
         fees: Quote-currency fees of its fills.
         exit_reason: Why it closed: ``decision`` (a turn's order), ``flatten`` (the kill
-            switch), ``reversed`` (an order crossed zero); None while open.
+            switch), ``stop_loss`` or ``take_profit`` (its protection), ``reversed`` (an
+            order crossed zero); None while open.
         opened_turn: The turn whose order opened it.
         closed_turn: The turn whose order closed it.
     """
@@ -369,8 +375,9 @@ def apply_fill(position: BookPosition, trade: RoundTrip | None, fill: BookFill
     if left != 0:  # partly closed
         return FillEffect(replace(base, amount=left, realized=base.realized + realized),
                           realized, updated=touched)
-    reason = FLATTEN_TURN if fill.turn == FLATTEN_TURN else (
+    reason = fill.turn if fill.turn in (FLATTEN_TURN, *PROTECTION_TURNS) else (
         "reversed" if abs(change) > abs(held) else "decision")
+    assert reason is not None
     closed = replace(touched, closed_at=fill.at, exit_reason=reason,
                      closed_turn=fill.turn) if touched else None
     flat = replace(base, amount=ZERO, entry_price=None, opened_at=None, trade_id=None,

@@ -45,6 +45,8 @@ from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.ledger import PaperBooks
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
+from trading_agent.trading.protection import ProtectionRecords
+from trading_agent.trading.protection_keeper import ProtectionKeeper, SimulatedFills
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import AccountCap, RiskPolicy
 from trading_agent.trading.risk_journal import RiskJournal, RiskRecords
@@ -77,6 +79,10 @@ class TradingState(Protocol):
         """A desk's own books."""
         ...
 
+    async def protective_orders(self, desk: str) -> ProtectionRecords:
+        """A desk's protective orders."""
+        ...
+
 
 @dataclass(frozen=True)
 class TradingVenue:
@@ -96,6 +102,8 @@ class TradingVenue:
         reconciler: Compares a live exchange with its order journal (see
             :func:`~trading_agent.trading.reconciliation.reconcile`); None when there is
             nothing to compare (paper, or no journal).
+        protection: Keeps the stops and targets of the desk's positions (simulated on
+            paper, on the exchange or watched by the daemon on a live venue).
     """
 
     mode: Literal["paper", "live"]
@@ -106,18 +114,26 @@ class TradingVenue:
     matcher: Callable[[], Awaitable[list[Fill]]] | None = field(default=None, repr=False)
     reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = field(
         default=None, repr=False)
+    protection: ProtectionKeeper | None = field(default=None, repr=False)
 
     async def match_resting_orders(self) -> list[BookFill]:
         """Matches the resting orders this venue simulates against the candles completed
-        since the last match (paper), then looks at the desk's orders that may still fill
-        and counts what did in its books; called on each new candle of its feed.
+        since the last match (paper), keeps the desk's protection (fires what the candles
+        or the price reached, places what the exchange should hold), then looks at the
+        desk's orders that may still fill and counts what did in its books; called on each
+        new candle of its feed.
 
         Returns:
             The fills the desk's books counted since the last call, oldest first.
         """
         if self.matcher is not None:
             await self.matcher()
-        return await self.exchange.refresh()
+        fills = await self.exchange.refresh()
+        if self.protection is not None:
+            # After the books counted the entries that filled: their protection starts.
+            await self.protection.step()
+            fills.extend(self.exchange.take_fresh())
+        return fills
 
     async def reconcile(self) -> ReconciliationReport | None:
         """Compares the exchange with what this venue's journal says it sent, before a
@@ -126,7 +142,11 @@ class TradingVenue:
         Returns:
             What was found; None when the venue keeps no journal to compare (paper).
         """
-        return None if self.reconciler is None else await self.reconciler()
+        report = None if self.reconciler is None else await self.reconciler()
+        if self.protection is not None:
+            # What fired while the daemon was down is booked now (and told by the keeper).
+            await self.protection.step()
+        return report
 
 
 @asynccontextmanager
@@ -194,6 +214,8 @@ async def open_exchange(
             feed = await stack.enter_async_context(open_feed(config, symbols=wanted, sleep=sleep))
         records = await state.desk_books(account)
         stack.push_async_callback(records.close)
+        protective = await state.protective_orders(account)
+        stack.push_async_callback(protective.close)
         if config.mode == "paper":
             paper = await PaperExchange.open(config.paper, feed,
                                              await state.paper_books(account))
@@ -202,8 +224,12 @@ async def open_exchange(
             # A paper account is the desk's alone: what it holds is the desk's.
             await booked.adopt_holdings(await paper.fetch_positions())
             matcher = paper.sync  # resting paper orders fill only when matched on a candle
+            keeper = ProtectionKeeper(booked, protective, simulated=SimulatedFills(
+                paper.execute_at, feed.timeframe))
         else:
             booked = BookedExchange(exchange, records)
+            keeper = ProtectionKeeper(booked, protective,
+                                      can_hold=getattr(exchange, "holds_protection", None))
         risk = None
         if risk_limits is not None:
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,
@@ -221,7 +247,7 @@ async def open_exchange(
                               order_seconds=order_seconds(config), kill_switch=kill_switch,
                               account_cap=cap)
         yield TradingVenue(config.mode, booked, feed, risk, DeskBooks(records, booked),
-                           matcher, reconciler)
+                           matcher, reconciler, keeper)
 
 
 @asynccontextmanager
