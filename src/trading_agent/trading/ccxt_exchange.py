@@ -52,6 +52,7 @@ from trading_agent.trading.exchange import (
     OrderStatus,
     OrderType,
     Position,
+    ProtectionKind,
     Ticker,
 )
 from trading_agent.trading.order_journal import OrderJournal
@@ -312,6 +313,8 @@ class CcxtExchange:
             fee=_decimal(fee.get("cost")) or Decimal(0),
             fee_currency=fee.get("currency"),
             created_at=from_millis(timestamp) if timestamp else self._clock(),
+            trigger_price=_decimal(raw.get("triggerPrice") or raw.get("stopPrice")) or (
+                request.trigger_price if request else None),
         )
 
     # -- reads ---------------------------------------------------------------------------
@@ -537,7 +540,7 @@ class CcxtExchange:
             raw = await self._client.create_order(
                 request.symbol, request.type, request.side, str(request.amount),
                 None if request.price is None else str(request.price),
-                {"clientOrderId": request.client_order_id})
+                self._order_params(request))
         except ccxt.OperationFailed as exc:
             # The answer is lost (timeout, dropped connection, exchange unsure): the order may
             # exist. Look it up; never send it again.
@@ -551,6 +554,26 @@ class CcxtExchange:
         await self._journal.mark(request.client_order_id, "placed", self._clock(),
                                  exchange_order_id=order.id)
         return await self._noted(order)
+
+    @staticmethod
+    def _order_params(request: OrderRequest) -> dict[str, str]:
+        """ccxt's parameters of an order: its client order id, and for a protective order
+        the unified ``stopLossPrice`` or ``takeProfitPrice`` (which ccxt turns into the
+        venue's own stop order type: Binance spot's ``STOP_LOSS_LIMIT`` for a limit)."""
+        params = {"clientOrderId": request.client_order_id}
+        if request.trigger is not None and request.trigger_price is not None:
+            key = "stopLossPrice" if request.trigger == "stop_loss" else "takeProfitPrice"
+            params[key] = str(request.trigger_price)
+        return params
+
+    def holds_protection(self, kind: ProtectionKind) -> bool:
+        """Whether the exchange can hold a protective order of ``kind`` (ccxt's ``has``
+        flags); where it cannot, the daemon watches the price instead."""
+        has = self._client.has
+        if kind == "stop_loss":
+            return bool(has.get("createStopLossOrder") or has.get("createStopOrder")
+                        or has.get("createTriggerOrder"))
+        return bool(has.get("createTakeProfitOrder") or has.get("createTriggerOrder"))
 
     async def _find_after_lost_answer(self, request: OrderRequest, exc: Exception,
                                       action: str) -> Order:

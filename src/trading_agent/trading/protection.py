@@ -105,15 +105,20 @@ class ProtectiveOrder:
         """Whether it still waits or protects."""
         return self.status in ("pending", "active")
 
+    @property
+    def title(self) -> str:
+        """``BTC/USDT stop-loss at 16,500.00``."""
+        what = "stop-loss" if self.kind == "stop_loss" else "take-profit"
+        return f"{self.symbol} {what} at {format_price(self.trigger_price)}"
+
     def describe(self) -> str:
         """One line for the model and the operators."""
-        what = "stop-loss" if self.kind == "stop_loss" else "take-profit"
         where = {"simulated": "simulated from the candles",
                  "exchange": "held by the exchange",
                  "daemon": "watched by the daemon (it stops when the daemon does)",
                  None: "waiting for its entry to fill"}[self.held if self.status == "active"
                                                           else None]
-        line = f"{self.symbol} {what} at {format_price(self.trigger_price)} ({self.side} exit)"
+        line = f"{self.title} ({self.side} exit)"
         if self.status in ("pending", "active"):
             return f"{line}, {where}"
         return f"{line}, {self.status}" + (f": {self.note}" if self.note else "")

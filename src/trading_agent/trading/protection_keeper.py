@@ -288,34 +288,41 @@ class ProtectionKeeper:
     async def _keep(self, symbol: str, orders: list[ProtectiveOrder], position: BookPosition,
                     now: datetime, while_down: bool) -> list[ProtectionEvent]:
         events: list[ProtectionEvent] = []
+        # What the exchange holds is looked at first: a fill there (while nobody looked,
+        # or just counted by the books' refresh) is the position's exit.
+        for order in [o for o in orders if o.held == "exchange" and o.order_id is not None]:
+            fired, event = await self._look_on_exchange(order, while_down)
+            if event is not None:
+                events.append(event)
+            if fired:
+                assert event is not None
+                await self._cancel_siblings(event.order, orders)
+                return events
+        orders = [o for o in await self.records.live() if o.symbol == symbol
+                  and o.status == "active"]
         wrong = [o for o in orders if position.amount == 0
                  or o.side != _exit_side(position.amount)]
         for order in wrong:
             await self._cancel(order, "the position was closed otherwise")
         orders = [o for o in orders if o not in wrong]
-        if not orders:
-            return events
-        # Exchange-held first: what the exchange filled while nobody looked comes first.
         for order in [o for o in orders if o.held == "exchange"]:
-            fired, event = await self._keep_on_exchange(order, position, while_down)
+            event = await self._place_on_exchange(order, position)
             if event is not None:
                 events.append(event)
-            if fired:
-                return events + await self._cancel_siblings(order, orders)
         orders = [o for o in await self.records.live() if o.symbol == symbol
                   and o.status == "active"]
         simulated = [o for o in orders if o.held == "simulated"]
         if simulated:
             fired_event = await self._simulate(simulated, position, now, while_down)
             if fired_event is not None:
-                return [*events, fired_event,
-                        *await self._cancel_siblings(fired_event.order, orders)]
+                await self._cancel_siblings(fired_event.order, orders)
+                return [*events, fired_event]
         watched = [o for o in orders if o.held == "daemon"]
         if watched:
             fired_event = await self._watch(watched, position)
             if fired_event is not None:
-                return [*events, fired_event,
-                        *await self._cancel_siblings(fired_event.order, orders)]
+                await self._cancel_siblings(fired_event.order, orders)
+                return [*events, fired_event]
         return events
 
     # ------------------------------------------------------------------ simulated
@@ -356,6 +363,15 @@ class ProtectionKeeper:
             return None
         crossed.sort(key=lambda o: 0 if o.kind == "stop_loss" else 1)
         order = crossed[0]
+        # One cancels the other, kept by the daemon: what the exchange holds goes first
+        # (a spot venue holds the coins for it).
+        for other in await self.records.live():
+            if other.symbol == order.symbol and other.held == "exchange" and \
+                    other.order_id is not None:
+                seen = await self._cancel_on_exchange(other)
+                if seen is not None and seen.filled > 0:
+                    return None  # it filled first: the next look books it
+                await self.records.update(self._renewed(other))
         amount = abs(position.amount)
         request = OrderRequest(order.symbol, order.side, "market", amount,
                                client_order_id=order.client_order_id, turn=order.kind)
@@ -366,30 +382,37 @@ class ProtectionKeeper:
 
     # ------------------------------------------------------------------ held by the exchange
 
-    async def _keep_on_exchange(self, order: ProtectiveOrder, position: BookPosition,
-                                while_down: bool) -> tuple[bool, ProtectionEvent | None]:
-        """Places, replaces or looks at one exchange-held order.
+    async def _look_on_exchange(self, order: ProtectiveOrder, while_down: bool
+                                ) -> tuple[bool, ProtectionEvent | None]:
+        """Looks at an order the exchange holds.
 
         Returns:
             Whether it fired, and the event to tell.
         """
+        assert order.order_id is not None
+        seen = await self.exchange.fetch_order(order.order_id, order.symbol)
+        if seen.status == "closed" or (seen.filled > 0 and seen.status != "open"):
+            event = await self._fired(order, seen, seen.filled, seen.average,
+                                      "filled on the exchange", while_down=while_down)
+            return True, event
+        if seen.status == "open":
+            return False, None
+        watched = replace(self._renewed(order), held="daemon",
+                          note=f"the exchange {seen.status} it")
+        await self.records.update(watched)
+        return False, ProtectionEvent(
+            "lost", watched, f"{self.desk}: {self.exchange.name} {seen.status} the "
+            f"{watched.title}; the daemon watches the price instead, and this protection "
+            "stops when the daemon does.")
+
+    async def _place_on_exchange(self, order: ProtectiveOrder, position: BookPosition
+                                 ) -> ProtectionEvent | None:
+        """Places an exchange-held order not yet placed, or places it again when the
+        position's size changed; an exchange that refuses it leaves it to the daemon."""
         amount = abs(position.amount)
         if order.order_id is not None:
-            seen = await self.exchange.fetch_order(order.order_id, order.symbol)
-            if seen.status == "closed" or (seen.filled > 0 and seen.status != "open"):
-                event = await self._fired(order, seen, seen.filled, seen.average,
-                                          "filled on the exchange", while_down=while_down)
-                return True, event
-            if seen.status != "open":
-                watched = replace(order, held="daemon", order_id=None,
-                                  note=f"the exchange {seen.status} it")
-                await self.records.update(watched)
-                return False, ProtectionEvent(
-                    "lost", watched, f"{self.desk}: the exchange {seen.status} the "
-                    f"{watched.describe()}; the daemon watches the price instead, and this "
-                    "protection stops when the daemon does.")
-            if seen.amount == amount:
-                return False, None
+            if order.amount == amount:
+                return None
             await self._cancel_on_exchange(order)  # the position's size changed
             order = self._renewed(order)
             await self.records.update(order)
@@ -397,14 +420,16 @@ class ProtectionKeeper:
         try:
             placed = await self.exchange.create_order(request)
         except OrderRejectedError as exc:
-            watched = replace(order, held="daemon", note=f"the exchange refused it: {exc}")
+            # Its client order id is spent: the daemon's exit gets a new one.
+            watched = replace(self._renewed(order), held="daemon",
+                              note=f"the exchange refused it: {exc}")
             await self.records.update(watched)
-            return False, ProtectionEvent(
+            return ProtectionEvent(
                 "watched", watched, f"{self.desk}: {self.exchange.name} did not take the "
-                f"{watched.describe()} ({exc}); the daemon watches the price instead, and "
-                "this protection stops when the daemon does.")
+                f"{watched.title} ({exc}); the daemon watches the price instead, and this "
+                "protection stops when the daemon does.")
         await self.records.update(replace(order, order_id=placed.id, amount=amount))
-        return False, None
+        return None
 
     def _exchange_request(self, order: ProtectiveOrder, amount: Decimal) -> OrderRequest:
         trigger = order.trigger_price
@@ -434,15 +459,14 @@ class ProtectionKeeper:
             await self._cancel_on_exchange(order)
         await self.records.update(replace(order, status="canceled", note=why))
 
-    async def _cancel_siblings(self, fired: ProtectiveOrder, orders: Sequence[ProtectiveOrder]
-                               ) -> list[ProtectionEvent]:
+    async def _cancel_siblings(self, fired: ProtectiveOrder,
+                               orders: Sequence[ProtectiveOrder]) -> None:
         for other in orders:
             if other.id != fired.id and other.status == "active":
                 current = next((o for o in await self.records.live() if o.id == other.id), None)
                 if current is not None:
                     await self._cancel(current, f"its {fired.kind.replace('_', '-')} filled "
                                                 "(one cancels the other)")
-        return []
 
     async def _fired(self, order: ProtectiveOrder, filled: Order, amount: Decimal,
                      price: Decimal | None, how: str, *, while_down: bool
@@ -457,9 +481,7 @@ class ProtectionKeeper:
             profit = trade.profit if trade is not None and not trade.is_open else None
         quote = order.symbol.partition("/")[2].partition(":")[0]
         base = order.symbol.partition("/")[0]
-        what = "stop-loss" if order.kind == "stop_loss" else "take-profit"
-        text = (f"{self.desk}: the {order.symbol} {what} at "
-                f"{format_price(order.trigger_price)} closed {amount} {base} at "
+        text = (f"{self.desk}: the {order.title} closed {amount} {base} at "
                 f"{format_price(price) if price is not None else '?'} ({how})")
         if profit is not None:
             text += f"; the trade's profit {'+' if profit >= 0 else ''}" \
