@@ -157,6 +157,10 @@ async def test_the_stop_and_the_target_show_in_trades_csv_and_move_as_the_rule_s
     assert row["closed_at"] == closed_at.isoformat()
     assert Decimal(row["profit"]) == (price - entry.price) * entry.amount - entry.fee - \
         exit_fill.fee
+    # The desk is told at once, as a turn of its own.
+    told = [d for d in record.decisions if d.trigger == "command: protection"]
+    assert [d.at for d in told] == [closed_at]
+    assert "the BTC/USDT stop-loss at" in told[0].transcript[0].text
 
     moved_record, moved_rows, moved_server = await _backtest(tmp_path / "moved", move=True)
     moved_entry, moved_exit = moved_record.fills

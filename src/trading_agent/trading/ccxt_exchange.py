@@ -58,7 +58,7 @@ from trading_agent.trading.exchange import (
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.timing import Clock, Sleep, from_millis, to_millis, utc_now
 
-__all__ = ["CcxtExchange"]
+__all__ = ["CcxtExchange", "protection_held_by"]
 
 T = TypeVar("T")
 
@@ -569,11 +569,7 @@ class CcxtExchange:
     def holds_protection(self, kind: ProtectionKind) -> bool:
         """Whether the exchange can hold a protective order of ``kind`` (ccxt's ``has``
         flags); where it cannot, the daemon watches the price instead."""
-        has = self._client.has
-        if kind == "stop_loss":
-            return bool(has.get("createStopLossOrder") or has.get("createStopOrder")
-                        or has.get("createTriggerOrder"))
-        return bool(has.get("createTakeProfitOrder") or has.get("createTriggerOrder"))
+        return _holds(self._client.has, kind)
 
     async def _find_after_lost_answer(self, request: OrderRequest, exc: Exception,
                                       action: str) -> Order:
@@ -708,3 +704,27 @@ class CcxtExchange:
     def scrub(self, message: str) -> str:
         """``message`` without this exchange's secrets or URL query strings."""
         return scrub(message, self._secrets)
+
+
+def _holds(has: Mapping[str, Any], kind: ProtectionKind) -> bool:
+    if kind == "stop_loss":
+        return bool(has.get("createStopLossOrder") or has.get("createStopOrder")
+                    or has.get("createTriggerOrder"))
+    return bool(has.get("createTakeProfitOrder") or has.get("createTriggerOrder"))
+
+
+def protection_held_by(config: CcxtExchangeConfig) -> list[ProtectionKind]:
+    """The protective orders the configured exchange can hold itself, by ccxt's ``has``
+    flags (the config's ``client_settings.has`` over them), read without any request.
+
+    Returns:
+        ``stop_loss`` and ``take_profit``, or those of them it can hold; none for an
+        exchange ccxt does not know.
+    """
+    client_class = getattr(ccxt, config.exchange_id, None)
+    if config.exchange_id not in ccxt.exchanges or client_class is None:
+        return []
+    overrides = config.client_settings.get("has")
+    client = client_class({"has": overrides} if isinstance(overrides, dict) else {})
+    kinds: tuple[ProtectionKind, ...] = ("stop_loss", "take_profit")
+    return [kind for kind in kinds if _holds(client.has, kind)]

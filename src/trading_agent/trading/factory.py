@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
+import structlog
 
 from trading_agent.trading.booked_exchange import BookedExchange
 from trading_agent.trading.books import BookFill, DeskBookRecords
@@ -45,7 +46,11 @@ from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.ledger import PaperBooks
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
-from trading_agent.trading.protection import ProtectionRecords
+from trading_agent.trading.protection import (
+    PROTECTION_KINDS,
+    ProtectionRecords,
+    unheld_notice,
+)
 from trading_agent.trading.protection_keeper import ProtectionKeeper, SimulatedFills
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.risk import AccountCap, RiskPolicy
@@ -54,6 +59,8 @@ from trading_agent.trading.timing import Sleep
 
 if TYPE_CHECKING:  # ccxt takes a second to import: only a live venue loads it
     from trading_agent.trading.reconciliation import ReconciliationReport
+
+_log = structlog.get_logger(__name__)
 
 __all__ = ["SharedFeeds", "TradingState", "TradingVenue", "open_exchange", "open_feed",
            "order_seconds"]
@@ -228,8 +235,12 @@ async def open_exchange(
                 paper.execute_at, feed.timeframe))
         else:
             booked = BookedExchange(exchange, records)
-            keeper = ProtectionKeeper(booked, protective,
-                                      can_hold=getattr(exchange, "holds_protection", None))
+            can_hold = getattr(exchange, "holds_protection", None)
+            keeper = ProtectionKeeper(booked, protective, can_hold=can_hold)
+            notice = unheld_notice(exchange.name, [
+                kind for kind in PROTECTION_KINDS if can_hold is not None and can_hold(kind)])
+            if notice is not None:
+                _log.warning("protection_watched_by_daemon", desk=account, text=notice)
         risk = None
         if risk_limits is not None:
             risk_journal = await RiskJournal.restore(await state.risk_records(), account,

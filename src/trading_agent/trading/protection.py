@@ -39,6 +39,7 @@ from trading_agent.trading.exchange import Candle, OrderSide, ProtectionKind
 from trading_agent.trading.formatting import format_amount, format_price
 
 __all__ = [
+    "PROTECTION_KINDS",
     "ProtectionHeld",
     "ProtectionRecords",
     "ProtectionStatus",
@@ -47,7 +48,11 @@ __all__ = [
     "check_position_protection",
     "exit_price_on",
     "first_exit",
+    "unheld_notice",
 ]
+
+PROTECTION_KINDS: tuple[ProtectionKind, ...] = ("stop_loss", "take_profit")
+"""Every kind of protective order."""
 
 ProtectionHeld = Literal["simulated", "exchange", "daemon"]
 """Where an active protective order is held (see the module's text)."""
@@ -294,3 +299,21 @@ def check_position_protection(limits: RiskLimits, *, symbol: str, held: Decimal,
     _check_sides(long, mark, "price now", stop_loss, take_profit)
     if entry_price is not None:
         _check_loss(limits, symbol, long, entry_price, stop_loss, abs(held), "entry price")
+
+
+def unheld_notice(exchange: str, held: Sequence[ProtectionKind]) -> str | None:
+    """What ``check-config`` and ``run`` say of an exchange that cannot hold every kind of
+    protective order itself, or None when it can.
+
+    Args:
+        exchange: The exchange's name.
+        held: The kinds it can hold.
+    """
+    missing = [kind for kind in PROTECTION_KINDS if kind not in held]
+    if not missing:
+        return None
+    what = " and ".join("stop-loss" if kind == "stop_loss" else "take-profit"
+                        for kind in missing)
+    return (f"{exchange} cannot hold {what} orders itself (by ccxt's has flags): the daemon "
+            "watches the price and sends a market order when it is crossed, so this "
+            "protection stops when the daemon does.")
