@@ -298,3 +298,18 @@ async def test_a_next_open_entry_is_protected_from_the_candle_it_fills_in(
         assert (trade.entry_price, trade.exit_price, trade.exit_reason) == (
             D(100), D(95), "stop_loss")
         assert event.profit == D(-5)
+
+
+async def test_the_same_entry_attached_twice_stores_its_protection_once(tmp_path: Path) -> None:
+    """A retried tool call (the same client order id) neither trades nor protects twice."""
+    feed = _feed(("100", "100", "100", "100"))
+    async for venue in _open(tmp_path / "state.sqlite3", feed):
+        assert venue.protection is not None and venue.risk is not None
+        request = OrderRequest("BTC/USDT", "buy", "market", D(1), turn="t1")
+        for _ in range(2):
+            await venue.protection.attach(request, D(95), D(110))
+            await venue.risk.place_order(request)
+            await venue.protection.step()
+        assert [(o.kind, o.status) for o in await venue.protection.records.history()] == [
+            ("stop_loss", "active"), ("take_profit", "active")]
+        assert len(await venue.books.fills()) == 1

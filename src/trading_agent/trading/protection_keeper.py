@@ -153,14 +153,20 @@ class ProtectionKeeper:
             The stored protective orders (pending).
         """
         exit_side: OrderSide = "sell" if entry.side == "buy" else "buy"
+        # The same call run again (a retried tool call) stores nothing twice.
+        known = {o.client_order_id: o for o in await self.records.history(1000)}
         stored = []
         for kind, price in (("stop_loss", stop_loss), ("take_profit", take_profit)):
             if price is None:
                 continue
+            client_order_id = client_order_id_for(self.desk, entry.client_order_id, kind)
+            if client_order_id in known:
+                stored.append(known[client_order_id])
+                continue
             stored.append(await self.records.add(ProtectiveOrder(
                 0, entry.symbol, kind, exit_side, price,  # type: ignore[arg-type]
-                client_order_id_for(self.desk, entry.client_order_id, kind),
-                self.exchange.now(), entry_client_order_id=entry.client_order_id)))
+                client_order_id, self.exchange.now(),
+                entry_client_order_id=entry.client_order_id)))
         return stored
 
     async def entry_refused(self, entry: OrderRequest) -> None:
