@@ -158,14 +158,41 @@ class FakeBinance:
         """Fills a resting order in full at its price (while nobody watches): what it
         reserved is released and the balances move, commission paid in the quote."""
         order = self.orders[order_id]
-        if order["status"] != "NEW":
+        if order["status"] not in ("NEW", "PARTIALLY_FILLED"):
             raise ValueError(f"order {order_id} is {order['status']}, not resting")
         quantity, price = Decimal(order["origQty"]), Decimal(order["price"])
-        self._unlock_for(order)
-        commission = self._settle(order["symbol"], order["side"], quantity, price)
+        rest = quantity - Decimal(order["executedQty"])
+        self._unlock_rest(order)
+        commission = self._settle(order["symbol"], order["side"], rest, price)
         order |= {"status": "FILLED", "executedQty": order["origQty"],
                   "cummulativeQuoteQty": _text(quantity * price)}
-        self.trades[order_id] = [self._trade(order, order["price"], commission, maker=True)]
+        execution = self._trade(order, order["price"], commission, maker=True)
+        if rest != quantity:  # the last part of a partly filled order
+            execution |= {"id": 100 + order_id * 10 + len(self.trades[order_id]),
+                          "qty": _text(rest), "quoteQty": _text(rest * price)}
+        self.trades[order_id] = [*self.trades.get(order_id, []), execution]
+
+    def fill_part(self, order_id: int, quantity: str) -> None:
+        """Fills part of a resting order at its price, as Binance reports one: status
+        ``PARTIALLY_FILLED``, ``executedQty`` grown, one more execution; the part filled
+        is no longer locked (the rest still is)."""
+        order = self.orders[order_id]
+        if order["status"] not in ("NEW", "PARTIALLY_FILLED"):
+            raise ValueError(f"order {order_id} is {order['status']}, not resting")
+        part, price = Decimal(quantity), Decimal(order["price"])
+        done = Decimal(order["executedQty"]) + part
+        if done >= Decimal(order["origQty"]):
+            raise ValueError("fill_part fills part of an order; use fill for the rest")
+        asset, locked = self._reservation(order)
+        self._move(asset, free=locked * part / Decimal(order["origQty"]),
+                   locked=-locked * part / Decimal(order["origQty"]))
+        commission = self._settle(order["symbol"], order["side"], part, price)
+        order |= {"status": "PARTIALLY_FILLED", "executedQty": _text(done),
+                  "cummulativeQuoteQty": _text(done * price)}
+        execution = self._trade(order, order["price"], commission, maker=True)
+        execution |= {"id": 100 + order_id * 10 + len(self.trades.get(order_id, [])),
+                      "qty": _text(part), "quoteQty": _text(part * price)}
+        self.trades.setdefault(order_id, []).append(execution)
 
     def set_price(self, price: str) -> list[int]:
         """Moves the last price (while nobody watches) and triggers the stop orders it
@@ -348,6 +375,12 @@ class FakeBinance:
         asset, amount = self._reservation(order)
         self._move(asset, free=-amount, locked=amount)
 
+    def _unlock_rest(self, order: dict[str, Any]) -> None:
+        """Frees what a resting order still locks (all of it, less its filled part)."""
+        asset, amount = self._reservation(order)
+        share = 1 - Decimal(order["executedQty"]) / Decimal(order["origQty"])
+        self._move(asset, free=amount * share, locked=-amount * share)
+
     def _unlock_for(self, order: dict[str, Any]) -> None:
         asset, amount = self._reservation(order)
         self._move(asset, free=amount, locked=-amount)
@@ -445,10 +478,10 @@ class FakeBinance:
 
     def _cancel_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order = self._find(params)
-        if order is None or order["status"] != "NEW":
+        if order is None or order["status"] not in ("NEW", "PARTIALLY_FILLED"):
             return 400, {"code": -2011, "msg": "Unknown order sent."}
         order["status"] = "CANCELED"
-        self._unlock_for(order)
+        self._unlock_rest(order)
         canceled = {k: v for k, v in order.items() if k not in ("fills", "triggered")}
         return 200, canceled | {"origClientOrderId": order["clientOrderId"]}
 
@@ -471,7 +504,8 @@ class FakeBinance:
                      if trade["symbol"] == params.get("symbol", trade["symbol"])]
 
     def _open_orders(self, params: dict[str, str]) -> tuple[int, Any]:
-        return 200, [self._as_queried(o) for o in self.orders.values() if o["status"] == "NEW"
+        return 200, [self._as_queried(o) for o in self.orders.values()
+                     if o["status"] in ("NEW", "PARTIALLY_FILLED")
                      and params.get("symbol", o["symbol"]) == o["symbol"]]
 
 

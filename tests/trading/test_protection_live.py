@@ -180,3 +180,37 @@ async def test_a_position_partly_sold_has_its_stop_placed_again_for_the_rest(
         await venue.match_resting_orders()
         [trade] = await venue.books.trades()
         assert (trade.exit_reason, trade.exited) == ("stop_loss", D("0.02"))
+
+
+async def test_an_entry_filled_in_parts_has_its_stop_grow_with_it(
+        ccxt_config: CcxtExchangeConfig, binance: FakeBinance, database: Path,
+        sleep: RecordingSleep) -> None:
+    binance.set_balance("BTC", "0")
+    async with _venue(ccxt_config, database, sleep) as venue:
+        assert venue.risk is not None and venue.protection is not None
+        request = OrderRequest("BTC/USDT", "buy", "limit", D("0.02"), D("16600"), turn="t1")
+        await venue.protection.attach(request, D("16500"), None)
+        entry = await venue.risk.place_order(request)
+        await venue.protection.step()
+        [waiting] = await venue.protection.live()
+        assert (waiting.status, waiting.order_id) == ("pending", None)
+
+        binance.fill_part(int(entry.id), "0.01")
+        await venue.match_resting_orders()
+        [first] = await venue.protection.live()
+        assert (first.status, first.amount) == ("active", D("0.01"))
+        assert binance.orders[int(first.order_id or 0)]["origQty"] == "0.01"
+
+        binance.fill(int(entry.id))
+        await venue.match_resting_orders()
+        [grown] = await venue.protection.live()
+        assert grown.amount == D("0.02") and grown.client_order_id != first.client_order_id
+        assert binance.orders[int(first.order_id or 0)]["status"] == "CANCELED"
+        assert binance.orders[int(grown.order_id or 0)]["origQty"] == "0.02"
+
+        binance.set_price("16450")
+        await venue.match_resting_orders()
+        [trade] = await venue.books.trades()
+        assert (trade.amount, trade.exited, trade.exit_price, trade.exit_reason) == (
+            D("0.02"), D("0.02"), D("16450"), "stop_loss")
+        assert binance.balance("BTC") == (D(0), D(0))

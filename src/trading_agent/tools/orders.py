@@ -23,6 +23,7 @@ take, so an order is never abandoned while the exchange may be taking it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Literal
@@ -223,12 +224,20 @@ def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,
                 # Checks the limits again at current prices, under the lock, then sends.
                 order = await risk_policy.place_order(request)
             except TradingAgentError:
-                if protected and protection is not None:
-                    await protection.entry_refused(request)
+                if protection is not None:
+                    if protected:
+                        await protection.entry_refused(request)
+                    # A stop the exchange held was cancelled for this order: placed again.
+                    with contextlib.suppress(TradingAgentError):
+                        await protection.step()
                 raise
-            if not protected or protection is None:
+            if protection is None:
                 return _placed(order)
+            # The protection follows the position at once: an entry's starts, a stop
+            # cancelled for a reducing order is placed again for what is left.
             await protection.step()
+            if not protected:
+                return _placed(order)
             live = await protection.live(request.symbol)
         if order.status == "closed":
             return f"{_placed(order)} {_protection_text(live)}"
