@@ -172,6 +172,12 @@ class FakeBinance:
                           "qty": _text(rest), "quoteQty": _text(rest * price)}
         self.trades[order_id] = [*self.trades.get(order_id, []), execution]
 
+    def expire(self, order_id: int) -> None:
+        """The exchange lets a resting order go (``EXPIRED``), freeing what it locked."""
+        order = self.orders[order_id]
+        self._unlock_rest(order)
+        order["status"] = "EXPIRED"
+
     def fill_part(self, order_id: int, quantity: str) -> None:
         """Fills part of a resting order at its price, as Binance reports one: status
         ``PARTIALLY_FILLED``, ``executedQty`` grown, one more execution; the part filled

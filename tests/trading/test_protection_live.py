@@ -214,3 +214,29 @@ async def test_an_entry_filled_in_parts_has_its_stop_grow_with_it(
         assert (trade.amount, trade.exited, trade.exit_price, trade.exit_reason) == (
             D("0.02"), D("0.02"), D("16450"), "stop_loss")
         assert binance.balance("BTC") == (D(0), D(0))
+
+
+async def test_a_stop_the_exchange_dropped_is_watched_by_the_daemon_and_said_so(
+        ccxt_config: CcxtExchangeConfig, binance: FakeBinance, database: Path,
+        sleep: RecordingSleep) -> None:
+    async with _venue(ccxt_config, database, sleep) as venue:
+        assert venue.protection is not None
+        told: list[ProtectionEvent] = []
+        venue.protection.on_event = told.append
+        await _enter(venue, target="17500")
+        stop, _ = await venue.protection.live()
+        binance.expire(int(stop.order_id or 0))  # the exchange lets it go
+        await venue.match_resting_orders()
+        [event] = told
+        assert event.what == "lost"
+        assert event.text == ("alpha: binance expired the BTC/USDT stop-loss at 16,500.00; the "
+                              "daemon watches the price instead, and this protection stops "
+                              "when the daemon does.")
+        watched, _ = await venue.protection.live()
+        assert (watched.kind, watched.held) == ("stop_loss", "daemon")
+        binance.set_price("16480")
+        await venue.match_resting_orders()
+        [trade] = await venue.books.trades()
+        assert (trade.exit_price, trade.exit_reason) == (D("16480"), "stop_loss")
+        sent = _posted(binance)[-1]
+        assert (sent["type"], sent["newClientOrderId"]) == ("MARKET", watched.client_order_id)
