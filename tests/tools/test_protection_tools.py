@@ -107,8 +107,14 @@ async def test_an_entry_with_a_stop_and_a_target_is_protected_and_the_stop_moves
     with pytest.raises(ToolError, match=r"stop_loss 16,650.00 is on the wrong side of the "
                                         r"price now 16,612.00"):
         await desk.text("set_protection", symbol="BTC/USDT", stop_loss="16650")
-    # The protective orders are not the desk's resting orders.
+    # The protective orders are not the desk's resting orders; the positions show them.
     assert await desk.text("list_open_orders") == "No open orders."
+    positions = (await desk.text("get_positions")).splitlines()
+    assert positions[0].startswith("BTC/USDT long 0.1 BTC, mark 16,612.00")
+    assert positions[1:] == [
+        "  protection: BTC/USDT take-profit at 16,900.00 (sell exit), simulated from the "
+        "candles",
+        "  protection: BTC/USDT stop-loss at 16,550.00 (sell exit), simulated from the candles"]
 
 
 async def test_a_closing_order_takes_no_protection_and_an_empty_position_none(

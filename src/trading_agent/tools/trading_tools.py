@@ -47,7 +47,8 @@ def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
     register_market_tools(registry, exchange=exchange, symbols=symbols)
     register_chart_tool(registry, exchange=exchange, symbols=symbols)
     register_account_tools(registry, exchange=exchange,
-                           quote_currency=risk_policy.limits.quote_currency)
+                           quote_currency=risk_policy.limits.quote_currency,
+                           protection=protection)
     register_order_tools(registry, exchange=exchange, risk_policy=risk_policy, symbols=symbols,
                          protection=protection)
     if books is not None:
