@@ -232,7 +232,7 @@ async def open_exchange(
             await booked.adopt_holdings(await paper.fetch_positions())
             matcher = paper.sync  # resting paper orders fill only when matched on a candle
             keeper = ProtectionKeeper(booked, protective, simulated=SimulatedFills(
-                paper.execute_at, feed.timeframe))
+                paper.execute_at, feed))
         else:
             booked = BookedExchange(exchange, records)
             can_hold = getattr(exchange, "holds_protection", None)

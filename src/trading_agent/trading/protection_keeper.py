@@ -48,6 +48,7 @@ from trading_agent.trading.exchange import (
     client_order_id_for,
     timeframe_delta,
 )
+from trading_agent.trading.feed import PriceFeed
 from trading_agent.trading.formatting import format_amount, format_price
 from trading_agent.trading.protection import (
     ProtectionHeld,
@@ -70,19 +71,20 @@ KEEP: Final = "keep"
 
 
 class SimulatedFills:
-    """What a simulating venue (the paper exchange) offers the keeper: the timeframe of
-    the candles that fire protection, and a fill at a price the candles decided.
+    """What a simulating venue (the paper exchange on its feed) offers the keeper: the
+    candles that fire protection, and a fill at a price the candles decided.
 
     Args:
         fill_at: The paper exchange's ``execute_at``.
-        timeframe: The feed's timeframe.
+        feed: The paper exchange's feed; every candle since a protection was last checked
+            is read (``since`` without a limit), however long the daemon was down.
     """
 
     def __init__(self, fill_at: Callable[[OrderRequest, Decimal, datetime], Awaitable[Order]],
-                 timeframe: str) -> None:
+                 feed: PriceFeed) -> None:
         self.fill_at = fill_at
-        self.timeframe = timeframe
-        self.step = timeframe_delta(timeframe)
+        self.feed = feed
+        self.step = timeframe_delta(feed.timeframe)
 
 
 @dataclass(frozen=True)
@@ -337,8 +339,8 @@ class ProtectionKeeper:
                         now: datetime, while_down: bool) -> ProtectionEvent | None:
         assert self.simulated is not None
         since = min(o.checked_until or o.created_at for o in orders)
-        candles = [c for c in await self.exchange.fetch_candles(
-            orders[0].symbol, self.simulated.timeframe, 1000, since) if c.closes_at <= now]
+        candles = [c for c in await self.simulated.feed.candles(orders[0].symbol, since=since)
+                   if c.closes_at <= now]
         for candle in candles:
             eligible = [o for o in orders if (o.checked_until or o.created_at) <= candle.opened_at]
             hit = first_exit(eligible, candle)
