@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 from decimal import Decimal
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from trading_agent.store.trading_state import TradingStateFile
 from trading_agent.trading.config import CcxtExchangeConfig, ExchangeConfig, RiskLimits
 from trading_agent.trading.exchange import OrderRequest
@@ -140,19 +142,27 @@ async def test_an_exchange_that_cannot_hold_stops_has_them_watched_by_the_daemon
         sleep: RecordingSleep) -> None:
     config = ccxt_config.model_copy(update={"client_settings": {
         **ccxt_config.client_settings, "has": NO_STOPS}})
-    async with _venue(config, database, sleep) as venue:
-        assert venue.protection is not None
-        await _enter(venue)
-        assert [o.held for o in await venue.protection.live()] == ["daemon", "daemon"]
-        assert len(_posted(binance)) == 1  # the entry only
-        binance.set_price("16490")
-        await venue.match_resting_orders()
-        _, exit_ = _posted(binance)
-        stop = (await venue.protection.records.history())[0]
-        assert (exit_["type"], exit_["side"], exit_["newClientOrderId"]) == (
-            "MARKET", "SELL", stop.client_order_id)
-        [trade] = await venue.books.trades()
-        assert (trade.exit_price, trade.exit_reason) == (D("16490"), "stop_loss")
+    with capture_logs() as logs:
+        async with _venue(config, database, sleep) as venue:
+            # What run logs for the desk as it opens its venue.
+            [said] = [line for line in logs if line["event"] == "protection_watched_by_daemon"]
+            assert (said["desk"], said["log_level"]) == ("alpha", "warning")
+            assert said["text"] == (
+                "binance cannot hold stop-loss and take-profit orders itself (by ccxt's has "
+                "flags): the daemon watches the price and sends a market order when it is "
+                "crossed, so this protection stops when the daemon does.")
+            assert venue.protection is not None
+            await _enter(venue)
+            assert [o.held for o in await venue.protection.live()] == ["daemon", "daemon"]
+            assert len(_posted(binance)) == 1  # the entry only
+            binance.set_price("16490")
+            await venue.match_resting_orders()
+            _, exit_ = _posted(binance)
+            stop = (await venue.protection.records.history())[0]
+            assert (exit_["type"], exit_["side"], exit_["newClientOrderId"]) == (
+                "MARKET", "SELL", stop.client_order_id)
+            [trade] = await venue.books.trades()
+            assert (trade.exit_price, trade.exit_reason) == (D("16490"), "stop_loss")
 
 
 async def test_a_position_partly_sold_has_its_stop_placed_again_for_the_rest(
