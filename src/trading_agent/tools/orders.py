@@ -234,8 +234,13 @@ def register_order_tools(registry: ToolRegistry, *, exchange: Exchange,
             if protection is None:
                 return _placed(order)
             # The protection follows the position at once: an entry's starts, a stop
-            # cancelled for a reducing order is placed again for what is left.
-            await protection.step()
+            # cancelled for a reducing order is placed again for what is left. The order
+            # is placed whatever happens here: a failure waits for the next candle's step.
+            try:
+                await protection.step()
+            except TradingAgentError as exc:
+                return (f"{_placed(order)} Its protection could not be updated yet ({exc}); "
+                        "it is tried again on the next candle.")
             if not protected:
                 return _placed(order)
             live = await protection.live(request.symbol)
