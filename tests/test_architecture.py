@@ -26,6 +26,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("cli", "operator.books_cli"): "the operator's commands: their HTTP client",
     ("cli", "backtest.cli"): "backtest: the engine and its report (pillow)",
     ("cli", "backtest.fetch"): "data fetch: its ccxt client",
+    ("cli", "trading.ccxt_exchange"): "check-config of a live desk: which protective orders "
+                                      "its exchange holds (ccxt's has flags)",
+    ("cli", "trading.protection"): "check-config of a live desk: the notice of a protection "
+                                   "the daemon watches",
     ("backtest.cli", "backtest.engine"): "the engine builds a whole desk; --help needs none",
     ("backtest.cli", "backtest.audit"): "only an audit compares runs",
     ("backtest.cli", "backtest.metrics"): "only an audit computes figures itself",

@@ -52,7 +52,28 @@ def _check_config(args: argparse.Namespace) -> int:
     print(_summary(settings))
     for line in missing_secrets(settings, args.file):
         print(f"warning: {line}")
+    for line in _unheld_protection(settings):
+        print(f"warning: {line}")
     return 0
+
+
+def _unheld_protection(settings: Settings) -> list[str]:
+    """One line per live desk whose exchange cannot hold its stops or targets itself."""
+    live = {name: desk.exchange.ccxt for name, desk in settings.desks.items()
+            if desk.exchange.mode == "live" and desk.exchange.ccxt is not None}
+    if not live:
+        return []
+    # Imported here: ccxt takes a second to import, and a paper config never needs it.
+    from trading_agent.trading.ccxt_exchange import protection_held_by
+    from trading_agent.trading.protection import unheld_notice
+
+    lines = []
+    for name, ccxt_config in live.items():
+        exchange = ccxt_config.exchange_id + (" testnet" if ccxt_config.sandbox else "")
+        notice = unheld_notice(exchange, protection_held_by(ccxt_config))
+        if notice is not None:
+            lines.append(f"desk {name}: {notice}")
+    return lines
 
 
 def _check_windows(settings: Settings) -> None:

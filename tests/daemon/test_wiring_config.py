@@ -124,7 +124,7 @@ keep_recent_tokens = 100
 """)
     assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "desks.tiny: the system prompt (2 tokens) and the 14 tool definitions (" in err
+    assert "desks.tiny: the system prompt (2 tokens) and the 15 tool definitions (" in err
     assert "more than the model's context_window (1,024)" in err
 
     # With three tools it fits.

@@ -91,3 +91,12 @@ def test_a_failed_hook_is_a_warning_line() -> None:
                            "error": "RuntimeError: down"}, Style(False))
 
     assert line == "⚠ hook Budget.before_request failed, left out: RuntimeError: down"
+
+
+def test_a_protection_that_fired_is_a_warning_line() -> None:
+    text = ("alpha: the BTC/USDT stop-loss at 16,500.00 closed 0.01 BTC at 16,450.00 (filled on "
+            "the exchange); the trade's profit -2.93 USDT.")
+    line = describe_event({"type": "protection", "what": "fired", "text": text},
+                          Style(False))
+
+    assert line == f"⛨ {text}"

@@ -18,9 +18,10 @@ from .conftest import LIMITS, Desk
 
 
 def test_every_tool_is_registered_and_only_place_order_is_dangerous(desk: Desk) -> None:
-    # get_trade_record comes with the books, which a desk built by the daemon has.
-    assert desk.registry.names == [name for name in TRADING_TOOL_NAMES
-                                   if name != "get_trade_record"] + ["remember", "recall"]
+    # get_trade_record comes with the books, set_protection with the protection keeper,
+    # which a desk built by the daemon has.
+    assert desk.registry.names == [name for name in TRADING_TOOL_NAMES if name not in (
+        "get_trade_record", "set_protection")] + ["remember", "recall"]
     dangerous = [name for name in desk.registry.names if desk.registry.get(name).dangerous]  # type: ignore[union-attr]
     assert dangerous == ["place_order"]
     for definition in desk.registry.definitions():

@@ -16,6 +16,15 @@ order reserves what it may spend (the quote of a buy, the base of a sell) as ``l
 it is filled (:meth:`FakeBinance.fill`) or cancelled. An order the free balance cannot pay
 for is refused with Binance's ``-2010`` (insufficient balance), and nothing moves.
 
+Stop orders are Binance's own types: ``STOP_LOSS`` and ``TAKE_PROFIT`` (a market order once
+triggered), ``STOP_LOSS_LIMIT`` and ``TAKE_PROFIT_LIMIT`` (a limit order once triggered), each
+with its ``stopPrice``, accepted only where the symbol's ``orderTypes`` list them (BTCUSDT, like
+the real one, has the two limit kinds). One rests as ``NEW``, its quantity locked like a
+limit's, until :meth:`FakeBinance.set_price` moves the last price to it: a sell stop-loss
+triggers at or below its stop price, a sell take-profit at or above it (a buy mirrors); a
+triggered limit fills at once at the new price when that is at or better than its limit
+price, else rests as a limit order.
+
 By default ``/api/v3/klines`` answers the fixture's last ``limit`` candles whatever is asked.
 After :meth:`FakeBinance.serve_history` it pages a longer history the way Binance does:
 ``startTime``, ``endTime`` and ``limit`` honoured, at most a page of candles per answer.
@@ -76,8 +85,6 @@ class FakeBinance:
         self.trades: dict[int, list[dict[str, Any]]] = {}
         """Each filled order's executions, as ``myTrades`` lists them."""
         self.klines: list[list[Any]] = fixture("klines")
-        self.ticker: dict[str, Any] = fixture("ticker_24hr")
-        """What ``/api/v3/ticker/24hr`` answers; its last price is where market orders fill."""
         self.account: dict[str, Any] = fixture("account")
         self._faults: dict[tuple[str, str], deque[str]] = defaultdict(deque)
         self._errors = fixture("errors")
@@ -86,6 +93,8 @@ class FakeBinance:
         self._history_page = 1000
         self._runner: web.AppRunner | None = None
         self.base_url = ""
+        self.last_price: str = fixture("ticker_24hr")["lastPrice"]
+        """The last price: the ticker's, and where market orders fill."""
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -127,11 +136,6 @@ class FakeBinance:
         self.account = self.account | {
             "balances": [*balances, {"asset": asset, "free": free, "locked": locked}]}
 
-    def set_price(self, price: str) -> None:
-        """Moves the market: the last, bid and ask prices become ``price`` (market orders
-        fill there from now on)."""
-        self.ticker = self.ticker | {"lastPrice": price, "bidPrice": price, "askPrice": price}
-
     def balance(self, asset: str) -> tuple[Decimal, Decimal]:
         """One asset's ``free`` and ``locked`` balance (zero for an asset never held)."""
         for entry in self.account["balances"]:
@@ -154,14 +158,76 @@ class FakeBinance:
         """Fills a resting order in full at its price (while nobody watches): what it
         reserved is released and the balances move, commission paid in the quote."""
         order = self.orders[order_id]
-        if order["status"] != "NEW":
+        if order["status"] not in ("NEW", "PARTIALLY_FILLED"):
             raise ValueError(f"order {order_id} is {order['status']}, not resting")
         quantity, price = Decimal(order["origQty"]), Decimal(order["price"])
-        self._unlock_for(order)
-        commission = self._settle(order["symbol"], order["side"], quantity, price)
+        rest = quantity - Decimal(order["executedQty"])
+        self._unlock_rest(order)
+        commission = self._settle(order["symbol"], order["side"], rest, price)
         order |= {"status": "FILLED", "executedQty": order["origQty"],
                   "cummulativeQuoteQty": _text(quantity * price)}
-        self.trades[order_id] = [self._trade(order, order["price"], commission, maker=True)]
+        execution = self._trade(order, order["price"], commission, maker=True)
+        if rest != quantity:  # the last part of a partly filled order
+            execution |= {"id": 100 + order_id * 10 + len(self.trades[order_id]),
+                          "qty": _text(rest), "quoteQty": _text(rest * price)}
+        self.trades[order_id] = [*self.trades.get(order_id, []), execution]
+
+    def expire(self, order_id: int) -> None:
+        """The exchange lets a resting order go (``EXPIRED``), freeing what it locked."""
+        order = self.orders[order_id]
+        self._unlock_rest(order)
+        order["status"] = "EXPIRED"
+
+    def fill_part(self, order_id: int, quantity: str) -> None:
+        """Fills part of a resting order at its price, as Binance reports one: status
+        ``PARTIALLY_FILLED``, ``executedQty`` grown, one more execution; the part filled
+        is no longer locked (the rest still is)."""
+        order = self.orders[order_id]
+        if order["status"] not in ("NEW", "PARTIALLY_FILLED"):
+            raise ValueError(f"order {order_id} is {order['status']}, not resting")
+        part, price = Decimal(quantity), Decimal(order["price"])
+        done = Decimal(order["executedQty"]) + part
+        if done >= Decimal(order["origQty"]):
+            raise ValueError("fill_part fills part of an order; use fill for the rest")
+        asset, locked = self._reservation(order)
+        self._move(asset, free=locked * part / Decimal(order["origQty"]),
+                   locked=-locked * part / Decimal(order["origQty"]))
+        commission = self._settle(order["symbol"], order["side"], part, price)
+        order |= {"status": "PARTIALLY_FILLED", "executedQty": _text(done),
+                  "cummulativeQuoteQty": _text(done * price)}
+        execution = self._trade(order, order["price"], commission, maker=True)
+        execution |= {"id": 100 + order_id * 10 + len(self.trades.get(order_id, [])),
+                      "qty": _text(part), "quoteQty": _text(part * price)}
+        self.trades.setdefault(order_id, []).append(execution)
+
+    def set_price(self, price: str) -> list[int]:
+        """Moves the last price (while nobody watches) and triggers the stop orders it
+        reaches; returns the ids of the orders that filled."""
+        self.last_price = price
+        last = Decimal(price)
+        filled = []
+        for order_id, order in self.orders.items():
+            if order["status"] != "NEW" or order["type"] not in _STOP_TYPES \
+                    or order.get("triggered"):
+                continue
+            stop = Decimal(order["stopPrice"])
+            falls = order["type"].startswith("STOP_LOSS") == (order["side"] == "SELL")
+            if not (last <= stop if falls else last >= stop):
+                continue
+            order["triggered"] = True
+            limit = Decimal(order["price"])
+            marketable = not order["type"].endswith("_LIMIT") or (
+                last >= limit if order["side"] == "SELL" else last <= limit)
+            if marketable:
+                self._unlock_for(order)
+                quantity = Decimal(order["origQty"])
+                commission = self._settle(order["symbol"], order["side"], quantity, last)
+                order |= {"status": "FILLED", "executedQty": order["origQty"],
+                          "cummulativeQuoteQty": _text(quantity * last)}
+                self.trades[order_id] = [self._trade(order, _text(last), commission,
+                                                     maker=False)]
+                filled.append(order_id)
+        return filled
 
     def forget(self, order_id: int) -> None:
         """Drops an order, as if the exchange never had it."""
@@ -257,7 +323,11 @@ class FakeBinance:
     def _ticker(self, params: dict[str, str]) -> tuple[int, Any]:
         if params.get("symbol") != "BTCUSDT":
             return 400, self._errors["bad_symbol"]["body"]
-        return 200, self.ticker
+        ticker = fixture("ticker_24hr")
+        if self.last_price != ticker["lastPrice"]:
+            ticker |= {"lastPrice": self.last_price, "bidPrice": self.last_price,
+                       "askPrice": self.last_price}
+        return 200, ticker
 
     def _klines(self, params: dict[str, str]) -> tuple[int, Any]:
         if self._history is not None:
@@ -303,12 +373,19 @@ class FakeBinance:
         base, quote = self._assets(order["symbol"])
         quantity = Decimal(order["origQty"])
         if order["side"] == "BUY":
-            return quote, quantity * Decimal(order["price"])
+            price = Decimal(order["price"]) or Decimal(order.get("stopPrice", "0"))
+            return quote, quantity * price
         return base, quantity
 
     def _lock_for(self, order: dict[str, Any]) -> None:
         asset, amount = self._reservation(order)
         self._move(asset, free=-amount, locked=amount)
+
+    def _unlock_rest(self, order: dict[str, Any]) -> None:
+        """Frees what a resting order still locks (all of it, less its filled part)."""
+        asset, amount = self._reservation(order)
+        share = 1 - Decimal(order["executedQty"]) / Decimal(order["origQty"])
+        self._move(asset, free=amount * share, locked=-amount * share)
 
     def _unlock_for(self, order: dict[str, Any]) -> None:
         asset, amount = self._reservation(order)
@@ -338,7 +415,15 @@ class FakeBinance:
 
     def _create_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order_id = 28_000 + len(self.orders) + 1
-        last = self.ticker["lastPrice"]
+        last = self.last_price
+        [info] = [m for m in fixture("exchange_info")["symbols"]
+                  if m["symbol"] == params["symbol"]]
+        if params["type"] not in info["orderTypes"]:
+            return 400, {"code": -1116, "msg": "Invalid orderType."}
+        stop = params["type"] in _STOP_TYPES
+        if stop and "stopPrice" not in params:
+            return 400, {"code": -1102, "msg": "Mandatory parameter 'stopPrice' was not sent, "
+                                               "was empty/null, or malformed."}
         order = fixture("order_template") | {
             "symbol": params["symbol"],
             "orderId": order_id,
@@ -349,9 +434,12 @@ class FakeBinance:
             "price": params.get("price", "0.00000000"),
             "timeInForce": params.get("timeInForce", "GTC"),
         }
+        if stop:
+            order["stopPrice"] = params["stopPrice"]
         quantity = Decimal(params["quantity"])
         market = params["type"] == "MARKET"
-        price = Decimal(last) if market else Decimal(order["price"])
+        price = Decimal(last) if market or Decimal(order["price"]) == 0 \
+            else Decimal(order["price"])
         if not self._affordable(params["symbol"], params["side"], quantity, price):
             return 400, self._errors["insufficient_funds"]["body"]
         if market:
@@ -369,7 +457,7 @@ class FakeBinance:
         else:
             self._lock_for(order)
         self.orders[order_id] = order
-        return 200, order
+        return 200, {k: v for k, v in order.items() if k != "triggered"}
 
     def _find(self, params: dict[str, str]) -> dict[str, Any] | None:
         if "orderId" in params:
@@ -380,9 +468,12 @@ class FakeBinance:
     @staticmethod
     def _as_queried(order: dict[str, Any]) -> dict[str, Any]:
         """An order as ``GET /api/v3/order`` shows it (no fills, times named differently)."""
-        shown = {k: v for k, v in order.items() if k not in ("fills", "transactTime")}
+        shown = {k: v for k, v in order.items()
+                 if k not in ("fills", "transactTime", "triggered")}
         return shown | {"time": order["transactTime"], "updateTime": order["transactTime"],
-                        "isWorking": True, "stopPrice": "0.00000000",
+                        "isWorking": order["type"] not in _STOP_TYPES
+                        or bool(order.get("triggered")),
+                        "stopPrice": order.get("stopPrice", "0.00000000"),
                         "icebergQty": "0.00000000"}
 
     def _get_order(self, params: dict[str, str]) -> tuple[int, Any]:
@@ -393,11 +484,11 @@ class FakeBinance:
 
     def _cancel_order(self, params: dict[str, str]) -> tuple[int, Any]:
         order = self._find(params)
-        if order is None or order["status"] != "NEW":
+        if order is None or order["status"] not in ("NEW", "PARTIALLY_FILLED"):
             return 400, {"code": -2011, "msg": "Unknown order sent."}
         order["status"] = "CANCELED"
-        self._unlock_for(order)
-        canceled = {k: v for k, v in order.items() if k != "fills"}
+        self._unlock_rest(order)
+        canceled = {k: v for k, v in order.items() if k not in ("fills", "triggered")}
         return 200, canceled | {"origClientOrderId": order["clientOrderId"]}
 
     def _trade(self, order: dict[str, Any], price: str, commission: Decimal, *,
@@ -419,8 +510,13 @@ class FakeBinance:
                      if trade["symbol"] == params.get("symbol", trade["symbol"])]
 
     def _open_orders(self, params: dict[str, str]) -> tuple[int, Any]:
-        return 200, [self._as_queried(o) for o in self.orders.values() if o["status"] == "NEW"
+        return 200, [self._as_queried(o) for o in self.orders.values()
+                     if o["status"] in ("NEW", "PARTIALLY_FILLED")
                      and params.get("symbol", o["symbol"]) == o["symbol"]]
+
+
+_STOP_TYPES = frozenset({"STOP_LOSS", "STOP_LOSS_LIMIT", "TAKE_PROFIT", "TAKE_PROFIT_LIMIT"})
+"""Binance's spot stop order types (each with a ``stopPrice``)."""
 
 
 def _text(amount: Decimal) -> str:

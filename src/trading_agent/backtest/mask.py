@@ -291,10 +291,14 @@ class Mask:
         risk = None if venue.risk is None else MaskedRisk(venue.risk, exchange, self)
         # The desk is built on these views: build_desk and the tools read them through the
         # Exchange protocol and the few methods the views carry, never the classes' insides.
+        # The protection keeper is left out: its prices, texts and events are real, and no
+        # masked view of it exists yet, so a masked desk's stop_loss and take_profit are
+        # refused in the tool result ("keeps no protection") rather than leak real prices.
         return replace(venue, exchange=cast("BookedExchange", exchange),
                        feed=MaskedFeed(venue.feed, self),
                        risk=cast("RiskPolicy | None", risk),
-                       books=cast("DeskBooks", MaskedBooks(venue.books, self)))
+                       books=cast("DeskBooks", MaskedBooks(venue.books, self)),
+                       protection=None)
 
     @contextmanager
     def errors(self) -> Iterator[None]:
@@ -445,6 +449,10 @@ class MaskedExchange:
     async def refresh(self) -> list[BookFill]:
         """The books' look at the desk's orders (on each candle), masked."""
         return [self.mask.book_fill(fill) for fill in await self.inner.refresh()]
+
+    def take_fresh(self) -> list[BookFill]:
+        """The fills counted since the last refresh, masked."""
+        return [self.mask.book_fill(fill) for fill in self.inner.take_fresh()]
 
     async def close(self) -> None:
         """Nothing: the real exchange is closed by whoever opened it."""

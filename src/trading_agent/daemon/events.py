@@ -20,6 +20,7 @@ __all__ = [
     "KillSwitchChanged",
     "ModelSwitched",
     "OrderFilled",
+    "ProtectionReported",
     "ReduceOnlyChanged",
     "SpendAlert",
     "TurnCancelled",
@@ -227,3 +228,32 @@ def order_filled(desk: str, fill: BookFill) -> OrderFilled:
         fee_currency=fill.fee_currency or "",
         text=f"Order {fill.order_id} filled: {verb} {fill.amount} {base} on {fill.symbol} at "
              f"{fill.price} ({fee})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProtectionReported(Event):
+    """Something happened to the protection of one of the desk's positions: its stop or
+    target closed the position (``fired``; ``while_down`` when it fired while the daemon
+    was not running and was found on restart), or the exchange could not hold it and the
+    daemon watches the price instead (``watched``, ``lost``).
+
+    Attributes:
+        what: ``fired``, ``watched`` or ``lost``.
+        symbol: The market.
+        kind: ``stop_loss`` or ``take_profit``.
+        trigger_price: Its price, as text.
+        exit_price: The exit's price, as text (empty unless fired).
+        profit: The round trip's profit, as text (empty when unknown).
+        while_down: Found at start: it fired while the daemon was down.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "protection"
+    what: str
+    symbol: str
+    kind: str
+    trigger_price: str
+    exit_price: str
+    profit: str
+    while_down: bool
+    text: str

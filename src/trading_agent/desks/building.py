@@ -39,9 +39,10 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
+from trading_agent.agent.trigger import Trigger
 from trading_agent.backends.providers import ProviderContext, provider
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
-from trading_agent.daemon.events import order_filled
+from trading_agent.daemon.events import ProtectionReported, order_filled
 from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.triggers import MarketWatcher
@@ -59,6 +60,7 @@ from trading_agent.tools.mcp import McpServerError, McpToolSource
 from trading_agent.tools.trading_tools import register_trading_tools
 from trading_agent.trading.exchange import Candle, timeframe_delta
 from trading_agent.trading.factory import TradingVenue, open_exchange
+from trading_agent.trading.protection_keeper import ProtectionEvent
 from trading_agent.trading.protections import ProtectionGuard
 from trading_agent.trading.replay import ReplayFeed
 from trading_agent.trading.timing import Clock, Sleep
@@ -169,6 +171,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                             candle_timeframes=ticks.on_candle_close,
                             on_step=functools.partial(_keep_books, name, venue))
     venue.exchange.on_fill = lambda fill: bus.publish(order_filled(name, fill))
+    if venue.protection is not None:
+        venue.protection.on_event = functools.partial(_tell_protection, name, bus, desk)
     desk.on_turn_start.append(watcher.desk_looked)
     schedules = [Schedule(s.key, s.message, every=s.interval, cron=s.cron, timezone=config.zone)
                  for s in config.triggers.schedules]
@@ -188,6 +192,19 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         return float(valuation.total), len(await venue.exchange.fetch_open_orders())
 
     return DeskParts(desk, watcher, runner, account, sources)
+
+
+def _tell_protection(name: str, bus: EventBus, desk: Desk, event: ProtectionEvent) -> None:
+    """A stop or target fired (or the daemon watches one the exchange could not hold):
+    the operators see an event, and the desk is told as its next turn."""
+    order = event.order
+    bus.publish(ProtectionReported(
+        desk=name, what=event.what, symbol=order.symbol, kind=order.kind,
+        trigger_price=str(order.trigger_price),
+        exit_price="" if order.exit_price is None else str(order.exit_price),
+        profit="" if event.profit is None else str(event.profit), while_down=event.while_down,
+        text=event.text))
+    desk.fire(Trigger(kind="command", text=event.text, source="protection"))
 
 
 def _halt_after(name: str, limit: int,
@@ -342,7 +359,8 @@ async def _tools(name: str, config: DeskSettings, venue: TradingVenue, backend: 
     stack.push_async_callback(memory.close)
     everything = register_trading_tools(ToolRegistry(), exchange=venue.exchange,
                                         risk_policy=venue.risk, symbols=config.symbols,
-                                        memory=memory, books=venue.books)
+                                        memory=memory, books=venue.books,
+                                        protection=venue.protection)
     known = [*everything.names, DELEGATE_TOOL_NAME]
     wanted = config.tools
     if wanted is not None:

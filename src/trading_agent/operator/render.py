@@ -281,6 +281,8 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
                              + _short("; ".join(changes), 300))
         return style.good("config reloaded: " + (_short("; ".join(changes), 300)
                                                  if changes else "nothing changed"))
+    if kind == "protection":
+        return style.warn(f"⛨ {_short(data.get('text'), 300)}")
     if kind == "reconciliation":
         differences = [str(d) for d in data.get("differences") or []]
         return style.warn(f"⚖ the exchange differs from the journal ({len(differences)}): "

@@ -8,6 +8,7 @@ from trading_agent.store.desk_books import SqliteDeskBooks
 from trading_agent.store.fencing import Fence
 from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.store.paper_books import SqlitePaperBooks
+from trading_agent.store.protective_orders import SqliteProtectiveOrders
 from trading_agent.store.risk_records import SqliteRiskRecords
 from trading_agent.store.targets import StoreTarget
 
@@ -48,6 +49,10 @@ class TradingStateFile:
     async def desk_books(self, desk: str) -> SqliteDeskBooks:
         """A desk's own books (its writes fenced on that desk)."""
         return await SqliteDeskBooks.open(self.target, desk, fence=self._fence)
+
+    async def protective_orders(self, desk: str) -> SqliteProtectiveOrders:
+        """A desk's protective orders (its writes fenced on that desk)."""
+        return await SqliteProtectiveOrders.open(self.target, desk, fence=self._fence)
 
     def __repr__(self) -> str:
         return f"TradingStateFile({str(self.target)!r})"

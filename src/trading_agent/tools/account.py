@@ -14,6 +14,7 @@ from trading_agent.trading.books import RoundTrip
 from trading_agent.trading.desk_books import DeskBooks, ProfitSummary
 from trading_agent.trading.exchange import Exchange
 from trading_agent.trading.formatting import format_amount, format_percent, format_price
+from trading_agent.trading.protection_keeper import ProtectionKeeper
 from trading_agent.trading.valuation import value_account
 
 __all__ = ["NoArguments", "RecordArguments", "record_text", "register_account_tools",
@@ -27,13 +28,16 @@ class NoArguments(BaseModel):
 
 
 def register_account_tools(registry: ToolRegistry, *, exchange: Exchange,
-                           quote_currency: str) -> None:
+                           quote_currency: str,
+                           protection: ProtectionKeeper | None = None) -> None:
     """Registers ``get_balance`` and ``get_positions``.
 
     Args:
         registry: Where to register them.
         exchange: The desk's exchange.
         quote_currency: The currency balances are valued in.
+        protection: The desk's protection keeper: ``get_positions`` shows each position's
+            stop and target.
     """
 
     @registry.tool(description=f"The account's balances (free and held by open orders), "
@@ -79,6 +83,10 @@ def register_account_tools(registry: ToolRegistry, *, exchange: Exchange,
                 line += (f", entry {format_price(p.entry_price)}, unrealized "
                          f"{'+' if pnl >= 0 else ''}{format_amount(pnl, quote)}{share}")
             lines.append(line)
+            if protection is not None:
+                with readable_errors("read the protection"):
+                    guarded = await protection.live(p.symbol)
+                lines.extend(f"  protection: {order.describe()}" for order in guarded)
         return "\n".join(lines)
 
 

@@ -23,11 +23,11 @@ __all__ = [
 TRADING_TOOL_NAMES = (
     "get_ticker", "get_order_book", "get_candles", "render_chart", "get_balance",
     "get_positions", "place_order", "cancel_order", "get_order", "list_open_orders",
-    "get_trade_record",
+    "set_protection", "get_trade_record",
 )
 """The tools :func:`~trading_agent.tools.trading_tools.register_trading_tools` registers
 (``remember`` and ``recall`` besides, when a memory is given; ``get_trade_record`` when the
-desk's books are)."""
+desk's books are; ``set_protection`` when its protection keeper is)."""
 
 DELEGATE_TOOL_NAME = "delegate"
 """The name the model calls the ``delegate`` tool by."""

@@ -13,6 +13,7 @@ from trading_agent.tools.memory_store import DeskMemory
 from trading_agent.tools.orders import register_order_tools
 from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Exchange
+from trading_agent.trading.protection_keeper import ProtectionKeeper
 from trading_agent.trading.risk import RiskPolicy
 
 __all__ = ["register_trading_tools"]
@@ -21,7 +22,8 @@ __all__ = ["register_trading_tools"]
 def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
                            risk_policy: RiskPolicy, symbols: Sequence[str],
                            memory: DeskMemory | None = None,
-                           books: DeskBooks | None = None) -> ToolRegistry:
+                           books: DeskBooks | None = None,
+                           protection: ProtectionKeeper | None = None) -> ToolRegistry:
     """Registers a desk's trading tools (and its memory tools, given a memory).
 
     Args:
@@ -31,6 +33,8 @@ def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
         symbols: The desk's symbols; the first is the default of the market tools.
         memory: The desk's notes, for ``remember`` and ``recall``.
         books: The desk's books, for ``get_trade_record``.
+        protection: The desk's protection keeper, for ``stop_loss``/``take_profit`` and
+            ``set_protection``.
 
     Returns:
         The registry, for chaining.
@@ -43,8 +47,10 @@ def register_trading_tools(registry: ToolRegistry, *, exchange: Exchange,
     register_market_tools(registry, exchange=exchange, symbols=symbols)
     register_chart_tool(registry, exchange=exchange, symbols=symbols)
     register_account_tools(registry, exchange=exchange,
-                           quote_currency=risk_policy.limits.quote_currency)
-    register_order_tools(registry, exchange=exchange, risk_policy=risk_policy, symbols=symbols)
+                           quote_currency=risk_policy.limits.quote_currency,
+                           protection=protection)
+    register_order_tools(registry, exchange=exchange, risk_policy=risk_policy, symbols=symbols,
+                         protection=protection)
     if books is not None:
         register_record_tool(registry, books=books)
     if memory is not None:

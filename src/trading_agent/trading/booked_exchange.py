@@ -21,14 +21,20 @@ counted, for the daemon to announce.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
 import structlog
 
 from trading_agent.errors import ExchangeError, OrderRejectedError
-from trading_agent.trading.books import ZERO, BookFill, BookOrder, DeskBookRecords
+from trading_agent.trading.books import (
+    PROTECTION_TURNS,
+    ZERO,
+    BookFill,
+    BookOrder,
+    DeskBookRecords,
+)
 from trading_agent.trading.exchange import (
     Balance,
     Candle,
@@ -70,6 +76,9 @@ class BookedExchange:
         self.records = records
         self.on_fill: Callable[[BookFill], object] | None = None
         """Called with each fill the moment the books count it (the daemon announces it)."""
+        self.before_order: Callable[[OrderRequest], Awaitable[None]] | None = None
+        """Awaited before each order is sent (the desk's protection keeper cancels the
+        exchange-held stop of a position the order reduces)."""
         self._fresh: list[BookFill] = []
         self._none_open = False
         """True once a refresh found no order that may still fill, until the next is noted:
@@ -132,19 +141,33 @@ class BookedExchange:
         return positions
 
     async def fetch_open_orders(self, symbol: str | None = None) -> Sequence[Order]:
-        """The desk's own resting orders. Not counted from here: an exchange's list of open
-        orders may leave out what a partial fill paid (Binance's does), and the books count
-        a fill's fee with the fill; :meth:`refresh` looks at each order itself."""
-        ours = {order.client_order_id for order in await self.records.orders(open_only=True)}
+        """The desk's own resting orders, its protective orders left out (they only take
+        risk off, and the protection keeper owns them). Not counted from here: an
+        exchange's list of open orders may leave out what a partial fill paid (Binance's
+        does), and the books count a fill's fee with the fill; :meth:`refresh` looks at
+        each order itself."""
+        ours = {order.client_order_id for order in await self.records.orders(open_only=True)
+                if order.turn not in PROTECTION_TURNS}
         return [order for order in await self.inner.fetch_open_orders(symbol)
                 if order.client_order_id in ours]
 
-    async def create_order(self, request: OrderRequest) -> Order:
-        """Notes the order in the desk's books, then places it."""
+    async def note(self, request: OrderRequest) -> None:
+        """Notes an order in the desk's books before it is sent."""
         self._none_open = False
         await self.records.note_order(BookOrder(
             request.client_order_id, request.symbol, request.side, request.type,
             request.amount, request.price, request.turn, self.inner.now()))
+
+    async def observe(self, order: Order) -> None:
+        """Counts what an order of the desk filled (an order placed past :meth:`create_order`,
+        such as a simulated protection's exit)."""
+        await self._observe(order)
+
+    async def create_order(self, request: OrderRequest) -> Order:
+        """Notes the order in the desk's books, then places it."""
+        if self.before_order is not None:
+            await self.before_order(request)
+        await self.note(request)
         try:
             order = await self.inner.create_order(request)
         except OrderRejectedError:
@@ -210,6 +233,12 @@ class BookedExchange:
             except ExchangeError as exc:
                 _log.warning("books_refresh_failed", desk=self.records.desk,
                              client_order_id=noted.client_order_id, error=str(exc))
+
+    def take_fresh(self) -> list[BookFill]:
+        """The fills counted since the last :meth:`refresh` (or call of this), oldest
+        first; they will not be returned again."""
+        fresh, self._fresh = self._fresh, []
+        return fresh
 
     async def adopt_holdings(self, positions: Sequence[Position]) -> None:
         """Takes what a paper account holds into books that have never seen an order: its

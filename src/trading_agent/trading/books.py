@@ -49,6 +49,7 @@ from trading_agent.trading.exchange import Order, OrderSide
 
 __all__ = [
     "FLATTEN_TURN",
+    "PROTECTION_TURNS",
     "STOP_LOSS_TURN",
     "ZERO",
     "BookFill",
@@ -68,11 +69,15 @@ ZERO = Decimal(0)
 FLATTEN_TURN = "flatten"
 """The turn noted for orders a kill switch's flatten placed (no model decided them)."""
 
-STOP_LOSS_TURN = "stop_loss"
+PROTECTION_TURNS = ("stop_loss", "take_profit")
+"""The turns noted for the orders of a position's protection (its stop, its target): no
+turn placed them when they filled, and a round trip they close has that exit reason."""
+
+STOP_LOSS_TURN = PROTECTION_TURNS[0]
 """The turn noted for orders a position's stop loss placed: the round trip they close has
 this exit reason (what ``stoploss_guard`` counts)."""
 
-_EXIT_TURNS = frozenset({FLATTEN_TURN, STOP_LOSS_TURN})
+_EXIT_TURNS = frozenset({FLATTEN_TURN, *PROTECTION_TURNS})
 """Turns that are themselves the exit reason of the round trip their order closes."""
 
 
@@ -212,8 +217,8 @@ class RoundTrip:
         profit: Realized profit, every quote fee of its fills subtracted.
         fees: Quote-currency fees of its fills.
         exit_reason: Why it closed: ``decision`` (a turn's order), ``flatten`` (the kill
-            switch), ``stop_loss`` (its stop loss), ``reversed`` (an order crossed zero);
-            None while open.
+            switch), ``stop_loss`` or ``take_profit`` (its protection), ``reversed`` (an
+            order crossed zero); None while open.
         opened_turn: The turn whose order opened it.
         closed_turn: The turn whose order closed it.
     """
@@ -380,6 +385,7 @@ def apply_fill(position: BookPosition, trade: RoundTrip | None, fill: BookFill
                           realized, updated=touched)
     reason = fill.turn if fill.turn in _EXIT_TURNS else (
         "reversed" if abs(change) > abs(held) else "decision")
+    assert reason is not None
     closed = replace(touched, closed_at=fill.at, exit_reason=reason,
                      closed_turn=fill.turn) if touched else None
     flat = replace(base, amount=ZERO, entry_price=None, opened_at=None, trade_id=None,

@@ -52,12 +52,13 @@ from trading_agent.trading.exchange import (
     OrderStatus,
     OrderType,
     Position,
+    ProtectionKind,
     Ticker,
 )
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.timing import Clock, Sleep, from_millis, to_millis, utc_now
 
-__all__ = ["CcxtExchange"]
+__all__ = ["CcxtExchange", "protection_held_by"]
 
 T = TypeVar("T")
 
@@ -312,6 +313,8 @@ class CcxtExchange:
             fee=_decimal(fee.get("cost")) or Decimal(0),
             fee_currency=fee.get("currency"),
             created_at=from_millis(timestamp) if timestamp else self._clock(),
+            trigger_price=_decimal(raw.get("triggerPrice") or raw.get("stopPrice")) or (
+                request.trigger_price if request else None),
         )
 
     # -- reads ---------------------------------------------------------------------------
@@ -537,7 +540,7 @@ class CcxtExchange:
             raw = await self._client.create_order(
                 request.symbol, request.type, request.side, str(request.amount),
                 None if request.price is None else str(request.price),
-                {"clientOrderId": request.client_order_id})
+                self._order_params(request))
         except ccxt.OperationFailed as exc:
             # The answer is lost (timeout, dropped connection, exchange unsure): the order may
             # exist. Look it up; never send it again.
@@ -551,6 +554,22 @@ class CcxtExchange:
         await self._journal.mark(request.client_order_id, "placed", self._clock(),
                                  exchange_order_id=order.id)
         return await self._noted(order)
+
+    @staticmethod
+    def _order_params(request: OrderRequest) -> dict[str, str]:
+        """ccxt's parameters of an order: its client order id, and for a protective order
+        the unified ``stopLossPrice`` or ``takeProfitPrice`` (which ccxt turns into the
+        venue's own stop order type: Binance spot's ``STOP_LOSS_LIMIT`` for a limit)."""
+        params = {"clientOrderId": request.client_order_id}
+        if request.trigger is not None and request.trigger_price is not None:
+            key = "stopLossPrice" if request.trigger == "stop_loss" else "takeProfitPrice"
+            params[key] = str(request.trigger_price)
+        return params
+
+    def holds_protection(self, kind: ProtectionKind) -> bool:
+        """Whether the exchange can hold a protective order of ``kind`` (ccxt's ``has``
+        flags); where it cannot, the daemon watches the price instead."""
+        return _holds(self._client.has, kind)
 
     async def _find_after_lost_answer(self, request: OrderRequest, exc: Exception,
                                       action: str) -> Order:
@@ -685,3 +704,27 @@ class CcxtExchange:
     def scrub(self, message: str) -> str:
         """``message`` without this exchange's secrets or URL query strings."""
         return scrub(message, self._secrets)
+
+
+def _holds(has: Mapping[str, Any], kind: ProtectionKind) -> bool:
+    if kind == "stop_loss":
+        return bool(has.get("createStopLossOrder") or has.get("createStopOrder")
+                    or has.get("createTriggerOrder"))
+    return bool(has.get("createTakeProfitOrder") or has.get("createTriggerOrder"))
+
+
+def protection_held_by(config: CcxtExchangeConfig) -> list[ProtectionKind]:
+    """The protective orders the configured exchange can hold itself, by ccxt's ``has``
+    flags (the config's ``client_settings.has`` over them), read without any request.
+
+    Returns:
+        ``stop_loss`` and ``take_profit``, or those of them it can hold; none for an
+        exchange ccxt does not know.
+    """
+    client_class = getattr(ccxt, config.exchange_id, None)
+    if config.exchange_id not in ccxt.exchanges or client_class is None:
+        return []
+    overrides = config.client_settings.get("has")
+    client = client_class({"has": overrides} if isinstance(overrides, dict) else {})
+    kinds: tuple[ProtectionKind, ...] = ("stop_loss", "take_profit")
+    return [kind for kind in kinds if _holds(client.has, kind)]

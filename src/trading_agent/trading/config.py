@@ -59,6 +59,11 @@ class RiskLimits(BaseModel):
         max_orders_per_hour: How many orders may be placed in any rolling hour.
         max_daily_loss: The drop of the desk's own equity (a live desk's by its books) since
             the start of the UTC day that halts new orders for the rest of that day.
+        require_stop_loss: An order that opens or adds to a position must carry a
+            ``stop_loss`` (one without is refused, saying so).
+        max_loss_per_trade: The most one entry may lose at its stop: the distance from the
+            entry price to the stop times the amount, in the quote currency; None for no
+            such limit.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -70,6 +75,8 @@ class RiskLimits(BaseModel):
     max_open_orders: int = Field(default=10, ge=0, le=100_000)
     max_orders_per_hour: int = Field(default=30, ge=0, le=1_000_000)
     max_daily_loss: Decimal = Field(default=Decimal("1000"), gt=0)
+    require_stop_loss: bool = False
+    max_loss_per_trade: Decimal | None = Field(default=None, gt=0)
 
 
 class PaperExchangeConfig(BaseModel):

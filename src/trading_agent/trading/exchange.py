@@ -32,6 +32,7 @@ __all__ = [
     "OrderStatus",
     "OrderType",
     "Position",
+    "ProtectionKind",
     "Ticker",
     "client_order_id_for",
     "is_own_client_order_id",
@@ -42,6 +43,8 @@ __all__ = [
 OrderSide = Literal["buy", "sell"]
 OrderType = Literal["market", "limit"]
 OrderStatus = Literal["open", "closed", "canceled", "rejected", "expired"]
+ProtectionKind = Literal["stop_loss", "take_profit"]
+"""What a protective order is: a stop that limits a loss, or a target that takes a profit."""
 
 _TIMEFRAME = re.compile(r"^(\d+)([mhdw])$")
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -265,6 +268,10 @@ class OrderRequest:
         client_order_id: The id the exchange will know the order by; set when missing.
         turn: The desk's turn that decided it (``flatten`` for a kill switch's), kept in the
             desk's books; never sent to the exchange.
+        trigger: For a protective order held by the exchange: ``stop_loss`` or
+            ``take_profit``; it waits until the price reaches ``trigger_price``, then
+            becomes the market or limit order it describes.
+        trigger_price: The price that sets a protective order off.
     """
 
     symbol: str
@@ -274,8 +281,12 @@ class OrderRequest:
     price: Decimal | None = None
     client_order_id: str = field(default_factory=new_client_order_id)
     turn: str | None = None
+    trigger: ProtectionKind | None = None
+    trigger_price: Decimal | None = None
 
     def __post_init__(self) -> None:
+        if (self.trigger is None) != (self.trigger_price is None):
+            raise ValueError("a protective order needs both its kind and its trigger price")
         if self.type == "limit" and self.price is None:
             raise ValueError("a limit order needs a price")
         if self.type == "market" and self.price is not None:
@@ -300,6 +311,7 @@ class Order:
         fee: The fees paid so far.
         fee_currency: The currency of ``fee``.
         created_at: When the exchange accepted it.
+        trigger_price: For a protective order, the price that sets it off.
     """
 
     id: str
@@ -315,6 +327,7 @@ class Order:
     fee: Decimal
     fee_currency: str | None
     created_at: datetime
+    trigger_price: Decimal | None = None
 
     @property
     def remaining(self) -> Decimal:

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
+import structlog
 
 from trading_agent.trading.booked_exchange import BookedExchange
 from trading_agent.trading.books import BookFill, DeskBookRecords
@@ -47,6 +48,12 @@ from trading_agent.trading.kill_switch import KillSwitch
 from trading_agent.trading.ledger import PaperBooks
 from trading_agent.trading.order_journal import OrderJournal
 from trading_agent.trading.paper import PaperExchange
+from trading_agent.trading.protection import (
+    PROTECTION_KINDS,
+    ProtectionRecords,
+    unheld_notice,
+)
+from trading_agent.trading.protection_keeper import ProtectionKeeper, SimulatedFills
 from trading_agent.trading.protections import ProtectionGuard, protections_from
 from trading_agent.trading.reduce_only import ReduceOnlyStates
 from trading_agent.trading.replay import ReplayFeed
@@ -57,6 +64,8 @@ from trading_agent.trading.valuation import Valuation, value_account
 
 if TYPE_CHECKING:  # ccxt takes a second to import: only a live venue loads it
     from trading_agent.trading.reconciliation import ReconciliationReport
+
+_log = structlog.get_logger(__name__)
 
 __all__ = ["SharedFeeds", "TradingState", "TradingVenue", "open_exchange", "open_feed",
            "order_seconds"]
@@ -82,6 +91,10 @@ class TradingState(Protocol):
         """A desk's own books."""
         ...
 
+    async def protective_orders(self, desk: str) -> ProtectionRecords:
+        """A desk's protective orders."""
+        ...
+
 
 @dataclass(frozen=True)
 class TradingVenue:
@@ -101,6 +114,8 @@ class TradingVenue:
         reconciler: Compares a live exchange with its order journal (see
             :func:`~trading_agent.trading.reconciliation.reconcile`); None when there is
             nothing to compare (paper, or no journal).
+        protection: Keeps the stops and targets of the desk's positions (simulated on
+            paper, on the exchange or watched by the daemon on a live venue).
     """
 
     mode: Literal["paper", "live"]
@@ -111,18 +126,26 @@ class TradingVenue:
     matcher: Callable[[], Awaitable[list[Fill]]] | None = field(default=None, repr=False)
     reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = field(
         default=None, repr=False)
+    protection: ProtectionKeeper | None = field(default=None, repr=False)
 
     async def match_resting_orders(self) -> list[BookFill]:
         """Matches the resting orders this venue simulates against the candles completed
-        since the last match (paper), then looks at the desk's orders that may still fill
-        and counts what did in its books; called on each new candle of its feed.
+        since the last match (paper), keeps the desk's protection (fires what the candles
+        or the price reached, places what the exchange should hold), then looks at the
+        desk's orders that may still fill and counts what did in its books; called on each
+        new candle of its feed.
 
         Returns:
             The fills the desk's books counted since the last call, oldest first.
         """
         if self.matcher is not None:
             await self.matcher()
-        return await self.exchange.refresh()
+        fills = await self.exchange.refresh()
+        if self.protection is not None:
+            # After the books counted the entries that filled: their protection starts.
+            await self.protection.step()
+            fills.extend(self.exchange.take_fresh())
+        return fills
 
     async def reconcile(self) -> ReconciliationReport | None:
         """Compares the exchange with what this venue's journal says it sent, before a
@@ -131,7 +154,11 @@ class TradingVenue:
         Returns:
             What was found; None when the venue keeps no journal to compare (paper).
         """
-        return None if self.reconciler is None else await self.reconciler()
+        report = None if self.reconciler is None else await self.reconciler()
+        if self.protection is not None:
+            # What fired while the daemon was down is booked now (and told by the keeper).
+            await self.protection.step()
+        return report
 
     async def count_fills_while_away(self) -> list[BookFill]:
         """Counts in the desk's books what its orders filled while the daemon was down,
@@ -229,6 +256,8 @@ async def open_exchange(
             feed = await stack.enter_async_context(open_feed(config, symbols=wanted, sleep=sleep))
         records = await state.desk_books(account)
         stack.push_async_callback(records.close)
+        protective = await state.protective_orders(account)
+        stack.push_async_callback(protective.close)
         if config.mode == "paper":
             paper = await PaperExchange.open(config.paper, feed,
                                              await state.paper_books(account))
@@ -237,8 +266,16 @@ async def open_exchange(
             # A paper account is the desk's alone: what it holds is the desk's.
             await booked.adopt_holdings(await paper.fetch_positions())
             matcher = paper.sync  # resting paper orders fill only when matched on a candle
+            keeper = ProtectionKeeper(booked, protective, simulated=SimulatedFills(
+                paper.execute_at, feed))
         else:
             booked = BookedExchange(exchange, records)
+            can_hold = getattr(exchange, "holds_protection", None)
+            keeper = ProtectionKeeper(booked, protective, can_hold=can_hold)
+            notice = unheld_notice(exchange.name, [
+                kind for kind in PROTECTION_KINDS if can_hold is not None and can_hold(kind)])
+            if notice is not None:
+                _log.warning("protection_watched_by_daemon", desk=account, text=notice)
         books = DeskBooks(records, booked)
         risk = None
         if risk_limits is not None:
@@ -269,7 +306,8 @@ async def open_exchange(
                               account_cap=cap,
                               equity=books.equity if config.mode == "live" else None,
                               protections=guard)
-        yield TradingVenue(config.mode, booked, feed, risk, books, matcher, reconciler)
+        yield TradingVenue(config.mode, booked, feed, risk, books, matcher, reconciler,
+                           keeper)
 
 
 async def _fills_since(state: TradingState, desk: str, peers: Sequence[str],

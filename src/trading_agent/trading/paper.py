@@ -309,6 +309,9 @@ class PaperExchange:
             ExchangeUnavailableError: The feed has no price yet.
         """
         self._require_market(request.symbol)
+        if request.trigger is not None:
+            raise OrderRejectedError(f"{self._name} holds no protective orders: its stops and "
+                                     "targets are simulated from the candles")
         if request.amount <= 0:
             raise OrderRejectedError(f"the amount must be positive, not {request.amount}")
         if request.price is not None and request.price <= 0:
@@ -339,6 +342,43 @@ class PaperExchange:
                 return earlier.order
             self._apply(draft)
             return order
+
+    async def execute_at(self, request: OrderRequest, price: Decimal, at: datetime) -> Order:
+        """Fills a market order at once, in full, at ``price`` as a taker: the exit of a
+        protective order that the candles set off (its price, or the open it gapped to;
+        see :mod:`trading_agent.trading.protection`). The same client order id twice returns
+        the first order.
+
+        Raises:
+            OrderRejectedError: Unknown symbol, or the funds no longer cover it.
+        """
+        self._require_market(request.symbol)
+        async with self._lock:
+            self._check_open()
+            earlier = await self._ledger.find_order(client_order_id=request.client_order_id)
+            if earlier is not None:
+                return earlier.order
+            draft = self._draft()
+            self._order_count += 1
+            order = Order(
+                id=f"P{self._order_count}", client_order_id=request.client_order_id,
+                symbol=request.symbol, side=request.side, type="market",
+                amount=request.amount, price=None, status="open", filled=_ZERO,
+                average=None, fee=_ZERO, fee_currency=None, created_at=at)
+            try:
+                filled = self._fill(draft, order, price, "taker", at, reserved=None)
+                written = await self._ledger.commit(
+                    draft.changes, new_client_order_id=request.client_order_id)
+            except BaseException:
+                self._order_count -= 1
+                raise
+            if not written:  # pragma: no cover - found above under the same lock
+                self._order_count -= 1
+                found = await self._ledger.find_order(client_order_id=request.client_order_id)
+                assert found is not None
+                return found.order
+            self._apply(draft)
+            return filled
 
     def _place(self, draft: _Draft, request: OrderRequest, last: Decimal) -> Order:
         now = self._feed.now()
