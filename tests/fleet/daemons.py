@@ -27,11 +27,14 @@ LEASE_SECONDS = 3.0
 def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
                  desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS,
                  operator: Mapping[str, Any] | None = None,
-                 context_window: int = 200_000) -> Path:
+                 context_window: int = 200_000, tools: Sequence[str] | None = None) -> Path:
     """One config every daemon of the fleet reads: paper desks on a replay, the scripted
     model, the store on ``store_url``, NATS on the machine's server; each daemon's state
-    directory comes from its environment (``$STATE_DIRECTORY``)."""
-    roomy = {"risk": {"max_open_orders": 1000, "max_orders_per_hour": 100000}}
+    directory comes from its environment (``$STATE_DIRECTORY``); ``tools`` narrows what
+    each desk may call (a small window holds only a few tool definitions)."""
+    roomy: dict[str, Any] = {"risk": {"max_open_orders": 1000, "max_orders_per_hour": 100000}}
+    if tools is not None:
+        roomy["tools"] = list(tools)
     return write_daemon_config(
         folder, base_url, file_name="fleet.toml",
         daemon={"state_dir": None, "log_format": "json", "shutdown_timeout_seconds": 5,

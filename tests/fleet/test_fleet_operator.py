@@ -147,10 +147,11 @@ async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
         scripted_server: ScriptedServer, folder: Path, fleet_database: str,
         nats_prefix: str) -> None:
     """The desk's message limit comes from the daemon that runs it (its window, 2,048
-    tokens here), so the answer says the message was shortened, as on one daemon."""
+    tokens here, with room for one tool's definition), so the answer says the message was
+    shortened, as on one daemon."""
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
-                          ["alpha"], context_window=2048)
+                          ["alpha"], context_window=2048, tools=["get_ticker"])
     async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere):
         text = "Closes: " + " ".join(["16751.3"] * 875)
         async with fleet.daemons[elsewhere["alpha"]].client() as client:

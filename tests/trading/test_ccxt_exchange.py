@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import logging
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -19,6 +20,7 @@ from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.trading.ccxt_exchange import CcxtExchange
 from trading_agent.trading.config import CcxtExchangeConfig
 from trading_agent.trading.exchange import OrderRequest
+from trading_agent.trading.formatting import format_amount, format_percent, format_price
 from trading_agent.trading.order_journal import OrderJournal
 
 from .binance_server import FakeBinance
@@ -114,6 +116,22 @@ async def test_create_fetch_and_cancel_a_limit_order(
     intent = await journal.get(request.client_order_id)
     assert intent is not None and intent.state == "placed"
     assert intent.exchange_order_id == placed.id
+
+
+async def test_orders_leave_the_daemons_decimal_context_as_it_was(
+        exchange: CcxtExchange) -> None:
+    """ccxt's precision helpers set half-up rounding and an underflow trap on the context
+    they run in; the daemon's own context keeps half-to-even, so amounts read the same
+    before and after the first order (and a backtest's requests match their recording)."""
+    before = decimal.getcontext().copy()
+    placed = await exchange.create_order(limit_buy())
+    await exchange.cancel_order(placed.id, "BTC/USDT")
+    await exchange.create_order(OrderRequest("BTC/USDT", "buy", "market", Decimal("0.01")))
+
+    after = decimal.getcontext()
+    assert (after.rounding, after.traps) == (before.rounding, before.traps)
+    assert after.rounding == decimal.ROUND_HALF_EVEN
+    assert format_amount(Decimal("338570.505"), "BTC") == "338,570.50 BTC"
 
 
 async def test_a_market_order_reports_its_fill_and_fee(exchange: CcxtExchange) -> None:
@@ -442,3 +460,12 @@ async def test_an_order_never_found_is_lost_after_ten_minutes(
         await exchange.close()
         await journal.close()
     assert still == 1 and after == []
+
+
+def test_amounts_are_written_half_to_even_whatever_context_a_library_left() -> None:
+    with decimal.localcontext() as context:
+        context.rounding = decimal.ROUND_HALF_UP  # what ccxt leaves behind
+        assert format_amount(Decimal("338570.505")) == "338,570.50"
+        assert format_amount(Decimal("0.123456785")) == "0.12345678"
+        assert format_price(Decimal("16751.125")) == "16,751.12"
+        assert format_percent(Decimal("0.012345")) == "+1.23%"

@@ -24,7 +24,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any, Literal, TypeVar, cast
 
 import anyio
@@ -238,7 +238,7 @@ class CcxtExchange:
         config = self._config
         for attempt in range(config.read_attempts):
             try:
-                return await call()
+                return await _contained(call)
             except ccxt.BaseError as exc:
                 if not is_transient(exc):
                     raise self._translate(exc, action) from exc
@@ -537,10 +537,10 @@ class CcxtExchange:
         await self._journal.record(request, self._name, self._clock())
         try:
             # Strings, not floats: ccxt's precision helpers take them as they are.
-            raw = await self._client.create_order(
+            raw = await _contained(lambda: self._client.create_order(
                 request.symbol, request.type, request.side, str(request.amount),
                 None if request.price is None else str(request.price),
-                self._order_params(request))
+                self._order_params(request)))
         except ccxt.OperationFailed as exc:
             # The answer is lost (timeout, dropped connection, exchange unsure): the order may
             # exist. Look it up; never send it again.
@@ -580,8 +580,8 @@ class CcxtExchange:
                                   config.backoff_seconds * 2 ** attempt))
             # One request per lookup: this loop is the retry.
             try:
-                raw = await self._client.fetch_order(
-                    None, request.symbol, {"clientOrderId": request.client_order_id})
+                raw = await _contained(lambda: self._client.fetch_order(
+                    None, request.symbol, {"clientOrderId": request.client_order_id}))
             except ccxt.BaseError:
                 continue
             order = self._order(raw, request)
@@ -659,7 +659,7 @@ class CcxtExchange:
         self._require_market(symbol)
         action = f"cancel order {order_id}"
         try:
-            raw = await self._client.cancel_order(order_id, symbol)
+            raw = await _contained(lambda: self._client.cancel_order(order_id, symbol))
         except ccxt.NetworkError as exc:
             order = await self.fetch_order(order_id, symbol)
             if order.status != "open":
@@ -704,6 +704,15 @@ class CcxtExchange:
     def scrub(self, message: str) -> str:
         """``message`` without this exchange's secrets or URL query strings."""
         return scrub(message, self._secrets)
+
+
+async def _contained(call: Callable[[], Awaitable[T]]) -> T:
+    """Awaits a ccxt call in a decimal context of its own. ccxt's precision helpers set the
+    current context's rounding (half up) and trap underflow for good; left in the daemon's
+    context, every amount formatted afterwards would round otherwise than before the first
+    order, and a backtest's requests would differ from their recording."""
+    with localcontext():
+        return await call()
 
 
 def _holds(has: Mapping[str, Any], kind: ProtectionKind) -> bool:
