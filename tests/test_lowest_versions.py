@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TEST_TOOLS = ("pytest", "pytest-asyncio", "pytest-timeout", "hypothesis")
+TEST_TOOLS = ("pytest", "pytest-asyncio", "pytest-timeout", "pytest-xdist", "hypothesis")
 """The dev dependencies the lowest-versions run needs, themselves at their floors."""
 
 ADAPTER_TESTS = (
@@ -215,7 +215,10 @@ def test_the_lowest_declared_versions_install_and_work(tmp_path: Path) -> None:
     assert check.stdout.startswith("OK: 2 desks"), check.stdout + check.stderr
 
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    tests = _run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not slow",
-                  "-k", NOT_ABOUT_VERSIONS, *ADAPTER_TESTS], timeout=150, env=env)
+    # Two workers: these tests mostly wait on their servers (MCP children, NATS, PostgreSQL),
+    # so the run takes half the time and hardly more of the machine.
+    tests = _run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                  "-m", "not slow", "-k", NOT_ABOUT_VERSIONS, *ADAPTER_TESTS],
+                 timeout=150, env=env)
     assert tests.returncode == 0, (f"with {', '.join(pins)}:\n"
                                    f"{tests.stdout[-6000:]}{tests.stderr[-2000:]}")

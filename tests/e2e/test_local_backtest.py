@@ -1,8 +1,8 @@
 """A backtest answered by the real embedded model, then re-run from the cache for free.
 
 The demo's own model (Gemma 3 270M in llama-cpp-python's server) backtests a desk waking
-every three hours over one day of the packaged candles through ``trading-agent backtest``; a second run
-with ``--cache strict`` must make no model call and give the same figures.
+every three hours over one day of the packaged candles through ``trading-agent backtest``; a
+second run with ``--cache strict`` must make no model call and give the same figures.
 """
 
 from __future__ import annotations
