@@ -724,7 +724,10 @@ def examine_masked(scenario: Scenario, root: Path) -> MaskFindings:
     Raises:
         LookAheadError: What leaked.
     """
-    mask = choose_mask(scenario.symbols, scenario.start, seed=7, factor=MASK_FACTOR)
+    # The scripted model's choices hash the whole request, tool definitions included: seed
+    # 11 is a world in which its four hours hold six fills to check (seed 7 held more
+    # than two until masked desks got set_protection, then two).
+    mask = choose_mask(scenario.symbols, scenario.start, seed=11, factor=MASK_FACTOR)
 
     async def run() -> tuple[Settings, BacktestRecord, list[SentRequest]]:
         with ScriptedServer() as server:

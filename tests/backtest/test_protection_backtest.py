@@ -16,16 +16,18 @@ import csv
 import json
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
 from trading_agent.backtest.engine import BacktestSpec, parse_time, run_backtest
+from trading_agent.backtest.mask import Mask, choose_mask
 from trading_agent.backtest.report import write_report
 from trading_agent.settings import load_settings
 from trading_agent.trading.exchange import Candle
+from trading_agent.trading.formatting import format_price
 
 CONFIG = """
 [daemon]
@@ -64,9 +66,11 @@ def _calls(messages: Sequence[dict[str, Any]], name: str) -> int:
                if c["function"]["name"] == name)
 
 
-def protected_trader(*, move: bool) -> Any:
-    """Positions first; flat and never traded: the ticker, then a protected buy; holding
-    (with ``move``, once): the stop moved to 10 below the mark."""
+def protected_trader(*, move: bool, symbol: str = "BTC/USDT", step: Decimal = Decimal(60)
+                     ) -> Any:
+    """Positions first; flat and never traded: the ticker, then a protected buy of 0.01
+    with a stop and a target ``step`` away from the price; holding (with ``move``, once): the
+    stop moved to a sixth of ``step`` below the mark."""
 
     def respond(request: RecordedRequest) -> Step:
         messages = request.messages
@@ -78,17 +82,17 @@ def protected_trader(*, move: bool) -> Any:
         content = last.get("content")
         text = content if isinstance(content, str) else json.dumps(content)
         if text.startswith("No open positions") and _calls(messages, "place_order") == 0:
-            return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": "BTC/USDT"})])
-        if text.startswith("BTC/USDT last"):
+            return Reply(tool_calls=[ToolCall("get_ticker", {"symbol": symbol})])
+        if text.startswith(f"{symbol} last"):
             price = _number(r"last " + _NUMBER, text).quantize(Decimal(1))
             return Reply(tool_calls=[ToolCall("place_order", {
-                "symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "0.01",
-                "stop_loss": str(price - 60), "take_profit": str(price + 60)})])
-        if text.startswith("BTC/USDT long") and "mark" in text and move \
+                "symbol": symbol, "side": "buy", "type": "market", "amount": "0.01",
+                "stop_loss": str(price - step), "take_profit": str(price + step)})])
+        if text.startswith(f"{symbol} long") and "mark" in text and move \
                 and _calls(messages, "set_protection") == 0:
             mark = _number(r"mark " + _NUMBER, text).quantize(Decimal(1))
             return Reply(tool_calls=[ToolCall("set_protection", {
-                "symbol": "BTC/USDT", "stop_loss": str(mark - 10)})])
+                "symbol": symbol, "stop_loss": str(mark - step / 6)})])
         return Reply(f"Noted: {text[:80]}")
 
     return respond
@@ -105,13 +109,13 @@ def _arguments(server: ScriptedServer, tool: str) -> dict[str, Any]:
     raise AssertionError(f"the model never called {tool}")
 
 
-def _run_spec(tmp_path: Path, url: str) -> BacktestSpec:
+def _run_spec(tmp_path: Path, url: str, mask: Mask | None = None) -> BacktestSpec:
     tmp_path.mkdir()
     config = tmp_path / "guarded.toml"
     config.write_text(CONFIG.format(url=url))
     return BacktestSpec(load_settings(config), "guarded", parse_time("2023-01-06"),
                         parse_time("2023-01-06T12:00"), cache_dir=tmp_path / "cache",
-                        source=str(config))
+                        source=str(config), mask=mask)
 
 
 def _expected_exit(candles: Sequence[Candle], since: datetime,
@@ -175,3 +179,37 @@ async def test_the_stop_and_the_target_show_in_trades_csv_and_move_as_the_rule_s
     assert moved_row["closed_at"] == closed_at.isoformat()
     assert moved_exit.price != exit_fill.price  # the move changed the figures
     assert Decimal(moved_row["profit"]) != Decimal(row["profit"])
+
+
+async def test_a_masked_desk_sets_its_stop_in_masked_prices_and_it_fires_in_real_terms(
+        tmp_path: Path) -> None:
+    """The model reads ASSET/USD at masked prices and sets its stop and target there; the
+    real keeper fires them on the real candles by the same rule, and the turn that tells the
+    desk says it in masked terms: no real symbol, price or date reaches the model."""
+    mask = choose_mask(["BTC/USDT"], parse_time("2023-01-06"), 0)
+    step = mask.price(Decimal(60))  # the plain run's distance, in the masked world's prices
+    with ScriptedServer(responder=protected_trader(move=True, symbol="ASSET/USD", step=step)
+                        ) as server:
+        record = await run_backtest(_run_spec(tmp_path / "masked", server.base_url, mask))
+    [entry, exit_fill] = record.fills
+    assert entry.symbol == "BTC/USDT" and 15000 < entry.price < 20000  # real fills
+    placed = _arguments(server, "place_order")
+    stop = mask.real_price(Decimal(placed["stop_loss"]))
+    target = mask.real_price(Decimal(placed["take_profit"]))
+    moving = next(d for d in record.decisions
+                  if any("set_protection" in e.text for e in d.transcript))
+    new_stop = mask.real_price(Decimal(_arguments(server, "set_protection")["stop_loss"]))
+    closed_at, price, reason = _expected_exit(
+        record.candles["BTC/USDT"], entry.filled_at,
+        [(entry.filled_at, stop), (moving.at, new_stop)], target)
+    assert (exit_fill.price, exit_fill.filled_at) == (price, closed_at)
+    [told] = [d for d in record.decisions if d.trigger == "command: protection"]
+    said = told.transcript[0].text
+    kind = "stop-loss" if reason == "stop_loss" else "take-profit"
+    assert f"the ASSET/USD {kind} at" in said
+    assert f"at {format_price(mask.price(price))} " in said
+    candle = mask.time(closed_at - timedelta(minutes=5))
+    assert f"fired on the candle of {candle:%Y-%m-%d %H:%M} UTC" in said
+    bodies = [request.body.decode() for request in server.requests]
+    assert not any("BTC" in body or "USDT" in body or "2023-01" in body for body in bodies)
+    assert any(f"ASSET/USD {kind} at" in body for body in bodies)  # get_positions, the turn

@@ -17,7 +17,7 @@ recognise:
   operator messages. A real symbol named by the model is refused as unknown.
 
 The view sits between the desk and its venue (:class:`MaskedExchange`, :class:`MaskedFeed`,
-:class:`MaskedRisk`, :class:`MaskedBooks`): the desk is built by
+:class:`MaskedRisk`, :class:`MaskedBooks`, :class:`MaskedProtection`): the desk is built by
 :func:`~trading_agent.desks.building.build_desk` on the masked venue, while the paper
 exchange, the risk policy and the books underneath stay real. Orders are turned back into
 real terms before any check, so fills, fees, the books and the report are real; only the
@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.errors import OrderRejectedError, TradingAgentError
@@ -57,6 +57,14 @@ from trading_agent.trading.exchange import (
     Position,
     Ticker,
 )
+from trading_agent.trading.protection import ProtectiveOrder
+from trading_agent.trading.protection_keeper import (
+    KEEP,
+    ProtectionEvent,
+    ProtectionKeeper,
+    fired_text,
+    simulated_how,
+)
 
 if TYPE_CHECKING:
     from trading_agent.settings import DeskSettings
@@ -68,7 +76,7 @@ if TYPE_CHECKING:
     from trading_agent.trading.risk import RiskCheck, RiskPolicy
 
 __all__ = ["FACTORS", "Mask", "MaskedBooks", "MaskedExchange", "MaskedFeed", "MaskedModel",
-           "MaskedRisk", "choose_mask"]
+           "MaskedProtection", "MaskedRisk", "choose_mask"]
 
 FACTORS = tuple(Decimal(text) for text in (
     "0.032", "0.064", "0.128", "0.256", "0.32", "3.2", "6.4", "12.8", "25.6", "64"))
@@ -256,6 +264,28 @@ class Mask:
                        exit_price=_maybe(self.price, trip.exit_price),
                        exited=self.amount(trip.exited))
 
+    def protective_order(self, order: ProtectiveOrder, note: str | None = None
+                         ) -> ProtectiveOrder:
+        """A stop or target of the desk, masked (``note``, when given, replaces its note:
+        a text the caller has said again in masked terms)."""
+        return replace(order, symbol=self.symbol(order.symbol),
+                       trigger_price=self.price(order.trigger_price),
+                       created_at=self.time(order.created_at), amount=self.amount(order.amount),
+                       checked_until=_maybe(self.time, order.checked_until),
+                       exit_price=_maybe(self.price, order.exit_price),
+                       note=note if note is not None else _maybe(self.text, order.note))
+
+    def protection_event(self, event: ProtectionEvent, desk: str) -> ProtectionEvent:
+        """What the desk is told of its protection, masked: a simulated fill is said again
+        from its masked order and candle; any other text has its names masked."""
+        if event.what == "fired" and event.candle_at is not None:
+            candle_at = self.time(event.candle_at)
+            order = self.protective_order(event.order, note=simulated_how(candle_at))
+            return replace(event, order=order, candle_at=candle_at,
+                           text=fired_text(desk, order, event.profit, event.while_down))
+        return replace(event, order=self.protective_order(event.order),
+                       text=self.text(event.text))
+
     def real_request(self, request: OrderRequest) -> OrderRequest:
         """An order the desk asks for in masked terms, in real ones (exactly: the factor is
         a product of powers of 2 and 5)."""
@@ -291,14 +321,13 @@ class Mask:
         risk = None if venue.risk is None else MaskedRisk(venue.risk, exchange, self)
         # The desk is built on these views: build_desk and the tools read them through the
         # Exchange protocol and the few methods the views carry, never the classes' insides.
-        # The protection keeper is left out: its prices, texts and events are real, and no
-        # masked view of it exists yet, so a masked desk's stop_loss and take_profit are
-        # refused in the tool result ("keeps no protection") rather than leak real prices.
+        protection = None if venue.protection is None else MaskedProtection(
+            venue.protection, self)
         return replace(venue, exchange=cast("BookedExchange", exchange),
                        feed=MaskedFeed(venue.feed, self),
                        risk=cast("RiskPolicy | None", risk),
                        books=cast("DeskBooks", MaskedBooks(venue.books, self)),
-                       protection=None)
+                       protection=cast("ProtectionKeeper | None", protection))
 
     @contextmanager
     def errors(self) -> Iterator[None]:
@@ -509,6 +538,65 @@ class MaskedRisk:
         """Closes the desk's positions."""
         orders, problems = await self.inner.flatten()
         return [self.mask.order(o) for o in orders], [self.mask.text(p) for p in problems]
+
+
+class MaskedProtection:
+    """The desk's protection keeper seen through a :class:`Mask`: the stops and targets the
+    desk sets are turned into real terms, kept and fired by the real keeper on the real
+    candles; what the desk reads of them and is told when one fires, masked."""
+
+    def __init__(self, inner: ProtectionKeeper, mask: Mask) -> None:
+        self.inner = inner
+        self.mask = mask
+        self._on_event: Callable[[ProtectionEvent], object] | None = None
+
+    @property
+    def on_event(self) -> Callable[[ProtectionEvent], object] | None:
+        """Called with each event, masked."""
+        return self._on_event
+
+    @on_event.setter
+    def on_event(self, callback: Callable[[ProtectionEvent], object] | None) -> None:
+        self._on_event = callback
+        self.inner.on_event = None if callback is None else (
+            lambda event: callback(self.mask.protection_event(event, self.inner.desk)))
+
+    def _real(self, price: Decimal | Literal["keep"] | None) -> Decimal | Literal["keep"] | None:
+        return self.mask.real_price(price) if isinstance(price, Decimal) else price
+
+    async def attach(self, entry: OrderRequest, stop_loss: Decimal | None,
+                     take_profit: Decimal | None) -> list[ProtectiveOrder]:
+        """Stores a masked entry's protection, in real terms."""
+        with self.mask.errors():
+            stored = await self.inner.attach(self.mask.real_request(entry),
+                                             _maybe(self.mask.real_price, stop_loss),
+                                             _maybe(self.mask.real_price, take_profit))
+        return [self.mask.protective_order(order) for order in stored]
+
+    async def entry_refused(self, entry: OrderRequest) -> None:
+        """A masked entry was refused: its protection goes."""
+        await self.inner.entry_refused(self.mask.real_request(entry))
+
+    async def set(self, symbol: str, *, stop_loss: Decimal | Literal["keep"] | None = KEEP,
+                  take_profit: Decimal | Literal["keep"] | None = KEEP,
+                  ) -> list[ProtectiveOrder]:
+        """Sets, moves or removes a masked market's protection, in real terms."""
+        with self.mask.errors():
+            live = await self.inner.set(self.mask.real_symbol(symbol),
+                                        stop_loss=self._real(stop_loss),
+                                        take_profit=self._real(take_profit))
+        return [self.mask.protective_order(order) for order in live]
+
+    async def live(self, symbol: str | None = None) -> list[ProtectiveOrder]:
+        """The live stops and targets (of a masked market), masked."""
+        real = None if symbol is None else self.mask.real_symbol(symbol)
+        return [self.mask.protective_order(order) for order in await self.inner.live(real)]
+
+    async def step(self) -> list[ProtectionEvent]:
+        """The real keeper's step; what happened, masked."""
+        with self.mask.errors():
+            events = await self.inner.step()
+        return [self.mask.protection_event(event, self.inner.desk) for event in events]
 
 
 class MaskedBooks:

@@ -57,7 +57,8 @@ from trading_agent.trading.protection import (
     first_exit,
 )
 
-__all__ = ["KEEP", "STOP_LIMIT_ALLOWANCE", "ProtectionEvent", "ProtectionKeeper", "SimulatedFills"]
+__all__ = ["KEEP", "STOP_LIMIT_ALLOWANCE", "ProtectionEvent", "ProtectionKeeper", "SimulatedFills",
+           "fired_text", "simulated_how"]
 
 _log = structlog.get_logger(__name__)
 
@@ -98,6 +99,8 @@ class ProtectionEvent:
         text: One line saying it.
         profit: The round trip's profit, when ``fired`` closed it.
         while_down: Found at start: it fired while the daemon was not running.
+        candle_at: The opening of the candle it fired on (simulated), so a view of the
+            market in other terms (a masked backtest's) can say it again in its own.
     """
 
     what: Literal["fired", "watched", "lost"]
@@ -105,6 +108,29 @@ class ProtectionEvent:
     text: str
     profit: Decimal | None = None
     while_down: bool = False
+    candle_at: datetime | None = None
+
+
+def simulated_how(candle_at: datetime) -> str:
+    """How a simulated stop or target fired: on which candle."""
+    return f"fired on the candle of {candle_at:%Y-%m-%d %H:%M} UTC"
+
+
+def fired_text(desk: str, done: ProtectiveOrder, profit: Decimal | None,
+               while_down: bool) -> str:
+    """The line a desk and its operators read when a stop or target closed its position
+    (``done``: filled, its amount, exit price and how in its note)."""
+    quote = done.symbol.partition("/")[2].partition(":")[0]
+    base = done.symbol.partition("/")[0]
+    price = done.exit_price
+    text = (f"{desk}: the {done.title} closed {done.amount} {base} at "
+            f"{format_price(price) if price is not None else '?'} ({done.note})")
+    if profit is not None:
+        text += f"; the trade's profit {'+' if profit >= 0 else ''}" \
+                f"{format_amount(profit, quote)}"
+    if while_down:
+        text += "; it fired while the daemon was not running and is booked now"
+    return text + "."
 
 
 def _exit_side(amount: Decimal) -> OrderSide:
@@ -354,8 +380,8 @@ class ProtectionKeeper:
             filled = await self.simulated.fill_at(request, price, candle.closes_at)
             await self.exchange.observe(filled)
             return await self._fired(order, filled, amount, price,
-                                     f"fired on the candle of {candle.opened_at:%Y-%m-%d %H:%M}"
-                                     " UTC", while_down=while_down)
+                                     simulated_how(candle.opened_at), while_down=while_down,
+                                     candle_at=candle.opened_at)
         if candles:
             for order in orders:
                 await self.records.update(replace(order, checked_until=candles[-1].closes_at))
@@ -477,8 +503,8 @@ class ProtectionKeeper:
                                                 "(one cancels the other)")
 
     async def _fired(self, order: ProtectiveOrder, filled: Order, amount: Decimal,
-                     price: Decimal | None, how: str, *, while_down: bool
-                     ) -> ProtectionEvent:
+                     price: Decimal | None, how: str, *, while_down: bool,
+                     candle_at: datetime | None = None) -> ProtectionEvent:
         done = replace(order, status="filled", order_id=filled.id, amount=amount,
                        exit_price=price, note=how)
         await self.records.update(done)
@@ -487,16 +513,8 @@ class ProtectionKeeper:
             trade = next((t for t in await self.exchange.records.trades()
                           if t.id == order.trade_id), None)
             profit = trade.profit if trade is not None and not trade.is_open else None
-        quote = order.symbol.partition("/")[2].partition(":")[0]
-        base = order.symbol.partition("/")[0]
-        text = (f"{self.desk}: the {order.title} closed {amount} {base} at "
-                f"{format_price(price) if price is not None else '?'} ({how})")
-        if profit is not None:
-            text += f"; the trade's profit {'+' if profit >= 0 else ''}" \
-                    f"{format_amount(profit, quote)}"
-        if while_down:
-            text += "; it fired while the daemon was not running and is booked now"
-        return ProtectionEvent("fired", done, text + ".", profit, while_down)
+        return ProtectionEvent("fired", done, fired_text(self.desk, done, profit, while_down),
+                               profit, while_down, candle_at)
 
 
 def _crossed(order: ProtectiveOrder, last: Decimal) -> bool:
