@@ -1,0 +1,323 @@
+"""What a paper desk in the daemon keeps so that ``backtest --from-desk`` can replay its day.
+
+A paper desk on a replay feed keeps two files in ``<state dir>/replay/`` (folder 0700,
+files 0600), besides what the store keeps:
+
+- ``<desk>.responses.jsonl``: every model request it sent and the answer, in the response
+  cache's format (:class:`~trading_agent.backtest.cache.ResponseCache` as a recorder that
+  always asks the model): the replay's strict cache.
+- ``<desk>.journal.jsonl``: what drove the desk and what it did, one JSON object a line, in
+  the order it happened, each with ``"v": 1``:
+
+  - ``start``: the daemon opened the desk (``at``: the feed's time);
+  - ``trigger``: a turn starts for this trigger (its kind, text, source, merge count, id,
+    pictures), at this feed time;
+  - ``turn``: the loop made a turn id (a memory flush's too), in order;
+  - ``steering``: operator messages delivered in turn ``turn`` after ``after_round`` model
+    answers;
+  - ``order``: an order the desk sent (after its risk checks); ``fill``: a fill its books
+    counted.
+
+The lines are written synchronously, one ``write`` each (a few hundred bytes), from the
+desk's own synchronous hooks, so they are in the order things happened; like the store's
+commits, they wait for no worker thread. Times are the feed's replayed time, the clock the
+replay runs on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from trading_agent.agent.conversation import ImageBlock
+from trading_agent.agent.steering_inbox import SteeringMessage
+from trading_agent.agent.trigger import Trigger
+from trading_agent.backtest.files import append_private, private_folder
+from trading_agent.daemon.desk import Desk
+from trading_agent.errors import ConfigError
+from trading_agent.trading.books import BookFill
+from trading_agent.trading.exchange import OrderRequest
+from trading_agent.trading.factory import TradingVenue
+
+__all__ = ["JOURNAL_VERSION", "DeskDay", "DeskJournal", "JournalLine", "fill_json",
+           "in_turn_answers", "journal_paths", "order_json", "read_journal", "steering_of",
+           "trigger_of"]
+
+JOURNAL_VERSION = 1
+
+
+def journal_paths(state_dir: Path, desk: str) -> tuple[Path, Path]:
+    """The desk's journal and its recorded answers: ``(journal, responses)``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", desk)
+    folder = state_dir / "replay"
+    return folder / f"{name}.journal.jsonl", folder / f"{name}.responses.jsonl"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def _trigger_json(trigger: Trigger) -> dict[str, Any]:
+    return {"kind": trigger.kind, "text": trigger.text, "source": trigger.source,
+            "merged": trigger.merged, "id": trigger.id, "at": trigger.at,
+            "after_answer": trigger.after_answer,
+            "images": [_image_json(image) for image in trigger.images]}
+
+
+def _image_json(image: ImageBlock) -> dict[str, str]:
+    return {"data": base64.b64encode(image.data).decode("ascii"),
+            "media_type": image.media_type, "description": image.description}
+
+
+def _image(data: Mapping[str, Any]) -> ImageBlock:
+    return ImageBlock(base64.b64decode(data["data"]), data["media_type"], data["description"])
+
+
+def trigger_of(data: Mapping[str, Any]) -> Trigger:
+    """The trigger a ``trigger`` line holds, as the desk took it."""
+    return Trigger(kind=data["kind"], text=data["text"], source=data["source"],
+                   merged=data["merged"], id=data["id"], at=data["at"],
+                   after_answer=data["after_answer"],
+                   images=tuple(_image(image) for image in data["images"]))
+
+
+def steering_of(data: Mapping[str, Any]) -> SteeringMessage:
+    """An operator message a ``steering`` line holds."""
+    return SteeringMessage(text=data["text"], source=data["source"], id=data["id"],
+                           queued_at=data["queued_at"],
+                           images=tuple(_image(image) for image in data["images"]))
+
+
+def _order_json(request: OrderRequest) -> dict[str, Any]:
+    return {"symbol": request.symbol, "side": request.side, "type": request.type,
+            "amount": str(request.amount),
+            "price": None if request.price is None else str(request.price),
+            "client_order_id": request.client_order_id, "turn": request.turn,
+            "trigger": request.trigger,
+            "trigger_price": (None if request.trigger_price is None
+                              else str(request.trigger_price))}
+
+
+def fill_json(fill: BookFill) -> dict[str, Any]:
+    """A fill as the journal (and the replay's comparison) spells it."""
+    return {"client_order_id": fill.client_order_id, "symbol": fill.symbol,
+            "side": fill.side, "amount": str(fill.amount), "price": str(fill.price),
+            "fee": str(fill.fee), "at": _iso(fill.at), "turn": fill.turn}
+
+
+def order_json(request: OrderRequest) -> dict[str, Any]:
+    """An order as the journal (and the replay's comparison) spells it."""
+    return _order_json(request)
+
+
+def in_turn_answers(desk: Desk) -> int:
+    """How many model answers the running turn has had: the assistant messages after the
+    message that opened it (the turn's trigger, the last user message of kind ``trigger``,
+    ``operator`` or ``notice`` before them)."""
+    conversation = desk.conversation
+    if conversation is None:
+        return 0
+    answers = 0
+    for message in reversed(conversation.messages):
+        if message.role == "assistant":
+            answers += 1
+        elif message.kind in ("trigger", "operator", "notice"):
+            break
+    return answers
+
+
+class DeskJournal:
+    """Writes a paper desk's journal as the daemon runs it.
+
+    Args:
+        path: The journal file (its folder is made, 0700).
+        clock: The feed's time.
+
+    Raises:
+        OSError: The file cannot be opened.
+    """
+
+    def __init__(self, path: Path, clock: Callable[[], datetime]) -> None:
+        private_folder(path.parent)
+        self.path = path
+        self._clock = clock
+        self._file: BinaryIO | None = append_private(path)
+        self._turn: str | None = None
+
+    def close(self) -> None:
+        """Closes the file; later hooks write nothing."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+    def attach(self, desk: Desk, venue: TradingVenue) -> None:
+        """Notes the desk's start, then its triggers, turn ids, steering, orders and fills.
+
+        Args:
+            desk: The desk, as :func:`~trading_agent.desks.building.build_desk` made it.
+            venue: Its exchange.
+        """
+        self._write({"kind": "start", "at": _iso(self._clock())})
+        desk.on_turn_start.append(self._trigger)
+        make_turn_id = desk.loop.new_turn_id
+
+        def new_turn_id() -> str:
+            turn = self._turn = make_turn_id()
+            self._write({"kind": "turn", "id": turn})
+            return turn
+
+        desk.loop.new_turn_id = new_turn_id
+
+        def taken(messages: list[SteeringMessage]) -> None:
+            self._write({"kind": "steering", "turn": self._turn,
+                         "after_round": in_turn_answers(desk),
+                         "messages": [{"text": m.text, "source": m.source, "id": m.id,
+                                       "queued_at": m.queued_at,
+                                       "images": [_image_json(i) for i in m.images]}
+                                      for m in messages]})
+
+        desk.mailbox.on_take = taken
+        exchange = venue.exchange
+        announce = exchange.on_fill
+
+        def filled(fill: BookFill) -> object:
+            self._write({"kind": "fill", "at": _iso(self._clock()), "fill": fill_json(fill)})
+            return announce(fill) if announce is not None else None
+
+        exchange.on_fill = filled
+        keeper = exchange.before_order
+
+        async def ordering(request: OrderRequest) -> None:
+            if keeper is not None:
+                await keeper(request)
+            self._write({"kind": "order", "at": _iso(self._clock()),
+                         "order": _order_json(request)})
+
+        exchange.before_order = ordering
+
+    def _trigger(self, trigger: Trigger) -> None:
+        self._write({"kind": "trigger", "at": _iso(self._clock()),
+                     "trigger": _trigger_json(trigger)})
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        data = json.dumps({"v": JOURNAL_VERSION, **line}, ensure_ascii=True,
+                          separators=(",", ":")) + "\n"
+        self._file.write(data.encode("ascii"))
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    """One line of a desk's journal.
+
+    Attributes:
+        number: Its line number in the file.
+        kind: ``start``, ``trigger``, ``turn``, ``steering``, ``order`` or ``fill``.
+        at: The feed time it names (None for ``turn`` and ``steering``).
+        data: The whole line.
+    """
+
+    number: int
+    kind: str
+    at: datetime | None
+    data: Mapping[str, Any]
+
+
+@dataclass
+class DeskDay:
+    """One uninterrupted run of a desk, as its journal tells it, up to the span's end.
+
+    Attributes:
+        started: The feed time the daemon opened the desk.
+        lines: The lines after the start, up to the span's end.
+        turn_ids: The turn ids the loop made, in order.
+        steering: Operator messages delivered mid-turn, by (turn, answers before them).
+    """
+
+    started: datetime
+    lines: list[JournalLine] = field(default_factory=list)
+    turn_ids: list[str] = field(default_factory=list)
+    steering: dict[tuple[str, int], list[SteeringMessage]] = field(default_factory=dict)
+
+    def triggers(self) -> list[JournalLine]:
+        """The ``trigger`` lines, in order."""
+        return [line for line in self.lines if line.kind == "trigger"]
+
+    def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
+        """The payloads of the ``order`` or ``fill`` lines."""
+        return [line.data[kind] for line in self.lines if line.kind == kind]
+
+
+def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskDay:
+    """The run of the desk that covers ``start``, up to ``end``.
+
+    Raises:
+        ConfigError: No journal, an unreadable line, nothing stored in the span, or the
+            daemon restarted the desk inside it (a replay runs one uninterrupted run).
+    """
+    try:
+        raw = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"desk {desk!r}: nothing stored to replay ({path} does not exist): only a paper "
+            "desk on a replay feed run by this version of the daemon keeps its day") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the desk's journal: {exc}") from None
+    lines: list[JournalLine] = []
+    for number, text in enumerate(raw, start=1):
+        if not text.strip():
+            continue
+        try:
+            data = json.loads(text)
+            if data.get("v") != JOURNAL_VERSION:
+                raise ValueError(f"version {data.get('v')!r}, not {JOURNAL_VERSION}")
+            kind = data["kind"]
+            at = datetime.fromisoformat(data["at"]) if "at" in data else None
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(raw):
+                break  # a crash's last line, cut off
+            raise ConfigError(f"{path}:{number}: not a journal line ({exc})") from None
+        lines.append(JournalLine(number, kind, at, data))
+    starts = [i for i, line in enumerate(lines) if line.kind == "start"
+              and line.at is not None and line.at <= start]
+    if not starts:
+        first = next((line.at for line in lines if line.kind == "start"), None)
+        raise ConfigError(
+            f"desk {desk!r}: nothing stored before {start:%Y-%m-%d %H:%M} UTC; its journal "
+            + (f"begins at {first:%Y-%m-%d %H:%M} UTC (feed time)" if first else "is empty"))
+    begin = starts[-1]
+    started = lines[begin].at
+    assert started is not None
+    day = DeskDay(started)
+    for line in lines[begin + 1:]:
+        if line.at is not None and line.at > end:
+            break
+        if line.kind == "start":
+            raise ConfigError(
+                f"desk {desk!r}: the daemon restarted the desk at {line.at:%Y-%m-%d %H:%M} "
+                f"UTC (feed time), inside the span: a replay runs one uninterrupted run; "
+                f"end --to before it")
+        day.lines.append(line)
+    turn = None
+    for line in day.lines:
+        if line.kind == "turn":
+            turn = line.data["id"]
+            day.turn_ids.append(turn)
+        elif line.kind == "steering":
+            key = (str(line.data["turn"]), int(line.data["after_round"]))
+            day.steering.setdefault(key, []).extend(
+                steering_of(m) for m in line.data["messages"])
+    if not any(line.kind == "trigger" and line.at is not None and line.at >= start
+               for line in day.lines):
+        raise ConfigError(
+            f"desk {desk!r}: no turn stored from {start:%Y-%m-%d %H:%M} to "
+            f"{end:%Y-%m-%d %H:%M} UTC (feed time)")
+    return day
+
