@@ -256,7 +256,8 @@ class DeskDay:
 
 
 def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskDay:
-    """The run of the desk that covers ``start``, up to ``end``.
+    """The run of the desk going at ``start`` (else the first that began inside the span),
+    up to ``end``.
 
     Raises:
         ConfigError: No journal, an unreadable line, nothing stored in the span, or the
@@ -285,14 +286,18 @@ def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskD
                 break  # a crash's last line, cut off
             raise ConfigError(f"{path}:{number}: not a journal line ({exc})") from None
         lines.append(JournalLine(number, kind, at, data))
-    starts = [i for i, line in enumerate(lines) if line.kind == "start"
-              and line.at is not None and line.at <= start]
-    if not starts:
-        first = next((line.at for line in lines if line.kind == "start"), None)
+    starts = [(i, line.at) for i, line in enumerate(lines)
+              if line.kind == "start" and line.at is not None]
+    # The run going at --from, else the first that began inside the span.
+    before = [i for i, at in starts if at <= start]
+    inside = [i for i, at in starts if start < at <= end]
+    if not before and not inside:
+        first = starts[0][1] if starts else None
         raise ConfigError(
-            f"desk {desk!r}: nothing stored before {start:%Y-%m-%d %H:%M} UTC; its journal "
-            + (f"begins at {first:%Y-%m-%d %H:%M} UTC (feed time)" if first else "is empty"))
-    begin = starts[-1]
+            f"desk {desk!r}: nothing stored from {start:%Y-%m-%d %H:%M} to "
+            f"{end:%Y-%m-%d %H:%M} UTC (feed time); its journal "
+            + (f"begins at {first:%Y-%m-%d %H:%M} UTC" if first else "is empty"))
+    begin = before[-1] if before else inside[0]
     started = lines[begin].at
     assert started is not None
     day = DeskDay(started)

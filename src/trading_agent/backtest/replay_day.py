@@ -138,10 +138,11 @@ class ReplayOutcome:
 
     def summary(self) -> str:
         """The report's text, a few lines."""
-        head = (f"{self.desk}: replayed {self.turns} turns ({self.turns_in_span} from "
+        head = (f"{self.desk}: replayed {_count(self.turns, 'turn')} ({self.turns_in_span} from "
                 f"{self.start:%Y-%m-%d %H:%M} to {self.end:%Y-%m-%d %H:%M} UTC, feed time; the "
-                f"run began {self.run_started:%Y-%m-%d %H:%M}), {self.requests} model requests, "
-                f"{self.orders[1]} orders and {self.fills[1]} fills")
+                f"run began {self.run_started:%Y-%m-%d %H:%M}), "
+                f"{_count(self.requests, 'model request')}, {_count(self.orders[1], 'order')} "
+                f"and {_count(self.fills[1], 'fill')}")
         if self.difference is None:
             return (f"{head}.\nMatched: every request was byte for byte what the desk sent "
                     f"live, and the orders ({self.orders[0]}) and fills ({self.fills[0]}) are "
@@ -415,6 +416,10 @@ class _Replay:
             self.differences.append(Difference(
                 what, f"the {side} has {len(more) - min(len(live), len(replayed))} more "
                       f"{what}(s): the first is {json.dumps(dict(extra))}"))
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _short(text: str, limit: int = 60) -> str:
