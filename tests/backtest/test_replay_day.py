@@ -5,13 +5,14 @@ The day: a price move wakes the desk; while its first request is out an operator
 (delivered mid-turn); it buys at market. An operator's message while it is idle opens a
 turn of its own, which rests a limit sell; two candles later the sell fills and the next
 move wakes it once more. The replay must send the same requests, byte for byte, and make
-the same orders and fills; a tampered prompt or stored message must be named as the first
-difference, with exit code 3.
+the same orders and fills; a tampered prompt, stored message or stored fill must be named as
+the first difference, with exit code 3.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -184,6 +185,13 @@ async def test_a_changed_prompt_or_stored_message_is_named(scripted_server: Scri
             "\"Sell it if it reaches 105.\"), no recorded answer for request 3 (strict "
             "cache): message 6 of 6 (user, text) differs from the recording: recorded "
             "\"… it if it reaches 104.\", now \"… it if it reaches 105.\"") in printed
+
+    # A fill that differs, every request the same: named by its client order id and field.
+    journal.write_text(text.replace('"price":"104","fee"', '"price":"104.5","fee"', 1))
+    code, printed = await _cli(config, out, "--force")
+    assert code == 3
+    assert re.search(r"DIFFERS \(fill\): fill 2 \(ta\w+\) differs: price live '104.5', "
+                     r"replayed '104'", printed), printed
 
     journal.write_text(text)
     code, printed = await _cli(config, out, "--force")

@@ -19,6 +19,7 @@ from trading_agent.backtest.engine import parse_time
 from trading_agent.backtest.files import private_folder, write_private
 from trading_agent.backtest.replay_day import ReplaySpec, replay_desk_day
 from trading_agent.errors import ConfigError, TradingAgentError
+from trading_agent.logging_setup import configure_logging
 from trading_agent.settings import load_settings
 
 __all__ = ["EXIT_DIFFERS", "replay_command"]
@@ -73,6 +74,9 @@ def _spec(args: argparse.Namespace) -> ReplaySpec:
         raise ConfigError(f"--out {out} exists and is not an empty folder; choose another "
                           "or pass --force to replace its replay.json")
     settings = load_settings(args.config)
+    # Warnings and worse, on stderr, secrets hidden: as a backtest logs.
+    configure_logging("warning", "auto", secret_env_names=settings.secret_env_vars(),
+                      stream=sys.stderr)
     return ReplaySpec(settings, args.from_desk, start, end, settings.state_directory(),
                       source=str(args.config))
 
