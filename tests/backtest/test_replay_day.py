@@ -1,12 +1,12 @@
 """A live day, replayed: a paper desk's short day through the daemon (in process, the
 scripted model on loopback), then ``backtest --from-desk`` over it.
 
-The day: a price move wakes the desk; while its first request is out an operator writes
-(delivered mid-turn); it buys at market. An operator's message while it is idle opens a
-turn of its own, which rests a limit sell; two candles later the sell fills and the next
-move wakes it once more. The replay must send the same requests, byte for byte, and make
-the same orders and fills; a tampered prompt, stored message or stored fill must be named as
-the first difference, with exit code 3.
+The day: a price move wakes the desk; while its first request is out the feed steps and an
+operator writes (delivered mid-turn); it buys at market, at the new candle's price. An
+operator's message while it is idle opens a turn of its own, which rests a limit sell; the
+next candle fills it and the one after wakes the desk once more. The replay must send the
+same requests, byte for byte, and make the same orders and fills; a tampered prompt, stored
+message or stored fill must be named as the first difference, with exit code 3.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ START = datetime(2024, 3, 1, tzinfo=UTC)
 CANDLES = [  # open, high, low, close
     ("100", "100", "100", "100"), ("100", "100", "100", "100"),  # the history (start_offset)
     ("100", "103", "100", "103"),    # +3%: a tick
-    ("103", "103.8", "103", "103.5"),  # nothing
+    ("103", "103.8", "103", "103.5"),  # steps while the model thinks: the buy fills at 103.5
     ("103.5", "104.5", "102", "102"),  # the limit sell at 104 fills; no tick (-0.97%)
     ("102", "102", "100", "100.5"),   # -2.4% from 103: a tick
     ("100.5", "101", "100", "100.5"),
@@ -110,12 +110,14 @@ async def _live_day(folder: Path, server: ScriptedServer) -> Path:
                 desk = daemon.supervisor.runtime("alpha").desk
                 feed.advance()  # +3%: a tick
                 await server.wait_for_requests(1)
-                await desk.send_message("Keep it small today.", source="ops")  # mid-turn
+                # While the model thinks, the feed steps (the buy fills at the new price) and
+                # an operator writes (delivered before the next request).
+                feed.advance()
+                await desk.send_message("Keep it small today.", source="ops")
                 hold.set()
                 await turns_ended(1)
                 await desk.send_message("Sell it if it reaches 104.", source="ops")
                 await turns_ended(2)
-                feed.advance()
                 feed.advance()  # the sell fills on this candle
                 async def both_filled() -> bool:
                     return len(await venue.books.fills()) == 2
@@ -144,6 +146,10 @@ async def test_a_paper_desks_day_replays_byte_for_byte(scripted_server: Scripted
     live = list(scripted_server.requests)
     assert len(live) == 5
     assert "Keep it small today." in json.dumps(live[1].json)  # delivered mid-turn
+    journal = journal_paths(load_settings(config).state_directory(), "alpha")[0]
+    stored = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [line["fill"]["price"] for line in stored if line["kind"] == "fill"] == [
+        "103.5", "104"]  # the buy at the candle that closed while the model thought
 
     # From the stored answers (the strict cache): every request matched, orders and fills too.
     outcome = await replay_desk_day(_spec(config))
@@ -181,7 +187,7 @@ async def test_a_changed_prompt_or_stored_message_is_named(scripted_server: Scri
     journal.write_text(text.replace("Sell it if it reaches 104.", "Sell it if it reaches 105."))
     code, printed = await _cli(config, out, "--force")
     assert code == 3
-    assert ("DIFFERS (request): in turn 2 (operator trigger at 2024-03-01 00:15 UTC: "
+    assert ("DIFFERS (request): in turn 2 (operator trigger at 2024-03-01 00:20 UTC: "
             "\"Sell it if it reaches 105.\"), no recorded answer for request 3 (strict "
             "cache): message 6 of 6 (user, text) differs from the recording: recorded "
             "\"… it if it reaches 104.\", now \"… it if it reaches 105.\"") in printed

@@ -39,7 +39,8 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
         assert [name for name, _ in supervisor.services] == ["replay 1 (BTC/USDT)", "spend caps"]
         # Each paper desk keeps its own answers for a replay (backtest --from-desk), through
         # the one model client they share.
-        alpha_model, beta_model = alpha.desk.loop.backend, beta.desk.loop.backend
+        alpha_model = alpha.desk.loop.backend.inner  # type: ignore[attr-defined]
+        beta_model = beta.desk.loop.backend.inner  # type: ignore[attr-defined]
         assert isinstance(alpha_model, ResponseCache) and isinstance(beta_model, ResponseCache)
         assert alpha_model.path != beta_model.path
         assert alpha_model.backend is beta_model.backend

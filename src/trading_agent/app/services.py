@@ -179,16 +179,18 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.transcripts.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
-            replayable = desk_settings.exchange.mode == "paper" and isinstance(feed, ReplayFeed)
-            if replayable:  # its day can be replayed: its answers are kept (desk_journal)
-                backend = await _recorded(backend, state_dir, name, desk_stack)
+            journal = None
+            if desk_settings.exchange.mode == "paper" and isinstance(feed, ReplayFeed):
+                # Its day can be replayed (backtest --from-desk): its answers and what drove
+                # it are kept (desk_journal).
+                journal = DeskJournal(journal_paths(state_dir, name)[0], venue.feed.now)
+                desk_stack.callback(journal.close)
+                backend = journal.noted(await _recorded(backend, state_dir, name, desk_stack))
             runtime = await _build_desk(
                 name, desk_settings, venue, backend, stack=desk_stack, database=database,
                 fence=fence, store=store, bus=bus, approvals=approvals, settings=in_force,
                 environ=environ)
-            if replayable:
-                journal = DeskJournal(journal_paths(state_dir, name)[0], venue.feed.now)
-                desk_stack.callback(journal.close)
+            if journal is not None:
                 journal.attach(runtime.desk, venue)
             return runtime
 

@@ -13,6 +13,8 @@ files 0600), besides what the store keeps:
   - ``trigger``: a turn starts for this trigger (its kind, text, source, merge count, id,
     pictures), at this feed time;
   - ``turn``: the loop made a turn id (a memory flush's too), in order;
+  - ``answer``: the model answered in turn ``turn`` (its ``round``-th answer), at this feed
+    time (a feed that stepped while the desk thought is stepped there by the replay);
   - ``steering``: operator messages delivered in turn ``turn`` after ``after_round`` model
     answers;
   - ``order``: an order the desk sent (after its risk checks); ``fill``: a fill its books
@@ -35,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.conversation import ImageBlock
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
@@ -46,7 +49,7 @@ from trading_agent.trading.exchange import OrderRequest
 from trading_agent.trading.factory import TradingVenue
 
 __all__ = ["JOURNAL_VERSION", "DeskDay", "DeskJournal", "JournalLine", "fill_json",
-           "in_turn_answers", "journal_paths", "order_json", "read_journal", "steering_of",
+           "journal_paths", "order_json", "read_journal", "steering_of",
            "trigger_of"]
 
 JOURNAL_VERSION = 1
@@ -116,22 +119,6 @@ def order_json(request: OrderRequest) -> dict[str, Any]:
     return _order_json(request)
 
 
-def in_turn_answers(desk: Desk) -> int:
-    """How many model answers the running turn has had: the assistant messages after the
-    message that opened it (the turn's trigger, the last user message of kind ``trigger``,
-    ``operator`` or ``notice`` before them)."""
-    conversation = desk.conversation
-    if conversation is None:
-        return 0
-    answers = 0
-    for message in reversed(conversation.messages):
-        if message.role == "assistant":
-            answers += 1
-        elif message.kind in ("trigger", "operator", "notice"):
-            break
-    return answers
-
-
 class DeskJournal:
     """Writes a paper desk's journal as the daemon runs it.
 
@@ -149,6 +136,17 @@ class DeskJournal:
         self._clock = clock
         self._file: BinaryIO | None = append_private(path)
         self._turn: str | None = None
+        self._answers = 0
+        """The model's answers in the running turn so far."""
+
+    def noted(self, model: ModelBackend) -> ModelBackend:
+        """The desk's model, each answer noted with the feed's time (give it to the desk)."""
+        return _NotedModel(model, self._answered)
+
+    def _answered(self) -> None:
+        self._answers += 1
+        self._write({"kind": "answer", "turn": self._turn, "round": self._answers,
+                     "at": _iso(self._clock())})
 
     def close(self) -> None:
         """Closes the file; later hooks write nothing."""
@@ -169,6 +167,7 @@ class DeskJournal:
 
         def new_turn_id() -> str:
             turn = self._turn = make_turn_id()
+            self._answers = 0
             self._write({"kind": "turn", "id": turn})
             return turn
 
@@ -176,7 +175,7 @@ class DeskJournal:
 
         def taken(messages: list[SteeringMessage]) -> None:
             self._write({"kind": "steering", "turn": self._turn,
-                         "after_round": in_turn_answers(desk),
+                         "after_round": self._answers,
                          "messages": [{"text": m.text, "source": m.source, "id": m.id,
                                        "queued_at": m.queued_at,
                                        "images": [_image_json(i) for i in m.images]}
@@ -213,6 +212,23 @@ class DeskJournal:
         self._file.write(data.encode("ascii"))
 
 
+class _NotedModel:
+    """A model whose every answer is told to ``answered`` (the journal notes its time)."""
+
+    def __init__(self, inner: ModelBackend, answered: Callable[[], None]) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.context_window = inner.context_window
+        self._answered = answered
+
+    async def complete(self, request: ModelRequestSpec,
+                       on_text: Callable[[str], None] | None = None,
+                       on_thinking: Callable[[str], None] | None = None) -> ModelReply:
+        reply = await self.inner.complete(request, on_text, on_thinking)
+        self._answered()
+        return reply
+
+
 @dataclass(frozen=True)
 class JournalLine:
     """One line of a desk's journal.
@@ -239,12 +255,14 @@ class DeskDay:
         lines: The lines after the start, up to the span's end.
         turn_ids: The turn ids the loop made, in order.
         steering: Operator messages delivered mid-turn, by (turn, answers before them).
+        answered_at: The feed time of each model answer, by (turn, its number in the turn).
     """
 
     started: datetime
     lines: list[JournalLine] = field(default_factory=list)
     turn_ids: list[str] = field(default_factory=list)
     steering: dict[tuple[str, int], list[SteeringMessage]] = field(default_factory=dict)
+    answered_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
 
     def triggers(self) -> list[JournalLine]:
         """The ``trigger`` lines, in order."""
@@ -315,6 +333,8 @@ def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskD
         if line.kind == "turn":
             turn = line.data["id"]
             day.turn_ids.append(turn)
+        elif line.kind == "answer" and line.at is not None:
+            day.answered_at[(str(line.data["turn"]), int(line.data["round"]))] = line.at
         elif line.kind == "steering":
             key = (str(line.data["turn"]), int(line.data["after_round"]))
             day.steering.setdefault(key, []).extend(

@@ -230,7 +230,7 @@ async def _open(spec: ReplaySpec, config: DeskSettings, day: DeskDay, responses:
                           sampling=sampling_of(backend))
     await cache.open()
     stack.push_async_callback(cache.aclose)
-    steered = _Steered(cache, day.steering)
+    steered = _Steered(cache, day.steering, day.answered_at)
     parts = await build_desk(spec.desk, config, venue, steered, stack=stack, database=database,
                              store=store, bus=EventBus(), approvals=None,
                              settings=spec.settings, sleep=_no_wait,
@@ -239,17 +239,21 @@ async def _open(spec: ReplaySpec, config: DeskSettings, day: DeskDay, responses:
 
 
 class _Steered:
-    """The recorded answers, with the operator messages that came mid-turn put in the desk's
-    mailbox after the same number of answers of the same turn as live (the loop delivers
-    them before its next request, as it did then)."""
+    """The recorded answers, with the feed stepped to where the live feed was at each answer
+    and the operator messages that came mid-turn put in the desk's mailbox after the same
+    number of answers of the same turn as live (the loop delivers them before its next
+    request, as it did then)."""
 
     def __init__(self, inner: ResponseCache,
-                 steering: Mapping[tuple[str, int], Sequence[SteeringMessage]]) -> None:
+                 steering: Mapping[tuple[str, int], Sequence[SteeringMessage]],
+                 answered_at: Mapping[tuple[str, int], datetime]) -> None:
         self.inner = inner
         self.model = inner.model
         self.context_window = inner.context_window
         self.steering = dict(steering)
+        self.answered_at = dict(answered_at)
         self.put: Callable[[SteeringMessage], object] | None = None
+        self.step_to: Callable[[datetime], Awaitable[bool]] | None = None
         self.turn: str | None = None
         self.answers = 0
 
@@ -268,6 +272,11 @@ class _Steered:
                        on_thinking: Callable[[str], None] | None = None) -> ModelReply:
         reply = await self.inner.complete(request, on_text, on_thinking)
         self.answers += 1
+        # The live feed may have stepped while the model thought: the tools of this round
+        # read it where it was when the answer came.
+        moment = self.answered_at.get((self.turn or "", self.answers))
+        if moment is not None and self.step_to is not None:
+            await self.step_to(moment)
         self._deliver()
         return reply
 
@@ -293,6 +302,7 @@ class _Replay:
         desk = parts.desk
         desk.loop.new_turn_id = self._next_turn_id
         steered.put = desk.mailbox.put_message
+        steered.step_to = self._step_to
         self._steered = steered
         # The stored triggers stand for the ones the replay's own watcher would fire.
         parts.watcher.move_percent = None
@@ -391,10 +401,9 @@ class _Replay:
                 pass  # the replay's own triggers: the stored ones stand for them
         if exact and feed.now() != moment:
             self.differences.append(Difference(
-                "feed", f"the live desk started a turn at {moment:%Y-%m-%d %H:%M} UTC (feed "
-                        f"time), but the replay's feed is at {feed.now():%Y-%m-%d %H:%M} "
-                        f"({self._trigger_label}); a feed stepping during a turn cannot be "
-                        "replayed"))
+                "feed", f"the live feed was at {moment:%Y-%m-%d %H:%M} UTC, but the replay's "
+                        f"is at {feed.now():%Y-%m-%d %H:%M} (in turn {self._turns_started}, "
+                        f"{self._trigger_label}); the feed never steps back"))
             return False
         return True
 
