@@ -166,6 +166,22 @@ async def test_a_paper_desks_day_replays_byte_for_byte(scripted_server: Scripted
     assert _bodies(scripted_server.requests[5:]) == _bodies(live)
     scripted_server.assert_complete()
 
+    # The daemon starts again on the same state: the desk goes on from its stored
+    # conversation (its replay starts over at the first candle). The first run still replays.
+    scripted_server.add(Reply("Back again."))
+    async with open_daemon(load_settings(config)) as daemon:
+        feed = daemon.venues["alpha"].feed
+        assert isinstance(feed, ReplayFeed)
+        async with anyio.create_task_group() as group:
+            await group.start(daemon.supervisor.run)
+            feed.advance()  # +3%: a tick
+            await wait_until(lambda: len(scripted_server.requests) == 11, "the turn")
+            await wait_until(lambda: '"continued"' in journal.read_text(), "the note")
+            daemon.supervisor.shutdown()
+    after = await replay_desk_day(_spec(config))
+    assert (after.difference, after.turns, after.later_runs) == (None, 3, 1)
+    assert "the daemon started the desk 1 more time" in after.summary()
+
 
 async def test_a_changed_prompt_or_stored_message_is_named(scripted_server: ScriptedServer,
                                                            tmp_path: Path) -> None:
@@ -228,6 +244,8 @@ async def _cli(config: Path, out: Path, *more: str) -> tuple[int, str]:
     ("before", "desk 'alpha': nothing stored from 2024-02-01 00:00 to 2024-02-02 00:00 UTC "
                "(feed time); its journal begins at 2024-03-01 00:10 UTC"),
     ("live", "desks.alpha.exchange.mode is \"live\": only a paper desk's day can be replayed"),
+    ("continued", "desk 'alpha': its first stored run, from 2024-03-01 00:10 UTC (feed time), "
+                  "went on from 7 messages an earlier run left in the store"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, expected: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -235,11 +253,16 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, case: str, expected: str,
                      else "paper")
     span = ["--from", SPAN[0], "--to", SPAN[1]]
     desk = "beta" if case == "unknown" else "alpha"
-    if case == "before":
-        journal = journal_paths(load_settings(config).state_directory(), "alpha")[0]
+    journal = journal_paths(load_settings(config).state_directory(), "alpha")[0]
+    start = '{"v":1,"kind":"start","at":"2024-03-01T00:%s:00+00:00"}\n'
+    if case in ("before", "continued"):
         journal.parent.mkdir(parents=True)
-        journal.write_text('{"v":1,"kind":"start","at":"2024-03-01T00:10:00+00:00"}\n')
+        journal.write_text(start % "10")
+    if case == "before":
         span = ["--from", "2024-02-01", "--to", "2024-02-02"]
+    elif case == "continued":
+        journal.write_text(start % "10" + '{"v":1,"kind":"continued","messages":7}\n')
+
     code = main(["backtest", str(config), "--from-desk", desk, *span, "--out",
                  str(tmp_path / "out")])
     err = capsys.readouterr().err

@@ -10,6 +10,9 @@ files 0600), besides what the store keeps:
   the order it happened, each with ``"v": 1``:
 
   - ``start``: the daemon opened the desk (``at``: the feed's time);
+  - ``continued``: its first turn went on from a conversation an earlier run left in the
+    store (``messages`` of them): such a run cannot be replayed from a new desk, so only a
+    desk's first run (from a new state directory) is replayed;
   - ``trigger``: a turn starts for this trigger (its kind, text, source, merge count, id,
     pictures), at this feed time;
   - ``turn``: the loop made a turn id (a memory flush's too), in order;
@@ -138,6 +141,7 @@ class DeskJournal:
         self._turn: str | None = None
         self._answers = 0
         """The model's answers in the running turn so far."""
+        self._desk: Desk | None = None
 
     def noted(self, model: ModelBackend) -> ModelBackend:
         """The desk's model, each answer noted with the feed's time (give it to the desk)."""
@@ -162,6 +166,7 @@ class DeskJournal:
             venue: Its exchange.
         """
         self._write({"kind": "start", "at": _iso(self._clock())})
+        self._desk = desk
         desk.on_turn_start.append(self._trigger)
         make_turn_id = desk.loop.new_turn_id
 
@@ -201,6 +206,9 @@ class DeskJournal:
         exchange.before_order = ordering
 
     def _trigger(self, trigger: Trigger) -> None:
+        desk, self._desk = self._desk, None
+        if desk is not None and desk.conversation is not None and desk.conversation.messages:
+            self._write({"kind": "continued", "messages": len(desk.conversation.messages)})
         self._write({"kind": "trigger", "at": _iso(self._clock()),
                      "trigger": _trigger_json(trigger)})
 
@@ -235,8 +243,9 @@ class JournalLine:
 
     Attributes:
         number: Its line number in the file.
-        kind: ``start``, ``trigger``, ``turn``, ``steering``, ``order`` or ``fill``.
-        at: The feed time it names (None for ``turn`` and ``steering``).
+        kind: ``start``, ``continued``, ``trigger``, ``turn``, ``answer``, ``steering``,
+            ``order`` or ``fill``.
+        at: The feed time it names (None for ``continued``, ``turn`` and ``steering``).
         data: The whole line.
     """
 
@@ -256,9 +265,12 @@ class DeskDay:
         turn_ids: The turn ids the loop made, in order.
         steering: Operator messages delivered mid-turn, by (turn, answers before them).
         answered_at: The feed time of each model answer, by (turn, its number in the turn).
+        later_runs: How many times the daemon started the desk again after this run (each
+            went on from what the store kept, and is not replayed).
     """
 
     started: datetime
+    later_runs: int = 0
     lines: list[JournalLine] = field(default_factory=list)
     turn_ids: list[str] = field(default_factory=list)
     steering: dict[tuple[str, int], list[SteeringMessage]] = field(default_factory=dict)
@@ -274,12 +286,12 @@ class DeskDay:
 
 
 def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskDay:
-    """The run of the desk going at ``start`` (else the first that began inside the span),
-    up to ``end``.
+    """The desk's first stored run, up to ``end`` (or the run's end, when the daemon
+    started the desk again: a restart or a reload).
 
     Raises:
-        ConfigError: No journal, an unreadable line, nothing stored in the span, or the
-            daemon restarted the desk inside it (a replay runs one uninterrupted run).
+        ConfigError: No journal, an unreadable line, nothing stored in the span, or a first
+            run that went on from a conversation the store kept from before.
     """
     try:
         raw = path.read_bytes().splitlines()
@@ -304,29 +316,29 @@ def read_journal(path: Path, desk: str, start: datetime, end: datetime) -> DeskD
                 break  # a crash's last line, cut off
             raise ConfigError(f"{path}:{number}: not a journal line ({exc})") from None
         lines.append(JournalLine(number, kind, at, data))
-    starts = [(i, line.at) for i, line in enumerate(lines)
-              if line.kind == "start" and line.at is not None]
-    # The run going at --from, else the first that began inside the span.
-    before = [i for i, at in starts if at <= start]
-    inside = [i for i, at in starts if start < at <= end]
-    if not before and not inside:
-        first = starts[0][1] if starts else None
-        raise ConfigError(
-            f"desk {desk!r}: nothing stored from {start:%Y-%m-%d %H:%M} to "
-            f"{end:%Y-%m-%d %H:%M} UTC (feed time); its journal "
-            + (f"begins at {first:%Y-%m-%d %H:%M} UTC" if first else "is empty"))
-    begin = before[-1] if before else inside[0]
+    # Only the desk's first run can be replayed from a new desk: each later one (after a
+    # restart or a reload) goes on from the conversation and account the store kept.
+    starts = [i for i, line in enumerate(lines) if line.kind == "start"]
+    if not starts:
+        raise ConfigError(f"desk {desk!r}: nothing stored to replay ({path} is empty)")
+    begin = starts[0]
     started = lines[begin].at
     assert started is not None
-    day = DeskDay(started)
+    if started > end:
+        raise ConfigError(
+            f"desk {desk!r}: nothing stored from {start:%Y-%m-%d %H:%M} to "
+            f"{end:%Y-%m-%d %H:%M} UTC (feed time); its journal begins at "
+            f"{started:%Y-%m-%d %H:%M} UTC")
+    day = DeskDay(started, later_runs=len(starts) - 1)
     for line in lines[begin + 1:]:
-        if line.at is not None and line.at > end:
+        if line.kind == "start" or (line.at is not None and line.at > end):
             break
-        if line.kind == "start":
+        if line.kind == "continued":
             raise ConfigError(
-                f"desk {desk!r}: the daemon restarted the desk at {line.at:%Y-%m-%d %H:%M} "
-                f"UTC (feed time), inside the span: a replay runs one uninterrupted run; "
-                f"end --to before it")
+                f"desk {desk!r}: its first stored run, from {started:%Y-%m-%d %H:%M} UTC (feed "
+                f"time), went on from {line.data['messages']} messages an earlier run left in "
+                "the store (from before the daemon kept journals): a replay starts from a new "
+                "desk; start the desk in a new state directory to keep a replayable day")
         day.lines.append(line)
     turn = None
     for line in day.lines:

@@ -118,6 +118,7 @@ class ReplayOutcome:
         orders: The orders, live and replayed.
         fills: The fills, live and replayed.
         difference: The first difference; None when the replay matched.
+        later_runs: The desk's runs after the replayed one (not replayed).
     """
 
     desk: str
@@ -130,6 +131,7 @@ class ReplayOutcome:
     orders: tuple[int, int] = (0, 0)
     fills: tuple[int, int] = (0, 0)
     difference: Difference | None = None
+    later_runs: int = 0
 
     @property
     def matched(self) -> bool:
@@ -143,6 +145,10 @@ class ReplayOutcome:
                 f"run began {self.run_started:%Y-%m-%d %H:%M}), "
                 f"{_count(self.requests, 'model request')}, {_count(self.orders[1], 'order')} "
                 f"and {_count(self.fills[1], 'fill')}")
+        if self.later_runs:
+            head += (f" (the daemon started the desk {_count(self.later_runs, 'more time')}, "
+                     "each run going on from what the store kept: only its first run is "
+                     "replayed)")
         if self.difference is None:
             return (f"{head}.\nMatched: every request was byte for byte what the desk sent "
                     f"live, and the orders ({self.orders[0]}) and fills ({self.fills[0]}) are "
@@ -156,7 +162,7 @@ class ReplayOutcome:
                 "turns_in_span": self.turns_in_span, "requests": self.requests,
                 "orders": {"live": self.orders[0], "replayed": self.orders[1]},
                 "fills": {"live": self.fills[0], "replayed": self.fills[1]},
-                "matched": self.matched,
+                "later_runs": self.later_runs, "matched": self.matched,
                 "difference": (None if self.difference is None else
                                {"what": self.difference.what, "text": self.difference.text})}
 
@@ -292,7 +298,8 @@ class _Replay:
         self.venue = venue
         self.parts = parts
         self.cache = cache
-        self.outcome = ReplayOutcome(spec.desk, spec.start, spec.end, day.started)
+        self.outcome = ReplayOutcome(spec.desk, spec.start, spec.end, day.started,
+                                     later_runs=day.later_runs)
         self.orders: list[dict[str, Any]] = []
         self.fills: list[dict[str, Any]] = []
         self.differences: list[Difference] = []
@@ -340,9 +347,11 @@ class _Replay:
         outcome = self.outcome
         if self.feed.now() != self.day.started:
             outcome.difference = Difference(
-                "feed", f"the desk's feed starts at {self.feed.now():%Y-%m-%d %H:%M} UTC, but "
-                        f"its live run began at {self.day.started:%Y-%m-%d %H:%M} (feed time): "
-                        "its [exchange.replay] settings changed")
+                "feed", f"the desk's live run began at {self.day.started:%Y-%m-%d %H:%M} UTC "
+                        f"(feed time), but its feed starts at {self.feed.now():%Y-%m-%d %H:%M}: "
+                        "a reload rebuilt the desk while its replay ran, or its "
+                        "[exchange.replay] settings changed; a replay starts where the feed "
+                        "starts")
             return outcome
         await desk.run_pending()  # restores the (new) conversation
         for line in self.day.lines:
