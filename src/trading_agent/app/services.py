@@ -36,7 +36,7 @@ from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
-from trading_agent.backtest.cache import ResponseCache, sampling_of
+from trading_agent.backtest.cache import CacheFileError, ResponseCache, sampling_of
 from trading_agent.backtest.desk_journal import DeskJournal, journal_paths
 from trading_agent.daemon.control import DeskControl
 from trading_agent.daemon.events import KillSwitchChanged, ModelSwitched, ReduceOnlyChanged
@@ -270,7 +270,11 @@ async def _recorded(backend: ModelBackend, state_dir: Path, name: str,
     ``backtest --from-desk`` (always asked: a recorded answer is never replayed live)."""
     recorder = ResponseCache(backend, journal_paths(state_dir, name)[1], "record",
                              sampling=sampling_of(backend), replay_recorded=False)
-    await recorder.open()
+    try:
+        await recorder.open()
+    except CacheFileError as exc:  # the desk trades; its day cannot be replayed
+        _log.warning("desk_answers_not_kept", desk=name, error=str(exc))
+        return backend
     stack.push_async_callback(recorder.aclose)
     return recorder
 

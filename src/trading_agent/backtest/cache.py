@@ -73,6 +73,7 @@ from types import TracebackType
 from typing import IO, Any, Literal, get_args
 
 import anyio
+import structlog
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec, Usage
 from trading_agent.agent.conversation import (
@@ -99,6 +100,7 @@ refused, and a key never matches one made under another version (version 1 hashe
 messages' hashes side by side, not as a chain)."""
 
 _MODES: tuple[str, ...] = get_args(CacheMode)
+_log = structlog.get_logger(__name__)
 _DIGEST = "response_cache.digest"
 """The key of a message's body hash in ``Message.cache`` (the per-message memo of derived
 values): messages are immutable, so each is hashed once in its life."""
@@ -681,8 +683,9 @@ class ResponseCache:
             the backend's default token cap, extra body fields): part of every key, so
             changing them re-asks the model. Values must be JSON.
         replay_recorded: False for a recorder that always asks the model and appends the
-            answer, never replaying one (a paper desk in the daemon keeps its answers so
-            ``backtest --from-desk`` can replay its day, :mod:`.desk_journal`).
+            answer, never replaying one, and only logs an answer it could not keep (a paper
+            desk in the daemon keeps its answers so ``backtest --from-desk`` can replay its
+            day, :mod:`.desk_journal`).
 
     Attributes:
         backend: The wrapped backend.
@@ -895,12 +898,22 @@ class ResponseCache:
             reply = await self.backend.complete(request, on_text, on_thinking)
         except ContextOverflowError as exc:
             with anyio.CancelScope(shield=True):
-                await self._record(request, parts, _Overflow(exc.message, exc.status_code))
+                await self._keep(request, parts, _Overflow(exc.message, exc.status_code))
             raise
         # Paid for: keep it even when the turn is being cancelled.
         with anyio.CancelScope(shield=True):
-            await self._record(request, parts, reply)
+            await self._keep(request, parts, reply)
         return reply
+
+    async def _keep(self, request: ModelRequestSpec, parts: _Parts, outcome: _Outcome) -> None:
+        """Records the answer; a live desk's recorder logs a failure instead of failing the
+        turn (its replay then names the request it lacks)."""
+        try:
+            await self._record(request, parts, outcome)
+        except CacheFileError as exc:
+            if self._replay_recorded:
+                raise
+            _log.warning("model_answer_not_kept", path=str(self.path), error=str(exc))
 
     def _read_answer(self, place: int, key: bytes) -> tuple[int, _Outcome]:
         """Reads a recorded answer back from the file: its entry number and its outcome.

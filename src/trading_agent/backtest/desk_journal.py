@@ -32,6 +32,7 @@ replay runs on.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import structlog
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec
 from trading_agent.agent.conversation import ImageBlock
@@ -56,6 +59,8 @@ __all__ = ["JOURNAL_VERSION", "DeskDay", "DeskJournal", "JournalLine", "fill_jso
            "trigger_of"]
 
 JOURNAL_VERSION = 1
+
+_log = structlog.get_logger(__name__)
 
 
 def journal_paths(state_dir: Path, desk: str) -> tuple[Path, Path]:
@@ -126,18 +131,20 @@ class DeskJournal:
     """Writes a paper desk's journal as the daemon runs it.
 
     Args:
-        path: The journal file (its folder is made, 0700).
+        path: The journal file (its folder is made, 0700); when it cannot be opened, a
+            warning is logged and nothing is kept.
         clock: The feed's time.
-
-    Raises:
-        OSError: The file cannot be opened.
     """
 
     def __init__(self, path: Path, clock: Callable[[], datetime]) -> None:
-        private_folder(path.parent)
         self.path = path
         self._clock = clock
-        self._file: BinaryIO | None = append_private(path)
+        self._file: BinaryIO | None = None
+        try:
+            private_folder(path.parent)
+            self._file = append_private(path)
+        except OSError as exc:  # the desk runs; its day cannot be replayed
+            _log.warning("desk_journal_unavailable", path=str(path), error=str(exc))
         self._turn: str | None = None
         self._answers = 0
         """The model's answers in the running turn so far."""
@@ -156,7 +163,8 @@ class DeskJournal:
         """Closes the file; later hooks write nothing."""
         file, self._file = self._file, None
         if file is not None:
-            file.close()
+            with contextlib.suppress(OSError):
+                file.close()
 
     def attach(self, desk: Desk, venue: TradingVenue) -> None:
         """Notes the desk's start, then its triggers, turn ids, steering, orders and fills.
@@ -213,11 +221,17 @@ class DeskJournal:
                      "trigger": _trigger_json(trigger)})
 
     def _write(self, line: dict[str, Any]) -> None:
+        """Appends one line; a failure is logged once and ends the journal, never the desk's
+        turn (its replay then says what it lacks)."""
         if self._file is None:
             return
         data = json.dumps({"v": JOURNAL_VERSION, **line}, ensure_ascii=True,
                           separators=(",", ":")) + "\n"
-        self._file.write(data.encode("ascii"))
+        try:
+            self._file.write(data.encode("ascii"))
+        except OSError as exc:
+            _log.warning("desk_journal_stopped", path=str(self.path), error=str(exc))
+            self.close()
 
 
 class _NotedModel:
