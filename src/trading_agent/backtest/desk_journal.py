@@ -291,8 +291,17 @@ class DeskDay:
     answered_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
 
     def triggers(self) -> list[JournalLine]:
-        """The ``trigger`` lines, in order."""
-        return [line for line in self.lines if line.kind == "trigger"]
+        """The ``trigger`` lines whose turn ran, in order: a trigger the desk took as it was
+        stopping (put back, never run) has no ``turn`` line before the next trigger."""
+        ran: list[JournalLine] = []
+        pending: JournalLine | None = None
+        for line in self.lines:
+            if line.kind == "trigger":
+                pending = line
+            elif line.kind == "turn" and pending is not None:
+                ran.append(pending)
+                pending = None
+        return ran
 
     def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         """The payloads of the ``order`` or ``fill`` lines."""

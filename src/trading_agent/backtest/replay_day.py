@@ -354,9 +354,9 @@ class _Replay:
                         "starts")
             return outcome
         await desk.run_pending()  # restores the (new) conversation
-        for line in self.day.lines:
-            if line.kind != "trigger" or self.differences:
-                continue
+        for line in self.day.triggers():
+            if self.differences:
+                break
             assert line.at is not None
             trigger = trigger_of(line.data["trigger"])
             self._trigger_label = (f"{trigger.kind} trigger at {line.at:%Y-%m-%d %H:%M} UTC: "
