@@ -11,6 +11,8 @@ message or stored fill must be named as the first difference, with exit code 3.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import threading
@@ -224,9 +226,6 @@ async def test_a_changed_prompt_or_stored_message_is_named(scripted_server: Scri
 async def _cli(config: Path, out: Path, *more: str) -> tuple[int, str]:
     """``trading-agent backtest CONFIG --from-desk alpha``, in a thread (it runs its own
     event loop); the exit code and what it printed."""
-    import contextlib
-    import io
-
     printed = io.StringIO()
 
     def run() -> int:

@@ -105,7 +105,8 @@ def steering_of(data: Mapping[str, Any]) -> SteeringMessage:
                            images=tuple(_image(image) for image in data["images"]))
 
 
-def _order_json(request: OrderRequest) -> dict[str, Any]:
+def order_json(request: OrderRequest) -> dict[str, Any]:
+    """An order as the journal (and the replay's comparison) spells it."""
     return {"symbol": request.symbol, "side": request.side, "type": request.type,
             "amount": str(request.amount),
             "price": None if request.price is None else str(request.price),
@@ -120,11 +121,6 @@ def fill_json(fill: BookFill) -> dict[str, Any]:
     return {"client_order_id": fill.client_order_id, "symbol": fill.symbol,
             "side": fill.side, "amount": str(fill.amount), "price": str(fill.price),
             "fee": str(fill.fee), "at": _iso(fill.at), "turn": fill.turn}
-
-
-def order_json(request: OrderRequest) -> dict[str, Any]:
-    """An order as the journal (and the replay's comparison) spells it."""
-    return _order_json(request)
 
 
 class DeskJournal:
@@ -209,7 +205,7 @@ class DeskJournal:
             if keeper is not None:
                 await keeper(request)
             self._write({"kind": "order", "at": _iso(self._clock()),
-                         "order": _order_json(request)})
+                         "order": order_json(request)})
 
         exchange.before_order = ordering
 
