@@ -185,7 +185,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                 # it are kept (desk_journal).
                 journal = DeskJournal(journal_paths(state_dir, name)[0], venue.feed.now)
                 desk_stack.callback(journal.close)
-                backend = journal.noted(await _recorded(backend, state_dir, name, desk_stack))
+                backend = journal.noted(
+                    await _recorded(backend, state_dir, name, desk_stack), backend)
             runtime = await _build_desk(
                 name, desk_settings, venue, backend, stack=desk_stack, database=database,
                 fence=fence, store=store, bus=bus, approvals=approvals, settings=in_force,

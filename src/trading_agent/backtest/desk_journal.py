@@ -146,9 +146,15 @@ class DeskJournal:
         """The model's answers in the running turn so far."""
         self._desk: Desk | None = None
 
-    def noted(self, model: ModelBackend) -> ModelBackend:
-        """The desk's model, each answer noted with the feed's time (give it to the desk)."""
-        return _NotedModel(model, self._answered)
+    def noted(self, model: ModelBackend, client: ModelBackend) -> ModelBackend:
+        """The desk's model, each answer noted with the feed's time (give it to the desk).
+
+        Args:
+            model: What answers (the recorder around ``client``).
+            client: The model client itself, whose extras (``count_tokens``, ``config``)
+                the desk's checks still read, as without the journal.
+        """
+        return _NotedModel(model, self._answered, client)
 
     def _answered(self) -> None:
         self._answers += 1
@@ -233,11 +239,16 @@ class DeskJournal:
 class _NotedModel:
     """A model whose every answer is told to ``answered`` (the journal notes its time)."""
 
-    def __init__(self, inner: ModelBackend, answered: Callable[[], None]) -> None:
+    def __init__(self, inner: ModelBackend, answered: Callable[[], None],
+                 client: ModelBackend) -> None:
         self.inner = inner
         self.model = inner.model
         self.context_window = inner.context_window
         self._answered = answered
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)  # count_tokens, config...
 
     async def complete(self, request: ModelRequestSpec,
                        on_text: Callable[[str], None] | None = None,
