@@ -45,7 +45,8 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
         assert alpha_model.path != beta_model.path
         assert alpha_model.backend is beta_model.backend
         # The desk's checks still read the client's extras (its tokenizer) through them.
-        assert alpha.desk.loop.backend.count_tokens == alpha_model.backend.count_tokens  # type: ignore[attr-defined]
+        counts = alpha.desk.loop.backend.count_tokens  # type: ignore[attr-defined]
+        assert counts == alpha_model.backend.count_tokens
         assert [d["function"]["name"] for d in beta.desk.loop.tool_definitions()] == [
             "get_ticker", "remember", "delegate"]
         alpha_tools = {d["function"]["name"] for d in alpha.desk.loop.tool_definitions()}
