@@ -23,10 +23,11 @@ files 0600), besides what the store keeps:
   - ``order``: an order the desk sent (after its risk checks); ``fill``: a fill its books
     counted.
 
-The lines are written synchronously, one ``write`` each (a few hundred bytes), from the
-desk's own synchronous hooks, so they are in the order things happened; like the store's
-commits, they wait for no worker thread. Times are the feed's replayed time, the clock the
-replay runs on.
+The lines are written in the desk's own synchronous hooks, one unbuffered ``write`` of a
+few hundred bytes each (to the page cache, never synced), so they are in the order things
+happened; a hop to a worker thread would cost more than the write. Times are the feed's
+replayed time, the clock the replay runs on. A line or answer that cannot be written is
+logged and never fails the desk: its replay then names what it lacks.
 """
 
 from __future__ import annotations
