@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -897,7 +898,7 @@ async def test_a_file_changed_under_a_strict_run_is_reported(
 
 async def test_a_live_desks_recorder_always_asks_and_a_write_failure_never_fails_the_turn(
         backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
-        cache_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        cache_file: Path) -> None:
     scripted_server.add(Reply("First."), Reply("Second."), Reply("Third."))
     question = [Message.user_text("Anything new?")]
     async with ResponseCache(backend, cache_file, "record") as cache:
@@ -917,7 +918,8 @@ async def test_a_live_desks_recorder_always_asks_and_a_write_failure_never_fails
     broken = cache_file.parent / "gone" / "responses.jsonl"
     async with ResponseCache(backend, broken, "record", replay_recorded=False) as recorder:
         broken.parent.write_text("not a folder")
-        reply = await recorder.complete(ModelRequestSpec(SYSTEM, question, TOOLS))
+        with structlog.testing.capture_logs() as logged:
+            reply = await recorder.complete(ModelRequestSpec(SYSTEM, question, TOOLS))
     assert reply.text == "Third."
-    assert "model_answer_not_kept" in capsys.readouterr().out
+    assert [entry["event"] for entry in logged] == ["model_answer_not_kept"]
     scripted_server.assert_complete()
