@@ -43,6 +43,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("backtest.cli", "backtest.progress"): "only a running backtest draws progress",
     ("backtest.cli", "backtest.record"): "only a running backtest records",
     ("backtest.cli", "backtest.report"): "the report draws with pillow",
+    ("backtest.cli", "backtest.replay_cli"): "only --from-desk replays a stored day",
     ("backtest.cli", "logging_setup"): "only a running backtest logs",
     ("backtest.cli", "settings"): "every desk's schema, needed only with a config",
     ("backtest.fetch", "trading.ccxt_exchange"): "ccxt takes a second to import",

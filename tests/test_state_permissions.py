@@ -36,10 +36,17 @@ def _mode(path: Path) -> int:
 
 
 def _modes(state_dir: Path) -> dict[str, str]:
-    """The directory's mode and each entry's, in octal, by name ("." for the directory)."""
+    """The directory's mode and each entry's below it, in octal, by relative path ("." for
+    the directory)."""
     modes = {".": oct(_mode(state_dir))}
-    modes.update({entry.name: oct(_mode(entry)) for entry in state_dir.iterdir()})
+    modes.update({str(entry.relative_to(state_dir)): oct(_mode(entry))
+                  for entry in state_dir.rglob("*")})
     return modes
+
+
+def _private(state_dir: Path, modes: dict[str, str]) -> dict[str, str]:
+    """What ``modes`` must be: folders 0700, files 0600."""
+    return {name: oct(0o700) if (state_dir / name).is_dir() else oct(0o600) for name in modes}
 
 
 def _start_under_umask_022(config: Path) -> DaemonProcess:
@@ -71,7 +78,7 @@ async def test_a_daemon_started_under_umask_022_keeps_its_state_to_its_user(
         # While it runs: the store's file with its WAL and shared memory, the lock, the socket.
         assert {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "daemon.lock",
                 "operator.sock"} <= set(modes), modes
-        assert modes == {name: oct(0o700) if name == "." else oct(0o600) for name in modes}
+        assert modes == _private(state, modes)
         assert "state_permissions_tightened" not in daemon.log()
     finally:
         daemon.close()
@@ -92,7 +99,7 @@ async def test_state_an_earlier_run_left_open_is_closed_and_the_log_says_so(
     try:
         await _talk_and_stop(daemon, scripted_server)
         modes = _modes(state)
-        assert modes == {name: oct(0o700) if name == "." else oct(0o600) for name in modes}
+        assert modes == _private(state, modes)
         tightened = [line for line in daemon.log().splitlines()
                      if "state_permissions_tightened" in line]
         assert len(tightened) == 1, daemon.log()

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -893,3 +894,32 @@ async def test_a_file_changed_under_a_strict_run_is_reported(
         write(cache_file, b"\n" * len(data))  # the same size, none of the answers
         with pytest.raises(CacheFileError, match="changed while this run used it"):
             await play(strict)
+
+
+async def test_a_live_desks_recorder_always_asks_and_a_write_failure_never_fails_the_turn(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer,
+        cache_file: Path) -> None:
+    scripted_server.add(Reply("First."), Reply("Second."), Reply("Third."))
+    question = [Message.user_text("Anything new?")]
+    async with ResponseCache(backend, cache_file, "record") as cache:
+        await cache.complete(ModelRequestSpec(SYSTEM, question, TOOLS))
+    # A new process: the same request is asked of the model again, never replayed, and the
+    # file keeps both answers for a replay.
+    async with ResponseCache(backend, cache_file, "record", replay_recorded=False) as recorder:
+        reply = await recorder.complete(ModelRequestSpec(SYSTEM, question, TOOLS))
+        assert (reply.text, recorder.model_calls, recorder.cache_hits) == ("Second.", 1, 0)
+    async with ResponseCache(backend, cache_file, "strict") as strict:
+        replayed = [(await strict.complete(ModelRequestSpec(SYSTEM, question, TOOLS))).text
+                    for _ in range(2)]
+    assert replayed == ["First.", "Second."]
+
+    # The file cannot be written (where its folder goes is a file): the answer still comes
+    # back, and the failure is logged.
+    broken = cache_file.parent / "gone" / "responses.jsonl"
+    async with ResponseCache(backend, broken, "record", replay_recorded=False) as recorder:
+        broken.parent.write_text("not a folder")
+        with structlog.testing.capture_logs() as logged:
+            reply = await recorder.complete(ModelRequestSpec(SYSTEM, question, TOOLS))
+    assert reply.text == "Third."
+    assert [entry["event"] for entry in logged] == ["model_answer_not_kept"]
+    scripted_server.assert_complete()

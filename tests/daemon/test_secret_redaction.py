@@ -88,6 +88,6 @@ async def test_a_pasted_api_key_is_redacted_in_events_the_stream_the_store_and_t
         stored = await store.events.events_since(0, "alpha", limit=10_000)
     assert {"turn_start", "desk_paused"} <= {event["type"] for event in stored}
     assert KEY not in json.dumps(stored)
-    for path in state.iterdir():  # nowhere on disk
+    for path in state.rglob("*"):  # nowhere on disk (a paper desk's replay files too)
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path

@@ -10,6 +10,7 @@ from tests.daemon_config import write_daemon_config
 from tests.scripted_server import ScriptedServer
 from trading_agent.agent.events import ErrorEvent
 from trading_agent.app.services import _STORE_BUFFER, open_daemon
+from trading_agent.backtest.cache import ResponseCache
 from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
 
@@ -36,7 +37,16 @@ async def test_each_desk_gets_its_parts_and_desks_on_one_model_share_its_backend
         assert [name for name, _ in alpha.services] == ["market", "schedules"]
         assert [name for name, _ in beta.services] == ["market"]
         assert [name for name, _ in supervisor.services] == ["replay 1 (BTC/USDT)", "spend caps"]
-        assert alpha.desk.loop.backend is beta.desk.loop.backend
+        # Each paper desk keeps its own answers for a replay (backtest --from-desk), through
+        # the one model client they share.
+        alpha_model = alpha.desk.loop.backend.inner  # type: ignore[attr-defined]
+        beta_model = beta.desk.loop.backend.inner  # type: ignore[attr-defined]
+        assert isinstance(alpha_model, ResponseCache) and isinstance(beta_model, ResponseCache)
+        assert alpha_model.path != beta_model.path
+        assert alpha_model.backend is beta_model.backend
+        # The desk's checks still read the client's extras (its tokenizer) through them.
+        counts = alpha.desk.loop.backend.count_tokens  # type: ignore[attr-defined]
+        assert counts == alpha_model.backend.count_tokens
         assert [d["function"]["name"] for d in beta.desk.loop.tool_definitions()] == [
             "get_ticker", "remember", "delegate"]
         alpha_tools = {d["function"]["name"] for d in alpha.desk.loop.tool_definitions()}

@@ -245,7 +245,7 @@ async def test_the_daemon_prints_the_page_address_and_where_its_token_is_and_log
         await _api_answers(url, token)
     # The token file is the one place the token appears: not in the output, nor the store.
     assert token not in output.read_text(errors="replace")
-    for stored in (state_dir / "state").iterdir():
+    for stored in (state_dir / "state").rglob("*"):
         if stored.is_file() and stored != token_file:
             assert token.encode() not in stored.read_bytes(), stored
 

@@ -36,6 +36,8 @@ from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
+from trading_agent.backtest.cache import CacheFileError, ResponseCache, sampling_of
+from trading_agent.backtest.desk_journal import DeskJournal, journal_paths
 from trading_agent.daemon.control import DeskControl
 from trading_agent.daemon.events import KillSwitchChanged, ModelSwitched, ReduceOnlyChanged
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
@@ -177,10 +179,21 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             # A call cut off by a crash is looked up on restore: the desk reads what happened.
             store.transcripts.set_call_outcomes(name, OrderOutcomes(venue.exchange))
             backend = await backends.get(desk_settings)
-            return await _build_desk(
+            journal = None
+            if desk_settings.exchange.mode == "paper" and isinstance(feed, ReplayFeed):
+                # Its day can be replayed (backtest --from-desk): its answers and what drove
+                # it are kept (desk_journal).
+                journal = DeskJournal(journal_paths(state_dir, name)[0], venue.feed.now)
+                desk_stack.callback(journal.close)
+                backend = journal.noted(
+                    await _recorded(backend, state_dir, name, desk_stack), backend)
+            runtime = await _build_desk(
                 name, desk_settings, venue, backend, stack=desk_stack, database=database,
                 fence=fence, store=store, bus=bus, approvals=approvals, settings=in_force,
                 environ=environ)
+            if journal is not None:
+                journal.attach(runtime.desk, venue)
+            return runtime
 
         runtimes = []
         # In a fleet the desks are built as this daemon takes their leases.
@@ -250,6 +263,21 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
                      venues, node)
+
+
+async def _recorded(backend: ModelBackend, state_dir: Path, name: str,
+                    stack: AsyncExitStack) -> ModelBackend:
+    """The desk's model, each request and answer kept in the response cache's format for
+    ``backtest --from-desk`` (always asked: a recorded answer is never replayed live)."""
+    recorder = ResponseCache(backend, journal_paths(state_dir, name)[1], "record",
+                             sampling=sampling_of(backend), replay_recorded=False)
+    try:
+        await recorder.open()
+    except CacheFileError as exc:  # the desk trades; its day cannot be replayed
+        _log.warning("desk_answers_not_kept", desk=name, error=str(exc))
+        return backend
+    stack.push_async_callback(recorder.aclose)
+    return recorder
 
 
 def _store_target(settings: Settings, state_dir: Path,

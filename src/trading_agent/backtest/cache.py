@@ -73,6 +73,7 @@ from types import TracebackType
 from typing import IO, Any, Literal, get_args
 
 import anyio
+import structlog
 
 from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSpec, Usage
 from trading_agent.agent.conversation import (
@@ -87,7 +88,8 @@ from trading_agent.agent.conversation import (
 from trading_agent.backtest.files import append_private, private_folder
 from trading_agent.errors import BackendError, ConfigError, ContextOverflowError
 
-__all__ = ["FORMAT_VERSION", "CacheFileError", "CacheMissError", "CacheMode", "ResponseCache"]
+__all__ = ["FORMAT_VERSION", "CacheFileError", "CacheMissError", "CacheMode", "ResponseCache",
+           "sampling_of"]
 
 CacheMode = Literal["record", "strict", "off"]
 """``record`` asks the model on a miss, ``strict`` fails on one, ``off`` never caches."""
@@ -98,6 +100,7 @@ refused, and a key never matches one made under another version (version 1 hashe
 messages' hashes side by side, not as a chain)."""
 
 _MODES: tuple[str, ...] = get_args(CacheMode)
+_log = structlog.get_logger(__name__)
 _DIGEST = "response_cache.digest"
 """The key of a message's body hash in ``Message.cache`` (the per-message memo of derived
 values): messages are immutable, so each is hashed once in its life."""
@@ -122,6 +125,17 @@ class CacheMissError(BackendError):
 
 class CacheFileError(ConfigError):
     """The response cache file cannot be read, or one of its lines is unreadable."""
+
+
+def sampling_of(backend: ModelBackend) -> dict[str, Any]:
+    """What besides the request shapes the answer: the backend's sampling settings (part of
+    every key; the backtest and a paper desk's recorder read them the same way)."""
+    config = getattr(backend, "config", None)
+    if config is None:
+        return {}
+    return {key: getattr(config, key, None)
+            for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body",
+                        "thinking_budget_tokens")}
 
 
 # --------------------------------------------------------------------------- keys
@@ -668,6 +682,10 @@ class ResponseCache:
         sampling: The settings that shape answers but are not in the request (temperature,
             the backend's default token cap, extra body fields): part of every key, so
             changing them re-asks the model. Values must be JSON.
+        replay_recorded: False for a recorder that always asks the model and appends the
+            answer, never replaying one, and only logs an answer it could not keep (a paper
+            desk in the daemon keeps its answers so ``backtest --from-desk`` can replay its
+            day, :mod:`.desk_journal`).
 
     Attributes:
         backend: The wrapped backend.
@@ -689,7 +707,8 @@ class ResponseCache:
     """
 
     def __init__(self, backend: ModelBackend, path: Path, mode: CacheMode = "record", *,
-                 sampling: Mapping[str, Any] | None = None) -> None:
+                 sampling: Mapping[str, Any] | None = None,
+                 replay_recorded: bool = True) -> None:
         if mode not in _MODES:
             raise ConfigError(f"cache mode {mode!r}: allowed are {', '.join(_MODES)}")
         try:
@@ -706,6 +725,7 @@ class ResponseCache:
         self.model_calls = 0
         self.cache_hits = 0
         self._sampling = sampling_json
+        self._replay_recorded = replay_recorded
         self._heads: dict[int | None, str] = {}
         self._system_memo: tuple[str, str] | None = None
         self._tools_memo: tuple[tuple[Mapping[str, Any], ...], str] | None = None
@@ -862,7 +882,7 @@ class ResponseCache:
         parts = self._parts(request)
         places = recording.answers.get(parts.key)
         used = self._used.get(parts.key, 0)
-        if places is not None and used < len(places):
+        if places is not None and used < len(places) and self._replay_recorded:
             entry, outcome = self._read_answer(places[used], parts.key)
             self._used[parts.key] = used + 1
             self.cache_hits += 1
@@ -878,12 +898,22 @@ class ResponseCache:
             reply = await self.backend.complete(request, on_text, on_thinking)
         except ContextOverflowError as exc:
             with anyio.CancelScope(shield=True):
-                await self._record(request, parts, _Overflow(exc.message, exc.status_code))
+                await self._keep(request, parts, _Overflow(exc.message, exc.status_code))
             raise
         # Paid for: keep it even when the turn is being cancelled.
         with anyio.CancelScope(shield=True):
-            await self._record(request, parts, reply)
+            await self._keep(request, parts, reply)
         return reply
+
+    async def _keep(self, request: ModelRequestSpec, parts: _Parts, outcome: _Outcome) -> None:
+        """Records the answer; a live desk's recorder logs a failure instead of failing the
+        turn (its replay then names the request it lacks)."""
+        try:
+            await self._record(request, parts, outcome)
+        except CacheFileError as exc:
+            if self._replay_recorded:
+                raise
+            _log.warning("model_answer_not_kept", path=str(self.path), error=str(exc))
 
     def _read_answer(self, place: int, key: bytes) -> tuple[int, _Outcome]:
         """Reads a recorded answer back from the file: its entry number and its outcome.

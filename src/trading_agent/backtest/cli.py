@@ -11,11 +11,14 @@
         [--random-traders N] [--jobs N]
     trading-agent backtest --compare A.toml B.toml ... --from ISO --to ISO --out DIR
     trading-agent backtest CONFIG --desk A --desk B ... --from ISO --to ISO --out DIR
+    trading-agent backtest CONFIG --from-desk DESK --from ISO --to ISO --out DIR
 
 Everything a run needs is checked before the first model call, and the report is written
 into a temporary folder beside ``--out`` and moved into place only once whole: a bad input
 or a failed run exits non-zero and leaves nothing half-written in ``--out``. Exit codes:
-0 done, 1 the run failed (the model, a strict cache miss), 2 bad input.
+0 done, 1 the run failed (the model, a strict cache miss), 2 bad input; with
+``--from-desk``, 3 the replay differs from what the desk did live (the first difference is
+named).
 """
 
 from __future__ import annotations
@@ -118,11 +121,20 @@ def add_backtest_subcommand(subparsers: Any) -> None:
     parser.add_argument("--require-unseen", action="store_true",
                         help="refuse a span that starts before the end of the model's "
                              "knowledge_cutoff (the model may have seen it)")
+    parser.add_argument("--from-desk", metavar="DESK",
+                        help="replay what paper desk DESK did in the daemon (CONFIG is the "
+                             "daemon's) from --from to --to, from its stored triggers, "
+                             "operator messages and model answers, and name the first "
+                             "request, order or fill that differs (exit 3)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_backtest)
 
 
 def _backtest(args: argparse.Namespace) -> int:
+    if args.from_desk is not None:
+        from trading_agent.backtest.replay_cli import replay_command
+
+        return replay_command(args)
     try:
         runs, out, specs = _prepare(args)
     except ConfigError as exc:

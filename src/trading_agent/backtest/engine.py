@@ -60,7 +60,7 @@ from trading_agent.agent.events import (
     UsageReported,
 )
 from trading_agent.agent.trigger import Trigger
-from trading_agent.backtest.cache import CacheMode, ResponseCache
+from trading_agent.backtest.cache import CacheMode, ResponseCache, sampling_of
 from trading_agent.backtest.candles import (
     cached_candles_path,
     candles_in_span,
@@ -375,7 +375,7 @@ async def _run(spec: BacktestSpec, config: DeskSettings, feed: ReplayFeed,
         else:
             timed = _Timed(backend)
         cache = ResponseCache(timed, _cache_path(spec), spec.cache_mode,
-                              sampling=_sampling(backend))
+                              sampling=sampling_of(backend))
         await cache.open()
         stack.push_async_callback(cache.aclose)
         mask = spec.mask
@@ -671,16 +671,6 @@ def _paper_next_open(config: ExchangeConfig) -> ExchangeConfig:
 def _cache_path(spec: BacktestSpec) -> Path:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.desk)
     return (spec.cache_dir or default_cache_dir()) / f"{name}.jsonl"
-
-
-def _sampling(backend: ModelBackend) -> dict[str, Any]:
-    """What besides the request shapes the answer: the backend's sampling settings."""
-    config = getattr(backend, "config", None)
-    if config is None:
-        return {}
-    return {key: getattr(config, key, None)
-            for key in ("temperature", "max_output_tokens", "max_tokens_field", "extra_body",
-                        "thinking_budget_tokens")}
 
 
 class _Timed:

@@ -15,6 +15,7 @@ says how it was taken (:meth:`Mailbox.delivery`): the operator API answers with 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 from trading_agent.agent.steering_inbox import SteeringMessage
@@ -33,6 +34,8 @@ class Mailbox:
     Attributes:
         triggers: The triggers waiting for a turn.
         in_turn: Whether a turn runs now (a message then waits for its next model call).
+        on_take: Told of the messages each :meth:`take_all` hands the loop (a paper desk's
+            journal notes where in the turn they were delivered, for a replay).
     """
 
     def __init__(self) -> None:
@@ -40,6 +43,7 @@ class Mailbox:
         self.in_turn = False
         self._steering: deque[SteeringMessage] = deque()
         self._taken: dict[str, Delivery] = {}
+        self.on_take: Callable[[list[SteeringMessage]], None] | None = None
 
     def put_message(self, message: SteeringMessage) -> bool:
         """Takes an operator's message: for the running turn, else as a trigger.
@@ -66,6 +70,8 @@ class Mailbox:
         """Removes and returns the messages to deliver now, oldest first."""
         taken = list(self._steering)
         self._steering.clear()
+        if taken and self.on_take is not None:
+            self.on_take(taken)
         return taken
 
     def turn_ended(self) -> None:
