@@ -45,6 +45,7 @@ from trading_agent.agent.conversation import (
     Conversation,
     Message,
     ToolUseBlock,
+    estimate_tokens,
     repair,
 )
 from trading_agent.agent.event_bus import EventBus
@@ -277,7 +278,8 @@ class AgentLoop:
                     raise _Refused(decided.reason)
                 request = decided
             sent_messages = len(conversation.messages)
-            tokens = context_tokens(conversation, functools.partial(int, estimate))
+            tokens = context_tokens(conversation, functools.partial(int, estimate),
+                                    self._sent_cost(conversation))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
                 tool_count=len(request.tools), estimated_tokens=tokens, image_count=images))
@@ -406,7 +408,14 @@ class AgentLoop:
 
     def _context_tokens(self, conversation: Conversation) -> int:
         return context_tokens(conversation,
-                              lambda: self._prepared_request(conversation)[1])
+                              lambda: self._prepared_request(conversation)[1],
+                              self._sent_cost(conversation))
+
+    def _sent_cost(self, conversation: Conversation) -> Callable[[Message], int]:
+        """What a message added since the last report costs, as it will be sent."""
+        if self._compressor is None:
+            return estimate_tokens
+        return self._compressor.sent_cost(conversation)
 
     # ------------------------------------------------------------------ compaction
 
