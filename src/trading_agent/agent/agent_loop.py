@@ -45,7 +45,6 @@ from trading_agent.agent.conversation import (
     Conversation,
     Message,
     ToolUseBlock,
-    estimate_tokens,
     repair,
 )
 from trading_agent.agent.event_bus import EventBus
@@ -64,6 +63,7 @@ from trading_agent.agent.events import (
     TurnStarted,
     UsageReported,
 )
+from trading_agent.agent.fixed_part import FixedPart, answer_reserve, measure_fixed_part
 from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
@@ -151,6 +151,22 @@ class AgentLoop:
             One function-calling definition per registered tool.
         """
         return self._executor.tool_registry.definitions()
+
+    async def fixed_part(self, conversation: Conversation) -> FixedPart:
+        """The part of every request that cannot be compacted (system prompt, tool
+        definitions, the answer's room), measured by the model's tokenizer where its
+        backend has one, against the window.
+
+        Args:
+            conversation: Whose system prompt.
+
+        Returns:
+            The numbers.
+        """
+        return await measure_fixed_part(
+            conversation.system_prompt, self.tool_definitions(),
+            window=self.backend.context_window, reserve=answer_reserve(self.backend),
+            count=getattr(self.backend, "count_tokens", None))
 
     def message_max_chars(self, conversation: Conversation | None = None) -> int | None:
         """The most characters of one message the model is sent (longer ones are cut in
@@ -278,8 +294,7 @@ class AgentLoop:
                     raise _Refused(decided.reason)
                 request = decided
             sent_messages = len(conversation.messages)
-            tokens = context_tokens(conversation, functools.partial(int, estimate),
-                                    self._sent_cost(conversation))
+            tokens = context_tokens(conversation, functools.partial(int, estimate))
             self._publish(turn, ModelRequest(
                 desk=self.desk_name, round=turn.rounds, message_count=len(request.messages),
                 tool_count=len(request.tools), estimated_tokens=tokens, image_count=images))
@@ -408,14 +423,7 @@ class AgentLoop:
 
     def _context_tokens(self, conversation: Conversation) -> int:
         return context_tokens(conversation,
-                              lambda: self._prepared_request(conversation)[1],
-                              self._sent_cost(conversation))
-
-    def _sent_cost(self, conversation: Conversation) -> Callable[[Message], int]:
-        """What a message added since the last report costs, as it will be sent."""
-        if self._compressor is None:
-            return estimate_tokens
-        return self._compressor.sent_cost(conversation)
+                              lambda: self._prepared_request(conversation)[1])
 
     # ------------------------------------------------------------------ compaction
 

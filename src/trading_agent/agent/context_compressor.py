@@ -144,8 +144,7 @@ def request_tokens(request: ModelRequestSpec) -> int:
         estimate_tokens(m) for m in request.messages)
 
 
-def context_tokens(conversation: Conversation, estimate_request: Callable[[], int],
-                   cost: Callable[[Message], int] = estimate_tokens) -> int:
+def context_tokens(conversation: Conversation, estimate_request: Callable[[], int]) -> int:
     """The size of what the next request would send, in tokens.
 
     The backend's last reported prompt size plus an estimate of each message added since;
@@ -155,7 +154,6 @@ def context_tokens(conversation: Conversation, estimate_request: Callable[[], in
     Args:
         conversation: The conversation.
         estimate_request: Estimates the whole next request (called only when needed).
-        cost: What one added message costs as sent (see :meth:`ContextCompressor.sent_cost`).
 
     Returns:
         Tokens.
@@ -165,7 +163,7 @@ def context_tokens(conversation: Conversation, estimate_request: Callable[[], in
     if reported is None:
         return math.ceil(estimate_request() * scale)
     added = conversation.messages[conversation.reported_message_count:]
-    return reported + math.ceil(sum(cost(m) for m in added) * scale)
+    return reported + math.ceil(sum(estimate_tokens(m) for m in added) * scale)
 
 
 def find_cut(messages: Sequence[Message], keep_recent_tokens: int,
@@ -337,12 +335,6 @@ class ContextCompressor:
             cached = _trim_message(message, max_chars) or True
             message.cache[key] = cached
         return cached if isinstance(cached, Message) else message
-
-    def sent_cost(self, conversation: Conversation) -> Callable[[Message], int]:
-        """What one of the conversation's messages costs as sent (cut to its budget), in
-        estimated tokens."""
-        max_chars = self.max_message_chars(conversation.token_scale)
-        return lambda message: self._sent_tokens(message, max_chars)
 
     def _sent_tokens(self, message: Message, max_chars: int) -> int:
         return estimate_tokens(self._trimmed(message, max_chars))
