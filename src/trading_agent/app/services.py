@@ -37,12 +37,17 @@ from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
 from trading_agent.daemon.control import DeskControl
-from trading_agent.daemon.events import KillSwitchChanged, ModelSwitched, ReduceOnlyChanged
+from trading_agent.daemon.events import (
+    KillSwitchChanged,
+    ModelSwitched,
+    ReduceOnlyChanged,
+    StorageChanged,
+)
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.desks.building import ModelBackends, backoff, build_desk
-from trading_agent.errors import ConfigError
+from trading_agent.errors import ConfigError, StorageFullError
 from trading_agent.fleet.approvals import FleetApprovals
 from trading_agent.fleet.node import FleetNode, open_node
 from trading_agent.logging_setup import secret_values
@@ -50,7 +55,7 @@ from trading_agent.operator.approvals import ApprovalBook, Approvals
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, Settings
-from trading_agent.store.database import prepare_state_directory
+from trading_agent.store.database import StorageWatcher, prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
 from trading_agent.store.reduce_only import SqliteReduceOnly
@@ -146,6 +151,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         bus = EventBus(first_id=await node.first_event_id() if node is not None
                        else await store.events.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
+        stack.callback(store.database.watch_storage(_announce_storage(bus)))
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
@@ -417,6 +423,28 @@ def _announce(bus: EventBus) -> Callable[[Halt, bool, str], None]:
     return changed
 
 
+
+
+def _announce_storage(bus: EventBus) -> StorageWatcher:
+    """A full disk under the store, and the first write that gets through again, reach the
+    operators (stream, metric, ``storage`` webhook) and the log."""
+    where = {"location": ""}
+
+    def changed(error: StorageFullError | None) -> None:
+        if error is not None:
+            where["location"] = error.location
+            _log.error("storage_full", location=error.location, error=str(error))
+            bus.publish(StorageChanged(
+                desk="*", full=True, location=error.location,
+                text=f"STORAGE FULL: {error}. Operator messages are refused (HTTP 507) and "
+                     "desks wait until space is freed."))
+        else:
+            _log.warning("storage_writable", location=where["location"])
+            bus.publish(StorageChanged(
+                desk="*", full=False, location=where["location"],
+                text=f"storage writable again ({where['location']}): desks carry on"))
+
+    return changed
 
 
 def _announce_reduce_only(bus: EventBus) -> Callable[[ReduceOnly, bool, str], None]:

@@ -3,8 +3,9 @@
 The desk takes the next trigger from its :class:`Mailbox` and runs a turn for it with its
 :class:`AgentLoop`. What can go wrong is contained here, so other desks never notice:
 
-- The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries):
-  the desk is **paused** with the reason and tries again after a growing wait.
+- The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries),
+  or the disk under the store full (:class:`StorageFullError`): the desk is **paused** with
+  the reason and tries again after a growing wait (no restart counted, no kill switch).
 - Anything else raised by a turn: logged, published as an error event, and the desk
   restarts after a growing wait (reset by a turn that succeeds).
 
@@ -66,6 +67,8 @@ from trading_agent.errors import (
     BackendUnavailableError,
     ContextOverflowError,
     RetryRefusedError,
+    StorageFullError,
+    StoreError,
 )
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.store.desk_holds import HoldFields
@@ -849,7 +852,14 @@ class Desk:
         outcome.failures += 1
         delay = self.backoff.delay(outcome.failures, paused=paused)
         described = f"{type(error).__name__}: {error}"
-        if paused:
+        if isinstance(error, StorageFullError):
+            # Not the desk's fault, and not a crash: no kill switch, no restart count (the
+            # restart waits, though: space may come back soon). What it was given is in the
+            # store already; it waits for space, then goes on.
+            outcome.reason = f"waiting for disk space ({error}); trying again in {delay:g} s"
+            outcome.cause = f"the store could not be written: {error}"
+            self._log.error("desk_waiting_for_storage", error=str(error), retry_in=delay)
+        elif paused:
             outcome.reason = f"the model is unavailable ({error}); trying again in {delay:g} s"
             # str(error): the backend has already redacted its API key from the message.
             outcome.cause = f"the model was unavailable: {error}"
@@ -863,7 +873,10 @@ class Desk:
                                                   error_type=type(error).__name__))
             outcome.crashes += 1
             if self.on_failed_turns is not None:
-                await self.on_failed_turns(outcome.crashes, described)
+                try:
+                    await self.on_failed_turns(outcome.crashes, described)
+                except StoreError as exc:  # the kill switch could not be recorded
+                    self._log.error("failed_turns_action_failed", error=str(exc))
         self._paused = True
         self.mailbox.to_triggers()
         with anyio.CancelScope() as self._nap:

@@ -59,6 +59,7 @@ from trading_agent.daemon.events import (
     KillSwitchChanged,
     ReduceOnlyChanged,
     SpendAlert,
+    StorageChanged,
 )
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
@@ -152,6 +153,8 @@ def webhook_kind(event: Event) -> WebhookEvent | None:
         return "spend_alert"
     if isinstance(event, ReduceOnlyChanged):
         return "reduce_only"
+    if isinstance(event, StorageChanged):
+        return "storage"
     return None
 
 
