@@ -36,6 +36,7 @@ from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
+from trading_agent.app.stop_budget import SinkClose, StopBudget, close_sinks
 from trading_agent.daemon.control import DeskControl
 from trading_agent.daemon.events import (
     KillSwitchChanged,
@@ -74,6 +75,9 @@ __all__ = ["Daemon", "open_daemon"]
 
 _log = structlog.get_logger(__name__)
 
+_SINK_SECONDS = 2.0
+"""The most a sink (webhooks, traces) spends on what it holds when the daemon stops."""
+
 _STORE_BUFFER = 50_000
 """Events the store's subscription holds while a batch is written."""
 
@@ -106,6 +110,8 @@ class Daemon:
             process's own descendants.
         venues: Each desk's exchange, feed and risk policy, by desk name.
         fleet: This daemon's part of its fleet; None when it runs alone.
+        stop_budget: The shutdown's countdown (``run`` starts it at SIGTERM): the sinks
+            closing with the daemon get what is left of its ten seconds.
     """
 
     store: Store
@@ -116,6 +122,7 @@ class Daemon:
     serve_api: Callable[..., Coroutine[Any, Any, None]] | None
     venues: Mapping[str, TradingVenue] = field(default_factory=dict)
     fleet: FleetNode | None = None
+    stop_budget: StopBudget = field(default_factory=StopBudget)
 
 
 @asynccontextmanager
@@ -209,7 +216,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
-        await _telemetry(settings, supervisor, bus, stack, environ)
+        stop_budget = StopBudget()
+        await _telemetry(settings, supervisor, bus, stack, environ, stop_budget)
         control: DeskControl = supervisor
         api_approvals: Approvals = approvals
         if node is not None:
@@ -255,7 +263,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                      task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
-                     venues, node)
+                     venues, node, stop_budget)
 
 
 def _store_target(settings: Settings, state_dir: Path,
@@ -277,22 +285,27 @@ async def _no_reload_in_fleet(by: str) -> list[str]:
 
 
 async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
-                     stack: AsyncExitStack, environ: Mapping[str, str] | None) -> None:
+                     stack: AsyncExitStack, environ: Mapping[str, str] | None,
+                     budget: StopBudget) -> None:
     """Traces and webhooks read the bus like the store and the log; subscribed now, before
     the desks run, so they miss nothing."""
 
     def model_of(desk: str) -> str | None:
         return supervisor.desk(desk).profile.model if desk in supervisor.desk_names() else None
 
+    closers: list[SinkClose] = []
     tracing = open_tracing(settings.telemetry, bus, environ=environ, model_of=model_of)
     if tracing is not None:
-        stack.push_async_callback(tracing.aclose)
+        closers.append(tracing.aclose)
         supervisor.services.append(("traces", tracing.run))
     webhooks = open_webhooks(settings.webhooks, bus, environ=environ,
                              redact=secret_values(settings.secret_env_vars(), environ))
     if webhooks is not None:
-        stack.push_async_callback(webhooks.aclose)
+        closers.append(webhooks.aclose)
         supervisor.services.append(("webhooks", webhooks.run))
+    if closers:
+        # Together, within what is left of the ten seconds a SIGTERM allows.
+        stack.push_async_callback(close_sinks, closers, budget, _SINK_SECONDS)
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,
