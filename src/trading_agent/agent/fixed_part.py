@@ -78,14 +78,16 @@ class FixedPart:
 
     def describe(self, desk: str) -> str:
         """The numbers and what to change, for an error or a pause's reason."""
+        verdict = (f"more than the model's context_window ({self.window:,})" if not self.fits
+                   else f"of the model's context_window ({self.window:,}) before any message, "
+                        "and the server counts more than that")
         return (
             f"desks.{desk}: the system prompt ({self.prompt_tokens:,} tokens) and the "
             f"{self.tool_count} tool definitions ({self.tool_tokens:,} tokens), {self.how}, "
             f"plus {FRAMING_TOKENS} tokens of chat framing and {self.reserve:,} tokens for the "
-            f"answer (model.max_output_tokens) need {self.need:,} tokens: "
-            f"{'more than' if not self.fits else 'nearly all of'} the model's context_window "
-            f"({self.window:,}); shorten the system prompt, narrow desks.{desk}.tools, lower "
-            "model.max_output_tokens, or use a larger window")
+            f"answer (model.max_output_tokens) need {self.need:,} tokens: {verdict}; shorten "
+            f"the system prompt, narrow desks.{desk}.tools, lower model.max_output_tokens, or "
+            "use a larger window")
 
 
 def answer_reserve(backend: object) -> int:
