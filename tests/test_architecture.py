@@ -58,6 +58,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("backends.providers.openai", "backends.openai_compatible"): "the openai SDK",
     ("backends.providers.anthropic", "backends.anthropic"): "the anthropic SDK",
     ("backends.providers.local", "backends.local_server"): "llama.cpp's bindings",
+    ("backends.providers.local", "backends.local_tokenizer"): "llama.cpp's bindings",
     ("fleet.control", "fleet.bus"): "the NATS client, for a request to another daemon",
 }
 """Imports of ours inside a function: (importer, imported) without the ``trading_agent.``

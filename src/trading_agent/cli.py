@@ -78,7 +78,9 @@ def _unheld_protection(settings: Settings) -> list[str]:
 
 def _check_windows(settings: Settings) -> None:
     """Refuses a desk whose system prompt and tools, with room for an answer, do not fit
-    its model's window (estimated here; ``run`` measures with the server's tokenizer).
+    its model's window (measured with the model's tokenizer where the provider has one
+    offline, the local model's; else estimated on the large side; ``run`` measures with the
+    server's tokenizer).
 
     Raises:
         ConfigError: A desk does not fit, naming the numbers.
@@ -91,7 +93,9 @@ def _check_windows(settings: Settings) -> None:
 
     async def check() -> None:
         for name, desk in settings.desks.items():
-            await check_fixed_part(name, desk, await offline_tool_definitions(name, desk))
+            count = await provider(desk.model.provider).offline_counter(desk.model)
+            await check_fixed_part(name, desk, await offline_tool_definitions(name, desk),
+                                   count=count)
 
     anyio.run(check, backend="asyncio")
 

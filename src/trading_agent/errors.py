@@ -14,6 +14,7 @@
     │   ├── ExchangeUnavailableError     network, timeout or rate limit, after retries
     │   └── OrderRejectedError           the exchange refused the order (funds, symbol...)
     ├── StoreError                       the store (SQLite or PostgreSQL) failed
+    │   ├── StorageFullError             the disk (or database) holding the store is full
     │   └── FencedError ◊                this daemon no longer holds the desk: write refused
     ├── FleetError ◆                     the fleet's NATS failed
     │   ├── FleetUnavailableError ◆      NATS cannot be reached now
@@ -59,6 +60,7 @@ __all__ = [
     "OrderRejectedError",
     "RetryRefusedError",
     "RiskLimitError",
+    "StorageFullError",
     "StoreError",
     "ToolError",
     "TradingAgentError",
@@ -155,6 +157,20 @@ class OrderRejectedError(ExchangeError):
 
 class StoreError(TradingAgentError):
     """The store (SQLite or PostgreSQL) failed."""
+
+
+class StorageFullError(StoreError):
+    """The disk holding the store (or the database server's) is full: nothing more can be
+    written until space is freed; what was stored before is intact.
+
+    Args:
+        message: What could not be written and where.
+        location: Where space must be freed (the state directory, or the database).
+    """
+
+    def __init__(self, message: str, location: str) -> None:
+        super().__init__(message)
+        self.location = location
 
 
 class RetryRefusedError(TradingAgentError):

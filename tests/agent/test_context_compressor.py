@@ -584,6 +584,50 @@ async def test_a_huge_tool_result_is_cut_in_what_is_sent_but_kept_whole(
     assert model.problems == []
 
 
+async def test_one_answer_with_huge_tool_arguments_never_wedges_the_desk(
+        scripted_server: ScriptedServer) -> None:
+    """A model answer whose tool-call arguments are 200 KB: the turn, later turns, a
+    /compact and a restart all fit a 32,000-token window (the server refuses what does not),
+    and the store keeps the arguments whole."""
+    window = 32_000
+    padding = "x" * 200_000
+
+    def desk(body: dict[str, Any]) -> Step:
+        if wire_tokens(body) > window:
+            return context_overflow()
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return Reply("The ticker call was odd; BTC looks flat.")
+        if "first" in text_of(last):
+            return Reply(tool_calls=[ToolCall("get_candles", {"count": 2, "note": padding})])
+        return Reply("OK.")
+
+    model = DeskModel(window, desk)
+    scripted_server.responder = model
+    async with running_desk(scripted_server, window=window,
+                            messages=history(10, 600)) as desk_:
+        first = await desk_.turn("first tick")
+        assert first.text == "The ticker call was odd; BTC looks flat."
+        for number in range(3):
+            assert (await desk_.turn(f"tick {number} " + "z" * 1500)).text == "OK."
+        assert await desk_.loop.compact(desk_.conversation, Trigger(kind="command", text="/c"))
+        assert (await desk_.turn("after compact")).text == "OK."
+        stored = desk_.store.appended
+        call = next(b for m in stored for b in m.tool_uses)
+        assert padding in call.arguments
+    async with running_desk(scripted_server, window=window,
+                            messages=stored) as restarted:
+        assert (await restarted.turn("after restart")).text == "OK."
+    sent_calls = [call["function"] for request in scripted_server.requests
+                  for message in request.messages for call in message.get("tool_calls") or ()
+                  if call["function"]["name"] == "get_candles"]
+    assert sent_calls, "the call was never sent back"
+    for sent_call in sent_calls:
+        assert "200,0" in sent_call["arguments"] and len(sent_call["arguments"]) < 300
+    assert max(model.sizes) < window
+    assert model.problems == []
+
+
 # --------------------------------------------------------------------------- the flush
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.backtest.trader import trading_responder
+from tests.operator.command_line import CLI, cli_environment
 from tests.scripted_server import ScriptedServer
 from trading_agent.cli import main
 from trading_agent.trading.config import PACKAGED_CANDLES
@@ -196,6 +199,44 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
     assert message in err
     assert not out.exists()
     assert server.requests == []
+
+
+def _user_namespaces() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "true"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _user_namespaces(), reason="no user and mount namespaces (unshare "
+                    "--user --map-root-user --mount): no small file system of the test's own")
+def test_a_full_disk_under_out_is_one_clear_line_exit_1_and_nothing_written(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    """The report is written onto a real 32 KiB tmpfs, mounted in a mount namespace of the
+    command's own (no root needed): it fills up, and the command says so in one line."""
+    config = write_config(tmp_path / "desk.toml", server)
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    out = disk / "report"
+    script = ('mount -t tmpfs -o size=32k tmpfs "$0" || exit 99; "$@"; code=$?; '
+              'echo "left on the disk: [$(ls -A "$0")]"; exit $code')
+    command = [*CLI, "backtest", str(config), "--from", "2023-01-05", "--to",
+               "2023-01-05T01:05", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+               "--quiet"]
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           script, str(disk), *command], capture_output=True, text=True,
+                          timeout=120, check=False, env=cli_environment())
+
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"backtest: cannot write the report to {out}: No space left "
+                               "on device"), lines[0]
+    assert "nothing was written there" in lines[0]
+    assert done.stdout.strip().endswith("left on the disk: []"), done.stdout
+    assert server.requests  # the run itself went through; only the report could not be kept
 
 
 def test_a_corrupt_cache_file_is_named_and_nothing_is_written(

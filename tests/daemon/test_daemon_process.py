@@ -27,6 +27,7 @@ from tests.daemon.process import (
     short_dir,
     write_config,
 )
+from tests.daemon_config import write_daemon_config
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
 from trading_agent.store.store import Store
 
@@ -190,6 +191,80 @@ async def test_sigterm_mid_turn_exits_0_within_10_s_with_the_turn_checkpointed(
     desk_steps = [e["type"] for e in events if e["subagent"] is None]
     assert desk_steps[:2] == ["turn_start", "model_request"]
     assert "tool_call" in desk_steps  # the events buffered at the signal were written
+
+
+class HangingServer:
+    """An HTTP receiver on loopback that reads each request and never answers (until the
+    test ends): a webhook receiver or an OTLP collector gone wrong."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.requests = 0
+        self._held: list[socket.socket] = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            connection.recv(65536)  # the request's head: it came, and is never answered
+            self.requests += 1
+            self._held.append(connection)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        for connection in self._held:
+            connection.close()
+
+
+async def test_sigterm_with_a_hanging_webhook_receiver_and_collector_exits_within_10_s(
+        scripted_server: ScriptedServer, folder: Path) -> None:
+    """A desk mid-turn (its tool call never returns: the whole 1 s drain is spent), a
+    webhook receiver and an OTLP collector that accept and never answer, with attempt and
+    export timeouts of 30 s: the sinks get what is left of the 10 s, not their own."""
+    script = DeskScript()
+    scripted_server.responder = script
+    hook, collector = HangingServer(), HangingServer()
+    config = write_daemon_config(
+        folder, scripted_server.base_url,
+        daemon={"log_format": "json", "shutdown_timeout_seconds": 1,
+                "restart_backoff_seconds": 0.1},
+        model={"request_timeout": 30}, exchange={"replay": {"speed": 60}},
+        desks={"alpha": {"subagents": {"timeout_seconds": 60}}, "beta": {}},
+        tables={"telemetry": {"otlp_endpoint": f"http://127.0.0.1:{collector.port}",
+                              "export_timeout_seconds": 30},
+                "webhooks": [{"url": f"http://127.0.0.1:{hook.port}/hook",
+                              "events": ["desk_paused", "error", "kill_switch"],
+                              "secret_env": "TEST_WEBHOOK_SECRET", "timeout_seconds": 30}]})
+
+    daemon = DaemonProcess(config, {"TEST_WEBHOOK_SECRET": "s3cret-for-the-test"})
+    try:
+        await daemon.wait_ready()
+        async with daemon.client() as client:
+            await client.pause("beta", "ann", "a webhook that will hang")
+            await client.send_message("alpha", "Start.", "ann")
+        await wait_for(lambda: hook.requests > 0, 15, "the webhook receiver's first request")
+        await wait_for(script.subagent_asked.is_set, 15, "the subagent's request")
+        sent = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        code = await daemon.wait_exit(20)
+        took = time.monotonic() - sent
+    finally:
+        daemon.close()
+        script.hold.set()
+        hook.close()
+        collector.close()
+
+    print(f"SIGTERM to exit: {took:.2f} s")
+    assert code == 0, daemon.log()
+    assert took < 9, f"{took:.2f} s"  # the README's ten seconds, with a second to spare
+    assert collector.requests > 0  # the last spans were offered to the collector
 
 
 async def test_a_second_signal_exits_at_once_and_the_store_stays_sound(

@@ -36,6 +36,7 @@ from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
+from trading_agent.daemon.events import DeskPaused
 from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.store.store import Store
 
@@ -182,6 +183,88 @@ async def test_after_an_overflow_that_cannot_be_recovered_the_next_message_is_an
     assert "window" in errors[0].message
     assert status.last_turn_text == "Noted."
     assert server.requests[-1].messages[-1]["content"].endswith("Second question.")
+
+
+def _wide_registry() -> ToolRegistry:
+    """One tool whose definition alone takes most of a 2,048-token window."""
+    registry = ToolRegistry()
+
+    @registry.tool(description="Reads the whole market. " + "Every field is explained. " * 200)
+    async def read_market(arguments: NoArguments, context: ToolContext) -> str:
+        return "nothing"
+
+    return registry
+
+
+async def test_a_desk_whose_fixed_part_does_not_fit_is_paused_with_the_numbers(
+        tmp_path: Path) -> None:
+    """The server refuses every prompt as too long and its tokenizer says the tools alone
+    overflow the window: after one failed message the desk is paused, the operator sees why
+    and what to change, and the next message waits for the resume instead of failing."""
+    refusing = {"on": True}
+
+    def respond(request: RecordedRequest) -> Step:
+        if refusing["on"] and not is_summary_request(request):
+            return context_overflow()
+        return answering(request)
+
+    bus = EventBus()
+    seen: list[Event] = []
+    subscription = bus.subscribe("test")
+    with ScriptedServer(responder=respond) as server:
+        server.tokenizer = lambda content: len(content) // 2
+        async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+            desk = small_desk(store, server.base_url, bus, _wide_registry())
+            group.start_soon(desk.run)
+            await desk.ready.wait()
+            await desk.send_message("Say OK.")
+            await wait_for(lambda: any(isinstance(e, DeskPaused) for e in _drain(
+                subscription, seen)))
+            status = desk.status()
+            asked = len(server.requests)
+            await desk.send_message("Second question.")
+            queued = desk.status()
+            refusing["on"] = False
+            assert await desk.resume("ana") is not None
+            await wait_for(lambda: desk.turns >= 1)
+            await stop_desk(desk, group)
+    paused = next(e for e in seen if isinstance(e, DeskPaused))
+    assert paused.by == "daemon"
+    for part in ("by the model's tokenizer", "context_window (2,048)", "desks.small.tools",
+                 "model.max_output_tokens", "then resume the desk", "1 turn(s) in a row"):
+        assert part in paused.reason
+    assert status.state == "paused" and paused.reason in status.paused_reason
+    assert queued.state == "paused" and len(server.requests) > asked
+    assert server.requests[asked].messages[-1]["content"].endswith("Second question.")
+
+
+async def test_without_a_tokenizer_a_desk_is_paused_after_two_refused_turns_in_a_row(
+        tmp_path: Path) -> None:
+    bus = EventBus()
+    seen: list[Event] = []
+    subscription = bus.subscribe("test")
+
+    def respond(request: RecordedRequest) -> Step:
+        return answering(request) if is_summary_request(request) else context_overflow()
+
+    with ScriptedServer(responder=respond) as server:
+        async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+            desk = small_desk(store, server.base_url, bus)
+            group.start_soon(desk.run)
+            await desk.ready.wait()
+            await desk.send_message("First question.")
+            await wait_for(lambda: any(isinstance(e, ErrorEvent) for e in _drain(
+                subscription, seen)))
+            after_one = desk.status()
+            await desk.send_message("Second question.")
+            await wait_for(lambda: any(isinstance(e, DeskPaused) for e in _drain(
+                subscription, seen)))
+            status = desk.status()
+            await stop_desk(desk, group)
+    assert after_one.paused_reason == ""
+    reason = next(e for e in seen if isinstance(e, DeskPaused)).reason
+    assert "2 turn(s) in a row" in reason and "estimated at 3 characters a token" in reason
+    assert status.state == "paused" and "context_window (2,048)" in status.paused_reason
 
 
 def _drain(subscription: object, into: list[Event]) -> list[Event]:

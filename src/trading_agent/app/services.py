@@ -36,15 +36,21 @@ from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
 from trading_agent.app.reload import ConfigReloader
+from trading_agent.app.stop_budget import SinkClose, StopBudget, close_sinks
 from trading_agent.backtest.cache import CacheFileError, ResponseCache, sampling_of
 from trading_agent.backtest.desk_journal import DeskJournal, journal_paths
 from trading_agent.daemon.control import DeskControl
-from trading_agent.daemon.events import KillSwitchChanged, ModelSwitched, ReduceOnlyChanged
+from trading_agent.daemon.events import (
+    KillSwitchChanged,
+    ModelSwitched,
+    ReduceOnlyChanged,
+    StorageChanged,
+)
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.desks.building import ModelBackends, backoff, build_desk
-from trading_agent.errors import ConfigError
+from trading_agent.errors import ConfigError, StorageFullError
 from trading_agent.fleet.approvals import FleetApprovals
 from trading_agent.fleet.node import FleetNode, open_node
 from trading_agent.logging_setup import secret_values
@@ -52,7 +58,7 @@ from trading_agent.operator.approvals import ApprovalBook, Approvals
 from trading_agent.operator.events import ReconciliationReported
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
 from trading_agent.settings import DeskSettings, Settings
-from trading_agent.store.database import prepare_state_directory
+from trading_agent.store.database import StorageWatcher, prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
 from trading_agent.store.reduce_only import SqliteReduceOnly
@@ -70,6 +76,9 @@ from trading_agent.trading.replay import ReplayFeed
 __all__ = ["Daemon", "open_daemon"]
 
 _log = structlog.get_logger(__name__)
+
+_SINK_SECONDS = 2.0
+"""The most a sink (webhooks, traces) spends on what it holds when the daemon stops."""
 
 _STORE_BUFFER = 50_000
 """Events the store's subscription holds while a batch is written."""
@@ -103,6 +112,8 @@ class Daemon:
             process's own descendants.
         venues: Each desk's exchange, feed and risk policy, by desk name.
         fleet: This daemon's part of its fleet; None when it runs alone.
+        stop_budget: The shutdown's countdown (``run`` starts it at SIGTERM): the sinks
+            closing with the daemon get what is left of its ten seconds.
     """
 
     store: Store
@@ -113,6 +124,7 @@ class Daemon:
     serve_api: Callable[..., Coroutine[Any, Any, None]] | None
     venues: Mapping[str, TradingVenue] = field(default_factory=dict)
     fleet: FleetNode | None = None
+    stop_budget: StopBudget = field(default_factory=StopBudget)
 
 
 @asynccontextmanager
@@ -148,6 +160,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         bus = EventBus(first_id=await node.first_event_id() if node is not None
                        else await store.events.last_event_id() + 1 + _EVENT_ID_MARGIN)
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
+        stack.callback(store.database.watch_storage(_announce_storage(bus)))
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
@@ -216,7 +229,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         # Always counted: a reload may set a cap.
         usage = bus.subscribe("spend caps", accept=lambda e: isinstance(e, UsageReported))
         supervisor.services.append(("spend caps", functools.partial(spend.run, usage)))
-        await _telemetry(settings, supervisor, bus, stack, environ)
+        stop_budget = StopBudget()
+        await _telemetry(settings, supervisor, bus, stack, environ, stop_budget)
         control: DeskControl = supervisor
         api_approvals: Approvals = approvals
         if node is not None:
@@ -262,7 +276,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                      task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
-                     venues, node)
+                     venues, node, stop_budget)
 
 
 async def _recorded(backend: ModelBackend, state_dir: Path, name: str,
@@ -299,22 +313,27 @@ async def _no_reload_in_fleet(by: str) -> list[str]:
 
 
 async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
-                     stack: AsyncExitStack, environ: Mapping[str, str] | None) -> None:
+                     stack: AsyncExitStack, environ: Mapping[str, str] | None,
+                     budget: StopBudget) -> None:
     """Traces and webhooks read the bus like the store and the log; subscribed now, before
     the desks run, so they miss nothing."""
 
     def model_of(desk: str) -> str | None:
         return supervisor.desk(desk).profile.model if desk in supervisor.desk_names() else None
 
+    closers: list[SinkClose] = []
     tracing = open_tracing(settings.telemetry, bus, environ=environ, model_of=model_of)
     if tracing is not None:
-        stack.push_async_callback(tracing.aclose)
+        closers.append(tracing.aclose)
         supervisor.services.append(("traces", tracing.run))
     webhooks = open_webhooks(settings.webhooks, bus, environ=environ,
                              redact=secret_values(settings.secret_env_vars(), environ))
     if webhooks is not None:
-        stack.push_async_callback(webhooks.aclose)
+        closers.append(webhooks.aclose)
         supervisor.services.append(("webhooks", webhooks.run))
+    if closers:
+        # Together, within what is left of the ten seconds a SIGTERM allows.
+        stack.push_async_callback(close_sinks, closers, budget, _SINK_SECONDS)
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,
@@ -445,6 +464,28 @@ def _announce(bus: EventBus) -> Callable[[Halt, bool, str], None]:
     return changed
 
 
+
+
+def _announce_storage(bus: EventBus) -> StorageWatcher:
+    """A full disk under the store, and the first write that gets through again, reach the
+    operators (stream, metric, ``storage`` webhook) and the log."""
+    where = {"location": ""}
+
+    def changed(error: StorageFullError | None) -> None:
+        if error is not None:
+            where["location"] = error.location
+            _log.error("storage_full", location=error.location, error=str(error))
+            bus.publish(StorageChanged(
+                desk="*", full=True, location=error.location,
+                text=f"STORAGE FULL: {error}. Operator messages are refused (HTTP 507) and "
+                     "desks wait until space is freed."))
+        else:
+            _log.warning("storage_writable", location=where["location"])
+            bus.publish(StorageChanged(
+                desk="*", full=False, location=where["location"],
+                text=f"storage writable again ({where['location']}): desks carry on"))
+
+    return changed
 
 
 def _announce_reduce_only(bus: EventBus) -> Callable[[ReduceOnly, bool, str], None]:

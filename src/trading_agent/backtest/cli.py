@@ -27,10 +27,11 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trading_agent.errors import ConfigError, TradingAgentError
 
@@ -39,6 +40,8 @@ __all__ = ["add_backtest_subcommand"]
 _EXIT_FAILURE = 1
 _EXIT_INPUT = 2
 _EXIT_INTERRUPTED = 130
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -186,27 +189,29 @@ def _backtest(args: argparse.Namespace) -> int:
                   "the response cache: a re-run replays them for free.", file=sys.stderr)
             return _EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else _EXIT_FAILURE
         bar.finish()
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     audited = None
-    try:
-        if args.audit:
-            from trading_agent.backtest.audit import audit
-            from trading_agent.backtest.metrics import compute_figures
+    if args.audit:
+        from trading_agent.backtest.audit import audit
+        from trading_agent.backtest.metrics import compute_figures
 
-            plain, masked = records
-            audited = audit(plain, masked, compute_figures(plain), compute_figures(masked))
-            figures = list(zip(["plain", "masked"],
-                               write_comparison(records, ["plain", "masked"], staging,
-                                                audit=audited), strict=True))
-        elif len(records) == 1:
-            figures = [(runs[0].label, write_report(records[0], staging))]
-        else:
-            labels = [run.label for run in runs]
-            figures = list(zip(labels, write_comparison(records, labels, staging),
-                               strict=True))
-        _move_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        plain, masked = records
+        audited = audit(plain, masked, compute_figures(plain), compute_figures(masked))
+
+    def write(staging: Path) -> list[tuple[str, Any]]:
+        if audited is not None:
+            return list(zip(["plain", "masked"],
+                            write_comparison(records, ["plain", "masked"], staging,
+                                             audit=audited), strict=True))
+        if len(records) == 1:
+            return [(runs[0].label, write_report(records[0], staging))]
+        labels = [run.label for run in runs]
+        return list(zip(labels, write_comparison(records, labels, staging), strict=True))
+
+    try:
+        figures = _write_out(out, write)
+    except _OutNotWritten as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_FAILURE
     print(summary_table(figures))
     if audited is not None:
         agreement = "n/a" if audited.agreement is None else f"{audited.agreement:.0%}"
@@ -351,12 +356,12 @@ def _sweep(args: argparse.Namespace, runs: list[_Run], out: Path, specs: list[An
                   seed=args.seed) for index, run in enumerate(runs)])
     notices = [f"{run.label}: {notice}" for run, spec in zip(runs, specs, strict=True)
                if (notice := span_notice(spec, desk_settings(spec))) is not None]
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_scorecard(cards, windows, staging, notices=notices)
-        _move_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _write_out(out, lambda staging: write_scorecard(cards, windows, staging,
+                                                        notices=notices))
+    except _OutNotWritten as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return _EXIT_FAILURE
     print(scorecard_text(cards, windows))
     for notice in notices:
         print(f"Read this first: {notice}.")
@@ -421,6 +426,34 @@ def _data_file(text: str) -> tuple[str | None, Path]:
     if not symbol or not path:
         raise ConfigError(f"--data {text!r}: use FILE or SYMBOL=FILE")
     return symbol.strip().upper(), Path(path)
+
+
+class _OutNotWritten(Exception):
+    """The report could not be written (a full disk, no permission): one line saying so."""
+
+
+def _write_out(out: Path, write: Callable[[Path], T]) -> T:
+    """Writes the report into a temporary folder beside ``out``, then moves it into place;
+    a file system error leaves ``out`` as it was.
+
+    Raises:
+        _OutNotWritten: The system refused a write, naming ``out``, the file and why.
+    """
+    staging: Path | None = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        result = write(staging)
+        _move_into_place(staging, out)
+        return result
+    except OSError as exc:
+        file = f" ({Path(exc.filename).name})" if exc.filename else ""
+        raise _OutNotWritten(
+            f"cannot write the report to {out}: {exc.strerror or exc}{file}; nothing was "
+            "written there (the response cache keeps every answer: a re-run after freeing "
+            "space replays them for free)") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

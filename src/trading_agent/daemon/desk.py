@@ -3,8 +3,9 @@
 The desk takes the next trigger from its :class:`Mailbox` and runs a turn for it with its
 :class:`AgentLoop`. What can go wrong is contained here, so other desks never notice:
 
-- The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries):
-  the desk is **paused** with the reason and tries again after a growing wait.
+- The model unavailable (:class:`BackendUnavailableError`, after the loop's own retries),
+  or the disk under the store full (:class:`StorageFullError`): the desk is **paused** with
+  the reason and tries again after a growing wait (no restart counted, no kill switch).
 - Anything else raised by a turn: logged, published as an error event, and the desk
   restarts after a growing wait (reset by a turn that succeeds).
 
@@ -66,6 +67,8 @@ from trading_agent.errors import (
     BackendUnavailableError,
     ContextOverflowError,
     RetryRefusedError,
+    StorageFullError,
+    StoreError,
 )
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.store.desk_holds import HoldFields
@@ -354,6 +357,11 @@ class Desk:
         self._dropped = 0
         self._turn_scope: anyio.CancelScope | None = None
         self._cancelled_by: str | None = None
+        self._overflows = 0
+        """Turns in a row refused as too long for the window even after compacting."""
+        self._serving = False
+        """Run by :meth:`run` (a daemon's desk, which an overflow may pause), not by
+        :meth:`run_pending` (a backtest's, which reports its failures itself)."""
         self._cut = False
         """The running turn was cut at once (``cancel --now``): the conversation is read
         back from the store, without a resume turn."""
@@ -622,6 +630,7 @@ class Desk:
             task_status: Told at once (the desk restores in its own time; see :attr:`ready`).
         """
         task_status.started()
+        self._serving = True
         try:
             await self._load_hold()
             while not self._stopping:
@@ -742,10 +751,17 @@ class Desk:
         """The turn's request did not fit the window even after compacting. Running it again
         would fail again: the desk is told in a notice (which the store keeps, and the
         operator's stream shows with the loop's error event), and the next trigger runs as
-        usual; the loop has already shrunk what it sends."""
+        usual; the loop has already shrunk what it sends.
+
+        Unless the desk cannot fit at all: when its fixed part (system prompt, tools, the
+        answer's room), measured by the model's tokenizer, is larger than the window, or a
+        second turn in a row is refused, the daemon's desk is **paused** with the numbers
+        and what to change, instead of failing every message.
+        """
         self._outcome.unfinished = None
         self._outcome.text = f"The last turn failed: {error}"
-        self._log.warning("turn_did_not_fit", error=str(error))
+        self._overflows += 1
+        self._log.warning("turn_did_not_fit", error=str(error), in_a_row=self._overflows)
         conversation = self.conversation
         if conversation is not None:
             await conversation.append(Message.user_text(
@@ -753,6 +769,14 @@ class Desk:
                 f"model's window even after compacting ({error}). Older and longer messages "
                 "are now shortened further in what is sent; the full texts stay in the store.",
                 kind="notice"))
+            if self._serving:
+                part = await self.loop.fixed_part(conversation)
+                if not (part.measured and not part.fits) and self._overflows < 2:
+                    return
+                await self.pause("daemon", (
+                    f"{self._overflows} turn(s) in a row were refused as too long for the "
+                    f"model's window even after compacting (the server said: "
+                    f"{error.message}). {part.describe(self.name)}; then resume the desk"))
 
     async def _run_turn(self, trigger: Trigger) -> TurnResult | None:
         for hook in self.on_turn_start:
@@ -789,6 +813,7 @@ class Desk:
         outcome.turns += 1
         outcome.failures, outcome.crashes, outcome.reason, self._paused = 0, 0, "", False
         outcome.cause = None
+        self._overflows = 0
         if cancelled_by is not None and result.stopped:
             self._answer(DeskReply(ok=False, text=result.text,
                                    error=f"the turn was cancelled by {cancelled_by}"))
@@ -827,7 +852,14 @@ class Desk:
         outcome.failures += 1
         delay = self.backoff.delay(outcome.failures, paused=paused)
         described = f"{type(error).__name__}: {error}"
-        if paused:
+        if isinstance(error, StorageFullError):
+            # Not the desk's fault, and not a crash: no kill switch, no restart count (the
+            # restart waits, though: space may come back soon). What it was given is in the
+            # store already; it waits for space, then goes on.
+            outcome.reason = f"waiting for disk space ({error}); trying again in {delay:g} s"
+            outcome.cause = f"the store could not be written: {error}"
+            self._log.error("desk_waiting_for_storage", error=str(error), retry_in=delay)
+        elif paused:
             outcome.reason = f"the model is unavailable ({error}); trying again in {delay:g} s"
             # str(error): the backend has already redacted its API key from the message.
             outcome.cause = f"the model was unavailable: {error}"
@@ -841,7 +873,10 @@ class Desk:
                                                   error_type=type(error).__name__))
             outcome.crashes += 1
             if self.on_failed_turns is not None:
-                await self.on_failed_turns(outcome.crashes, described)
+                try:
+                    await self.on_failed_turns(outcome.crashes, described)
+                except StoreError as exc:  # the kill switch could not be recorded
+                    self._log.error("failed_turns_action_failed", error=str(exc))
         self._paused = True
         self.mailbox.to_triggers()
         with anyio.CancelScope() as self._nap:

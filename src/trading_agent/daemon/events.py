@@ -23,6 +23,7 @@ __all__ = [
     "ProtectionReported",
     "ReduceOnlyChanged",
     "SpendAlert",
+    "StorageChanged",
     "TurnCancelled",
     "TurnRetried",
     "order_filled",
@@ -167,6 +168,25 @@ class SpendAlert(Event):
     used: float
     cap: float
     share: float
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageChanged(Event):
+    """The disk holding the store became full, or a write got through again (desk ``*``).
+
+    While it is full, what cannot be stored is refused (an operator's message with HTTP
+    507) and desks wait; nothing accepted before is lost.
+
+    Attributes:
+        full: Whether it is full now.
+        location: Where space must be freed (the state directory, or the database).
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "storage"
+    full: bool
+    location: str
     text: str
 
 

@@ -18,7 +18,6 @@ desks with it. :func:`check_fixed_part` and :func:`offline_tool_definitions` ser
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -36,6 +35,11 @@ from trading_agent.agent.backend import ModelBackend, ModelReply, ModelRequestSp
 from trading_agent.agent.context_compressor import compressor_for
 from trading_agent.agent.conversation import ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
+from trading_agent.agent.fixed_part import (
+    DEFAULT_ANSWER_RESERVE,
+    TokenCounter,
+    measure_fixed_part,
+)
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.tool_call_executor import ApprovalGate, ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolContext, ToolRegistry
@@ -223,44 +227,27 @@ def _halt_after(name: str, limit: int,
     return failed
 
 
-_ANSWER_RESERVE = 512
-"""Tokens kept for the answer when the model config sets no ``max_output_tokens``."""
-
-
 async def check_fixed_part(name: str, config: DeskSettings,
                            tools: Sequence[Mapping[str, Any]],
-                           backend: ModelBackend | None = None) -> None:
+                           backend: ModelBackend | None = None,
+                           count: TokenCounter | None = None) -> None:
     """Refuses a desk whose system prompt and tool definitions, with a reserve for the
     answer, do not fit its model's window: every request would be refused.
 
-    Measured with the model server's tokenizer when it has one (llama.cpp, vLLM), else
-    estimated (characters / 4).
+    Measured with the model's tokenizer when there is one (the backend's server, llama.cpp
+    or vLLM; else ``count``), else estimated on the large side (see
+    :mod:`~trading_agent.agent.fixed_part`).
 
     Raises:
         ConfigError: It does not fit; the message names the numbers.
     """
     window = backend.context_window if backend is not None else config.model.context_window
-    reserve = config.model.max_output_tokens or _ANSWER_RESERVE
-    tools_text = json.dumps(list(tools), separators=(",", ":")) if tools else ""
-    count = getattr(backend, "count_tokens", None)
-    measured = None
-    if count is not None:
-        prompt_tokens, tool_tokens = await count(config.system_prompt), await count(tools_text)
-        if prompt_tokens is not None and tool_tokens is not None:
-            measured = (prompt_tokens, tool_tokens)
-    how = "by the model's tokenizer"
-    if measured is None:
-        measured = (len(config.system_prompt) // 4, len(tools_text) // 4)
-        how = "estimated at 4 characters a token"
-    prompt_tokens, tool_tokens = measured
-    need = prompt_tokens + tool_tokens + reserve
-    if need > window:
-        raise ConfigError(
-            f"desks.{name}: the system prompt ({prompt_tokens:,} tokens) and the "
-            f"{len(tools)} tool definitions ({tool_tokens:,} tokens), {how}, plus "
-            f"{reserve:,} tokens for the answer (model.max_output_tokens) need {need:,} "
-            f"tokens: more than the model's context_window ({window:,}); shorten the "
-            f"system prompt, narrow desks.{name}.tools, or use a larger window")
+    reserve = config.model.max_output_tokens or DEFAULT_ANSWER_RESERVE
+    counter: TokenCounter | None = getattr(backend, "count_tokens", None) or count
+    part = await measure_fixed_part(config.system_prompt, tools, window=window,
+                                    reserve=reserve, count=counter)
+    if not part.fits:
+        raise ConfigError(part.describe(name))
 
 
 async def offline_tool_definitions(name: str, config: DeskSettings,

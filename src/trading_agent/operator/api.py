@@ -102,7 +102,8 @@ only, below); 400 ``reason_required`` for a kill switch switched on without a
 reason; 400 ``invalid_parameter`` for a ``since`` that is not a date as YYYY-MM-DD, or
 a ``period`` but daily or weekly; 404 for an unknown desk (naming the desks there are),
 approval, order or route; 409 for an approval already answered; 503 when the model is
-unavailable for ``/compact``; 500, still JSON, for a
+unavailable for ``/compact``; 507 ``storage_full`` when the disk holding the store is full
+(nothing was stored; the message names where to free space); 500, still JSON, for a
 failure of the daemon. A refused request never reaches a desk. The server itself answers
 408 ``request_timeout`` to a connection that sends no complete headers in time and 503
 ``too_many_connections`` beyond the TCP listener's limit (:mod:`.server`).
@@ -163,6 +164,7 @@ from trading_agent.errors import (
     ConfigError,
     ExchangeError,
     RetryRefusedError,
+    StorageFullError,
     TradingAgentError,
 )
 from trading_agent.jsontext import json_bytes
@@ -456,6 +458,12 @@ def _endpoint(handler: _Handler) -> _Handler:
         except ImageRejectedError as exc:
             return _error(413 if exc.too_large else 400, exc.code,
                           f"the picture was refused: {exc}")
+        except StorageFullError as exc:
+            # 507 Insufficient Storage: nothing was stored; the same request works once
+            # space is freed where the message says.
+            _log.error("operator_request_not_stored", path=request.url.path,
+                       error=str(exc))
+            return _error(507, "storage_full", str(exc))
         except TradingAgentError as exc:
             _log.warning("operator_request_failed", path=request.url.path, error=repr(exc))
             return _error(500, "daemon_error", str(exc))

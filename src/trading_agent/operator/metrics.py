@@ -95,7 +95,7 @@ from trading_agent.agent.events import (
     UsageReported,
 )
 from trading_agent.daemon.control import DeskControl, DeskState, DeskStatus, UnknownDeskError
-from trading_agent.daemon.events import TurnCancelled
+from trading_agent.daemon.events import StorageChanged, TurnCancelled
 from trading_agent.operator.approvals import Approvals
 from trading_agent.operator.event_stream import EventHub
 from trading_agent.operator.events import ApprovalResolved
@@ -123,7 +123,7 @@ _MAX_OPEN = 10_000
 
 _WANTED = (TurnStarted, TurnEnded, ModelRequest, RetryScheduled, UsageReported,
            OverflowRecovery, ErrorEvent, CompactionEnded, MemoryFlush, ToolResultReady,
-           TurnCancelled, ApprovalResolved)
+           TurnCancelled, ApprovalResolved, StorageChanged)
 """The events the metrics read; the subscription holds no others (text deltas above all)."""
 
 _REFUSAL = re.compile(r"^(?:Error: )?Refused\b")
@@ -247,6 +247,10 @@ class DaemonMetrics:
             "spend cap put it in reduce-only).", "desk")
         self._state = gauge("trading_agent_desk_state", "1 for the desk's current state.",
                             "desk", "state")
+        self._storage_full = gauge(
+            "trading_agent_storage_full",
+            "1 while the disk holding the store is full: nothing more is stored, what "
+            "cannot be is refused.")
         self._start_time = gauge("trading_agent_start_time_seconds",
                                  "When the daemon's operator API started, since the epoch.")
         self._uptime = gauge("trading_agent_uptime_seconds",
@@ -307,6 +311,8 @@ class DaemonMetrics:
                 self._order_result(event)
             case ApprovalResolved():
                 self._approvals_resolved.labels(desk=desk, outcome=event.outcome).inc()
+            case StorageChanged():
+                self._storage_full.set(1 if event.full else 0)
 
     def _turn_started(self, event: TurnStarted) -> None:
         if event.subagent is not None or event.silent or event.turn is None:

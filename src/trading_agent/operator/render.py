@@ -274,6 +274,9 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
         return style.good(f"✓ {_short(data.get('text'), 200)}")
     if kind == "spend_alert":
         return style.warn(f"$ {_short(data.get('text'), 200)}")
+    if kind == "storage":
+        line = f"⛁ {_short(data.get('text'), 400)}"
+        return style.bad(line) if data.get("full") else style.good(line)
     if kind == "config_reloaded":
         changes = [str(c) for c in data.get("changes") or []]
         if not data.get("ok"):

@@ -44,7 +44,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import anyio
 
 from trading_agent.blocking import run_blocking
-from trading_agent.errors import StoreError
+from trading_agent.errors import StorageFullError, StoreError
 from trading_agent.store.connection import Connection
 from trading_agent.store.engine import Engine, Migration, Session, migrate, run_batch
 from trading_agent.store.fencing import Fence
@@ -52,13 +52,30 @@ from trading_agent.store.postgres_engine import PostgresEngine
 from trading_agent.store.sqlite_engine import MEMORY, SqliteEngine, prepare_state_directory
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 
-__all__ = ["Database", "Migration", "prepare_state_directory"]
+__all__ = ["Database", "Migration", "StorageWatcher", "prepare_state_directory", "store_error"]
 
 T = TypeVar("T")
 
 _MAX_BATCH = 1000
 """The most writes committed together: a batch holds the write lock (SQLite's file lock, or
 PostgreSQL's row locks), which another process waits for."""
+
+
+StorageWatcher = Callable[[StorageFullError | None], None]
+"""Told when the store's disk became full (the error) and when a write succeeded again
+(None)."""
+
+
+def store_error(engine: Engine, error: Exception) -> StoreError:
+    """A driver's error as the store raises it: :class:`StorageFullError` when the disk is
+    full (naming where to free space), else :class:`StoreError`."""
+    location = engine.full_location(error)
+    if location is None:
+        return StoreError(engine.describe(error))
+    return StorageFullError(
+        f"the store cannot be written: the disk holding {location} is full "
+        f"({engine.describe(error)}); free space there: nothing more is stored until then, "
+        "and what was stored before is intact", location)
 
 
 def _called(call: Callable[[Session], T], session: Session) -> T:
@@ -82,7 +99,7 @@ class _Link:
             try:
                 return await run_blocking(partial(_called, call), self._session)
             except self._engine.errors as exc:
-                raise StoreError(self._engine.describe(exc)) from exc
+                raise store_error(self._engine, exc) from exc
 
     async def close(self) -> None:
         async with self._lock:
@@ -119,6 +136,9 @@ class _Shared:
         self._migrated: set[tuple[str, int]] = set()
         self.commits = 0
         self.writes = 0
+        self.full: StorageFullError | None = None
+        """The last full-disk error while no write has succeeded since."""
+        self.watchers: list[StorageWatcher] = []
 
     @classmethod
     async def connect(cls, engine: Engine) -> _Shared:
@@ -151,11 +171,33 @@ class _Shared:
             if not write.taken:
                 self._queued.remove(write)
             raise
-        if isinstance(write.error, self.engine.errors):
-            raise StoreError(self.engine.describe(write.error)) from write.error
-        if write.error is not None:
-            raise write.error
+        error = write.error
+        if isinstance(error, self.engine.errors):
+            error = store_error(self.engine, error)
+            error.__cause__ = write.error
+        await self._note_storage(error)
+        if error is not None:
+            raise error
         return cast(T, write.result)
+
+    async def _note_storage(self, error: BaseException | None) -> None:
+        """Tells the watchers when the disk became full, and when there is room again (a
+        write got through and the engine sees room to grow: small writes still fit in a
+        full database's pages)."""
+        if isinstance(error, StorageFullError):
+            if self.full is None:
+                self.full = error
+                for watcher in list(self.watchers):
+                    watcher(error)
+        elif error is None and self.full is not None:
+            try:
+                room = await self._writer.run(self.engine.has_room)
+            except StoreError:
+                return
+            if room and self.full is not None:
+                self.full = None
+                for watcher in list(self.watchers):
+                    watcher(None)
 
     async def _commit_queued(self) -> None:
         """Runs every write queued now (up to :data:`_MAX_BATCH`) in one transaction."""
@@ -184,7 +226,8 @@ class _Shared:
         except Exception as exc:  # BEGIN or COMMIT failed, or the store is closed
             for write in batch:
                 # One exception object each: they are raised in as many tasks.
-                failure = StoreError(str(exc))
+                failure = (store_error(self.engine, exc)
+                           if isinstance(exc, self.engine.errors) else StoreError(str(exc)))
                 failure.__cause__ = exc
                 write.error, write.done = failure, True
             return
@@ -275,6 +318,22 @@ class Database:
     def writes(self) -> int:
         """How many writes were committed."""
         return self._shared.writes
+
+    @property
+    def storage_full(self) -> StorageFullError | None:
+        """The full-disk error of the last write, while no write has succeeded since."""
+        return self._shared.full
+
+    def watch_storage(self, watcher: StorageWatcher) -> Callable[[], None]:
+        """Calls ``watcher`` when the disk becomes full (with the error) and when a write
+        succeeds again (with None), for every user of this database.
+
+        Returns:
+            Stops the watching.
+        """
+        watchers = self._shared.watchers
+        watchers.append(watcher)
+        return lambda: watchers.remove(watcher) if watcher in watchers else None
 
     @classmethod
     async def open(cls, target: StoreTarget, migrations: Sequence[Migration] = (),

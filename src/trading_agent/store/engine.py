@@ -84,6 +84,16 @@ class Engine(Protocol):
         """A driver's error as a message naming the database (never a password)."""
         ...
 
+    def full_location(self, error: Exception) -> str | None:
+        """Where space must be freed when ``error`` says the disk is full (the state
+        directory, or the database server); None for any other error."""
+        ...
+
+    def has_room(self, session: Session) -> bool:
+        """Whether the database has room to grow again after it was full (asked on the
+        writer's session; what the engine cannot see counts as room)."""
+        ...
+
     def connect(self) -> tuple[Session, Session | None]:
         """Opens (or creates) the database: a writer session and a reader session (None
         when reads must go through the writer: a SQLite ``:memory:`` database)."""

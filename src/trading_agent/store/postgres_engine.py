@@ -33,6 +33,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 
 from trading_agent.store.connection import Connection
+from trading_agent.store.engine import Session
 from trading_agent.store.targets import PostgresTarget
 
 __all__ = ["MIGRATION_LOCK", "PostgresEngine", "postgres_schema", "postgres_sql"]
@@ -204,6 +205,15 @@ class PostgresEngine:
 
     def describe(self, error: Exception) -> str:
         return self.target.redact(f"{self.target.url}: {error}")
+
+    def full_location(self, error: Exception) -> str | None:
+        # 53100 disk_full: the server's data directory (or its WAL) has no space left.
+        if getattr(error, "sqlstate", None) != "53100":
+            return None
+        return self.target.redact(f"the PostgreSQL server's disk ({self.target.url})")
+
+    def has_room(self, session: Session) -> bool:
+        return True  # the server's disk is not ours to see: a write that succeeds says so
 
     def connect(self) -> tuple[_PostgresSession, _PostgresSession]:
         writer = _PostgresSession(self, read_only=False)

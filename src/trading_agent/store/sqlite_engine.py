@@ -28,6 +28,7 @@ import structlog
 
 from trading_agent.errors import ConfigError, StoreError
 from trading_agent.store.connection import Connection
+from trading_agent.store.engine import Session
 
 __all__ = ["MEMORY", "SqliteEngine", "prepare_state_directory"]
 
@@ -36,6 +37,10 @@ MEMORY = ":memory:"
 reads go through the writer, as a second connection would see another database."""
 
 _BUSY_TIMEOUT_MS = 10_000
+
+_ROOM_BYTES = 1 << 20
+"""Free space (on the disk, and under ``max_page_count``) after which a full store counts
+as writable again."""
 
 _PRIVATE_DIRECTORY = 0o700
 _PRIVATE_FILE = 0o600
@@ -186,6 +191,30 @@ class SqliteEngine:
 
     def describe(self, error: Exception) -> str:
         return f"{self.path}: {error}"
+
+    def full_location(self, error: Exception) -> str | None:
+        # SQLITE_FULL: the file system said ENOSPC, or the file reached max_page_count.
+        code = getattr(error, "sqlite_errorcode", None)
+        if not isinstance(code, int) or code & 0xFF != sqlite3.SQLITE_FULL:
+            return None
+        return "memory" if str(self.path) == MEMORY else str(Path(self.path).parent)
+
+    def has_room(self, session: Session) -> bool:
+        # Small writes still fit in a full database's partly used pages: room means space
+        # for new pages, on the file system and under the connection's max_page_count.
+        connection = session.connection
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        limit = connection.execute("PRAGMA max_page_count").fetchone()[0]
+        page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+        if pages + _ROOM_BYTES // page_size > limit:
+            return False
+        if str(self.path) == MEMORY:
+            return True
+        try:
+            stats = os.statvfs(Path(self.path).parent)
+        except OSError:
+            return True
+        return stats.f_bavail * stats.f_frsize >= _ROOM_BYTES
 
     def connect(self) -> tuple[_SqliteSession, _SqliteSession | None]:
         if str(self.path) == MEMORY:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 __all__ = ["WEBHOOK_EVENTS", "TelemetrySettings", "WebhookEvent", "WebhookSettings"]
 
 WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused", "error",
-                       "spend_alert", "reduce_only"]
+                       "spend_alert", "reduce_only", "storage"]
 """What a webhook can ask for:
 
 - ``fill``: an order filled (``place_order`` answered that it filled, or an ``order_filled``
@@ -38,11 +38,13 @@ WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused
 - ``error``: a desk's turn or a service failed, or the model was unreachable;
 - ``spend_alert``: a daily spend cap is 80% used, or used up;
 - ``reduce_only``: a desk went into reduce-only (an operator, a protection, a spend cap) or
-  out of it.
+  out of it;
+- ``storage``: the disk holding the store became full (nothing more is stored until space
+  is freed), or writes got through again.
 """
 
 WEBHOOK_EVENTS: tuple[str, ...] = ("fill", "approval_requested", "kill_switch", "desk_paused",
-                                   "error", "spend_alert", "reduce_only")
+                                   "error", "spend_alert", "reduce_only", "storage")
 """Every :data:`WebhookEvent`, in a fixed order."""
 
 

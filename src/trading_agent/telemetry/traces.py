@@ -35,6 +35,7 @@ nothing is set up at all.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -84,8 +85,9 @@ ModelOf = Callable[[str], str | None]
 _SCOPE = "trading_agent.telemetry"
 _BUFFER = 20_000
 """Events the tracing subscription holds before new ones are dropped (a burst of text)."""
-_SHUTDOWN_SECONDS = 5.0
-"""The longest the last export may take when the daemon stops."""
+_SHUTDOWN_SECONDS = 2.0
+"""The longest the last export may take when the daemon stops (less when its ten seconds
+are nearly spent, see :mod:`trading_agent.app.stop_budget`)."""
 
 # Attribute names, spelled out here: the semconv package marks its gen_ai constants as
 # moved, and importing its enums warns.
@@ -461,21 +463,40 @@ class Tracing:
             _log.error("trace_event_failed", event_type=event.type, event_id=event.id,
                        error=f"{type(exc).__name__}: {exc}")
 
-    async def aclose(self) -> None:
-        """Stops reading, ends what is open, and exports what is left (at most a few
-        seconds, in a worker thread)."""
+    async def aclose(self, within: float = _SHUTDOWN_SECONDS) -> None:
+        """Stops reading, ends what is open, and exports what is left, for at most
+        ``within`` seconds (a couple by default).
+
+        The export runs in a daemon thread of its own, abandoned at the deadline: a
+        collector that never answers (the exporter's own timeout may be minutes) can
+        neither hold the daemon's exit nor a worker thread the interpreter would wait for.
+
+        Args:
+            within: The most the last export may take (a stopping daemon gives what is
+                left of its ten seconds).
+        """
         if self._closed:
             return
         self._closed = True
         self.subscription.close()
         self.drain()
         self.tracer.end_all()
-        with anyio.move_on_after(_SHUTDOWN_SECONDS, shield=True):
-            await anyio.to_thread.run_sync(self._shutdown, abandon_on_cancel=True)
+        within = min(within, _SHUTDOWN_SECONDS)
+        done = threading.Event()
 
-    def _shutdown(self) -> None:
-        self.provider.force_flush(int(_SHUTDOWN_SECONDS * 1000))
-        self.provider.shutdown()
+        def shutdown() -> None:
+            try:
+                self.provider.force_flush(int(within * 1000))
+                self.provider.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="trace-export-on-exit", daemon=True).start()
+        with anyio.CancelScope(shield=True):
+            # Event.wait returns by its timeout: the worker thread is never left blocked.
+            if not await anyio.to_thread.run_sync(done.wait, within):
+                _log.warning("traces_not_exported", reason=f"the collector did not answer "
+                             f"within {within:g} s of the shutdown")
 
 
 def parse_otlp_headers(text: str, variable: str) -> dict[str, str]:

@@ -59,6 +59,7 @@ from trading_agent.daemon.events import (
     KillSwitchChanged,
     ReduceOnlyChanged,
     SpendAlert,
+    StorageChanged,
 )
 from trading_agent.errors import ConfigError
 from trading_agent.operator.events import ApprovalRequested
@@ -152,6 +153,8 @@ def webhook_kind(event: Event) -> WebhookEvent | None:
         return "spend_alert"
     if isinstance(event, ReduceOnlyChanged):
         return "reduce_only"
+    if isinstance(event, StorageChanged):
+        return "storage"
     return None
 
 
@@ -415,9 +418,14 @@ class Webhooks:
         text = str(exc).replace(settings.url, settings.target()) or "no detail"
         return f"{type(exc).__name__}: {text}"
 
-    async def aclose(self) -> None:
-        """Stops reading; spends at most a couple of seconds sending what is queued, logs
-        what is left, and closes the HTTP client."""
+    async def aclose(self, within: float = _DRAIN_SECONDS) -> None:
+        """Stops reading; spends at most ``within`` seconds (a couple by default) sending
+        what is queued, logs what is left, and closes the HTTP client.
+
+        Args:
+            within: The most the sending may take (a stopping daemon gives what is left of
+                its ten seconds).
+        """
         if self._closed:
             return
         self._closed = True
@@ -427,7 +435,7 @@ class Webhooks:
         for hook in self._hooks:
             hook.send.close()  # a sender ends once its queue is empty
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(_DRAIN_SECONDS):
+            with anyio.move_on_after(min(within, _DRAIN_SECONDS)):
                 if self._run_scope is not None:  # run() is still going: its senders drain
                     await self._run_done.wait()
                 else:  # run() was cancelled (the daemon stopped): one attempt each

@@ -44,6 +44,7 @@ from trading_agent.errors import ConfigError
 
 if TYPE_CHECKING:
     from trading_agent.agent.backend import ModelBackend
+    from trading_agent.agent.fixed_part import TokenCounter
 
 __all__ = ["ENTRY_POINT_GROUP", "ModelTable", "Provider", "ProviderContext", "model_settings",
            "provider", "providers", "register"]
@@ -111,6 +112,10 @@ def _api_key_env(settings: Any) -> str | None:
     return variable if isinstance(variable, str) else None
 
 
+async def _no_counter(settings: Any) -> TokenCounter | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Provider:
     """One provider.
@@ -122,6 +127,8 @@ class Provider:
         open_backend: Opens a backend for settings of this provider.
         model_name: The model's name in those settings, for a person.
         key_variable: The environment variable the settings name for an API key, if any.
+        offline_counter: The model's tokenizer without its server (``check-config``), if
+            the provider has one at hand; None where it has not.
     """
 
     name: str
@@ -130,6 +137,7 @@ class Provider:
     open_backend: Callable[[Any, ProviderContext], Awaitable[ModelBackend]]
     model_name: Callable[[Any], str] = _model
     key_variable: Callable[[Any], str | None] = _api_key_env
+    offline_counter: Callable[[Any], Awaitable[TokenCounter | None]] = _no_counter
 
 
 _REGISTRY: dict[str, Provider] = {}

@@ -15,6 +15,7 @@ from trading_agent.backends.providers.openai import open_openai_compatible
 
 if TYPE_CHECKING:
     from trading_agent.agent.backend import ModelBackend
+    from trading_agent.agent.fixed_part import TokenCounter
 
 __all__ = ["LocalModelSettings"]
 
@@ -79,7 +80,14 @@ async def _open(settings: LocalModelSettings, context: ProviderContext) -> Model
         max_output_tokens=settings.max_output_tokens), context, unix_socket=server.unix_socket)
 
 
+async def _offline_counter(settings: LocalModelSettings) -> TokenCounter | None:
+    """The model's vocabulary read in-process, when its file is in the cache already."""
+    from trading_agent.backends.local_tokenizer import vocabulary_counter
+
+    return await vocabulary_counter(settings.server_config())
+
+
 register(Provider("local", LocalModelSettings,
                   "the embedded model (Gemma 3 270M on llama.cpp), started by the daemon",
                   _open, model_name=lambda settings: str(settings.model_alias),
-                  key_variable=lambda settings: None))
+                  key_variable=lambda settings: None, offline_counter=_offline_counter))

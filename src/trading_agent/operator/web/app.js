@@ -698,7 +698,7 @@
 
   // The operator's controls and what the daemon says about money, as lines of the log.
   const CONTROL_EVENTS = new Set(["kill_switch", "reduce_only", "model_switched", "desk_paused", "desk_resumed", "turn_cancelled", "turn_retried",
-    "spend_alert", "config_reloaded", "reconciliation", "order_filled"]);
+    "spend_alert", "config_reloaded", "reconciliation", "order_filled", "storage"]);
 
   function onControlEvent(data, turnId) {
     switch (data.type) {
@@ -731,6 +731,9 @@
         break;
       case "order_filled":
         addNote(`✓ ${data.text}`, "good", data.at);
+        break;
+      case "storage":
+        addNote(`⛁ ${data.text}`, data.full ? "error" : "good", data.at);
         break;
       case "config_reloaded": {
         const changes = (data.changes || []).join("; ");
