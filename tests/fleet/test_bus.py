@@ -31,6 +31,9 @@ from trading_agent.fleet.bus import (
     InboxMessage,
 )
 
+KEY = b"a test fleet key of 32 bytes or more"
+"""The fleet's key every bus of these tests seals with."""
+
 QUICK = BusOptions(ack_wait=1.0, inbox_poll=0.5, request_timeout=2.0, connect_timeout=1.0,
                    reconnect_wait=0.1, close_timeout=1.0)
 """Short waits, so that a redelivery or a reconnect takes a second, not half a minute."""
@@ -39,7 +42,7 @@ QUICK = BusOptions(ack_wait=1.0, inbox_poll=0.5, request_timeout=2.0, connect_ti
 def _bus(url: str, prefix: str, daemon: str, **changes: Any
          ) -> AbstractAsyncContextManager[FleetBus]:
     return FleetBus.connect(url, daemon, prefix=prefix,
-                            options=dataclasses.replace(QUICK, **changes))
+                            options=dataclasses.replace(QUICK, **changes), key=KEY)
 
 
 async def _take(feed: AsyncGenerator[FleetEvent, None], count: int) -> list[FleetEvent]:
@@ -473,7 +476,7 @@ async def test_connect_names_the_url_but_never_its_password_when_nats_is_absent(
     began = time.monotonic()
     shown = re.escape(f"cannot reach NATS at nats://ops:***@127.0.0.1:{port}")
     with pytest.raises(ConfigError, match=shown) as caught:
-        async with FleetBus.connect(f"nats://ops:hunter2@127.0.0.1:{port}", "d1"):
+        async with FleetBus.connect(f"nats://ops:hunter2@127.0.0.1:{port}", "d1", key=KEY):
             pass
     assert "hunter2" not in str(caught.value)
     assert time.monotonic() - began < 3.0
@@ -488,7 +491,7 @@ def nats_without_jetstream() -> Iterator[str]:
 
 async def test_connect_says_when_jetstream_is_off(nats_without_jetstream: str) -> None:
     with pytest.raises(ConfigError, match=f"{nats_without_jetstream} has no JetStream"):
-        async with FleetBus.connect(nats_without_jetstream, "d1"):
+        async with FleetBus.connect(nats_without_jetstream, "d1", key=KEY):
             pass
 
 

@@ -42,6 +42,8 @@ from trading_agent.daemon.control import (
 )
 from trading_agent.daemon.mailbox import Delivery
 from trading_agent.fleet.approvals import answer_approval
+from trading_agent.fleet.checks import check_inbox_message, check_request
+from trading_agent.fleet.sealing import SealRefused
 
 if TYPE_CHECKING:
     from trading_agent.daemon.supervisor import Supervisor
@@ -205,7 +207,8 @@ class FleetControl:
         # a turn when asked (a desk that did not answer: a turn of its own).
         self._deliveries[desk] = "steering" if expected.get("in_turn") is True else "turn"
         await self.bus.send_to_desk(desk, message_id, {
-            "op": "message", "text": text, "source": source, "images": encode_images(images)})
+            "op": "message", "desk": desk, "text": text, "source": source,
+            "images": encode_images(images)})
         return message_id
 
     def message_delivery(self, desk: str, message_id: str) -> Delivery:
@@ -428,6 +431,12 @@ class DeskService:
 
     async def _take(self, desk: str, message: InboxMessage) -> None:
         payload = message.payload
+        try:
+            check_inbox_message(desk, payload)
+        except SealRefused as exc:
+            self.bus.refusals.refused("inbox message", f"{desk} {message.message_id}", exc)
+            await message.ack()  # refused for good: it never comes again
+            return
         if message.delivered > 1 and await self.inbox.has_operator_message(
                 desk, message.message_id):
             pass  # a daemon stored it and died before acknowledging: it is the store's now
@@ -441,6 +450,11 @@ class DeskService:
 
     async def _answer(self, desk: str, request: dict[str, Any],
                       waiting: anyio.abc.TaskGroup) -> dict[str, Any]:
+        try:
+            check_request(desk, request)
+        except SealRefused as exc:
+            self.bus.refusals.refused("control request", desk, exc)
+            return {"error": f"the request was refused: {exc}"}
         op = request.get("op")
         local = self.local
         result: Any
