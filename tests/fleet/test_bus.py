@@ -462,8 +462,13 @@ async def test_send_to_desk_says_when_nats_is_down(nats_prefix: str) -> None:
             _bus(relay.url, nats_prefix, "sender", request_timeout=0.5) as sender:
         relay.cut()
         await _until(lambda: not sender.is_connected, "the bus to see NATS gone")
-        with pytest.raises(FleetUnavailableError, match=r"alpha: message m-1 may not .*same id"):
+        # Not connected: certainly not kept (the client would have held it, and maybe sent
+        # it later), and said at once.
+        with anyio.fail_after(0.5), pytest.raises(
+                FleetUnavailableError, match=r"alpha: message m-1 was not kept: NATS is not "
+                                             r"connected") as refused:
             await sender.send_to_desk("alpha", "m-1", {"n": 1})
+        assert refused.value.kept is False
         with pytest.raises(DeskUnreachable, match="alpha"):
             await sender.request_control("alpha", {"op": "status"}, timeout=0.5)
 

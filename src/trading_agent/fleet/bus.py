@@ -119,7 +119,19 @@ class FleetError(TradingAgentError):
 
 class FleetUnavailableError(FleetError):
     """A message could not be kept or an acknowledgement not confirmed: NATS is down, slow,
-    or refused it. Sending again with the same message id is safe."""
+    or refused it.
+
+    Args:
+        message: What happened.
+        kept: For a message sent: False when it certainly was not kept (NATS was not
+            connected, or refused it), None when it may have been (sent, never confirmed).
+            Sending it again with the same message id is safe either way: the stream and
+            the desk's holder keep it once.
+    """
+
+    def __init__(self, message: str, kept: bool | None = None) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 class DeskUnreachable(FleetError):
@@ -461,7 +473,8 @@ class FleetBus:
 
         Raises:
             FleetUnavailableError: It may not be kept (NATS down or slow, the inbox full);
-                sending it again with the same id is safe.
+                its ``kept`` says whether it certainly was not. Sending it again with the
+                same id is safe.
             ValueError: A bad desk name or message id.
         """
         _checked_desk(desk)
@@ -469,16 +482,23 @@ class FleetBus:
             raise ValueError(f"message id {message_id!r}: 1 to 256 printable characters")
         data = json_bytes(payload)
         subject = self._subject("inbox", desk)
+        if not self._nc.is_connected:  # else the client would hold it, and maybe send it
+            raise FleetUnavailableError(f"desk {desk}: message {message_id} was not kept: "
+                                        f"NATS is not connected", kept=False)
         try:
             ack = await self._js.publish(
                 subject, data, timeout=self._options.request_timeout,
                 stream=self._inbox_stream,
                 headers={_MSG_ID: message_id, _DAEMON: self.daemon_id,
                          SEAL_HEADER: self._sealer.seal(subject, data, message_id)})
+        except nats.js.errors.APIError as exc:  # the server answered: not kept
+            raise FleetUnavailableError(f"desk {desk}: message {message_id} was not kept: "
+                                        f"{_describe(exc)}", kept=False) from exc
         except _NATS_FAILURES as exc:
             raise FleetUnavailableError(
-                f"desk {desk}: message {message_id} may not be kept ({_describe(exc)}); "
-                f"sending it again with the same id is safe") from exc
+                f"desk {desk}: message {message_id} may or may not be kept, its storing was "
+                f"not confirmed ({_describe(exc)}); sending it again with the same id is "
+                f"safe: it is kept once") from exc
         return not ack.duplicate
 
     async def inbox(self, desk: str) -> DeskInbox:
