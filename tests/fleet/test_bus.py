@@ -28,6 +28,7 @@ from trading_agent.fleet.bus import (
     DeskUnreachable,
     FleetBus,
     FleetEvent,
+    FleetUnavailableError,
     InboxMessage,
 )
 
@@ -369,14 +370,34 @@ async def test_a_daemon_hears_which_desks_another_let_go(
 # ---------------------------------------------------------------------- NATS lost and found
 
 
+class _Gate:
+    """Whether one relayed connection moves its bytes now."""
+
+    def __init__(self) -> None:
+        self.open = anyio.Event()
+        self.open.set()
+
+
 class NatsRelay:
     """A TCP relay on loopback in front of the machine's NATS, that a test cuts (NATS down,
-    every connection through it dropped) and restores on the same port."""
+    every connection through it dropped) and restores on the same port, or freezes (the
+    connections open now hold their bytes, as a stopped process or a stalled network does;
+    new ones flow) and thaws (what was held arrives, late)."""
 
     def __init__(self, group: anyio.abc.TaskGroup) -> None:
         self._group = group
         self.port = 0
         self._scope = anyio.CancelScope()
+        self._gates: list[_Gate] = []
+        self.connections = 0
+
+    def freeze(self) -> None:
+        for gate in self._gates:
+            gate.open = anyio.Event()
+
+    def thaw(self) -> None:
+        for gate in self._gates:
+            gate.open.set()
 
     @property
     def url(self) -> str:
@@ -399,16 +420,20 @@ class NatsRelay:
                 await listener.serve(self._relay)
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        gate = _Gate()
+        self._gates.append(gate)
+        self.connections += 1
         async with client, await anyio.connect_tcp("127.0.0.1", 4222) as server, \
                 anyio.create_task_group() as pipes:
-            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope)
-            await self._pipe(server, client, pipes.cancel_scope)
+            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope, gate)
+            await self._pipe(server, client, pipes.cancel_scope, gate)
 
     @staticmethod
     async def _pipe(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream,
-                    scope: anyio.CancelScope) -> None:
+                    scope: anyio.CancelScope, gate: _Gate) -> None:
         try:
             async for chunk in source:
+                await gate.open.wait()
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
@@ -471,6 +496,65 @@ async def test_send_to_desk_says_when_nats_is_down(nats_prefix: str) -> None:
         assert refused.value.kept is False
         with pytest.raises(DeskUnreachable, match="alpha"):
             await sender.request_control("alpha", {"op": "status"}, timeout=0.5)
+
+
+async def test_a_pong_that_comes_late_leaves_the_bus_reading(
+        nats_url: str, nats_prefix: str) -> None:
+    # A flush gives up on its PONG (the daemon or the network stalled past its timeout),
+    # then the PONG comes: nats-py's read loop died of it, for good (issue 30). Its own pings
+    # are left far apart here, so that only the late PONG's handling can pass.
+    async with _relay() as relay, \
+            _bus(relay.url, nats_prefix, "holder", request_timeout=1.0,
+                 ping_interval=120) as holder, \
+            _bus(nats_url, nats_prefix, "reader") as reader:
+        inbox = await reader.inbox("alpha")
+        relay.freeze()
+        await holder.announce_released(["alpha"])  # its flush times out, logged
+        relay.thaw()  # the PONG arrives late
+        with anyio.fail_after(3):
+            assert await holder.send_to_desk("alpha", "m-after", {"n": 1})
+        message = await _next(inbox)
+        await message.ack()
+        await inbox.close()
+    assert (message.message_id, message.payload) == ("m-after", {"n": 1})
+    assert relay.connections == 1  # the same connection, still read
+
+
+async def test_a_connection_that_stops_answering_is_made_again(
+        nats_url: str, nats_prefix: str) -> None:
+    # The connection holds its bytes for good (a half-open socket, a stalled peer): the
+    # bus's pings go unanswered and it connects again, its subscriptions with it.
+    async with _relay() as relay, \
+            _bus(relay.url, nats_prefix, "holder", request_timeout=0.5, ping_interval=0.2,
+                 max_outstanding_pings=2) as holder, \
+            _bus(nats_url, nats_prefix, "asker") as asker:
+        async def status(request: dict[str, Any]) -> dict[str, Any]:
+            return {"result": "alive"}
+
+        served = await holder.serve_control("alpha", status)
+        relay.freeze()
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    answer = await asker.request_control("alpha", {"op": "status"},
+                                                         timeout=0.5)
+                    break
+                except DeskUnreachable:
+                    await anyio.sleep(0.05)
+            sent = False
+            while not sent:
+                try:
+                    sent = await holder.send_to_desk("alpha", "m-1", {"n": 1})
+                except FleetUnavailableError:
+                    await anyio.sleep(0.05)
+        await served.stop()
+        inbox = await asker.inbox("alpha")
+        message = await _next(inbox)
+        await message.ack()
+        await inbox.close()
+    assert answer == {"result": "alive"}
+    assert relay.connections == 2
+    assert message.message_id == "m-1"
 
 
 # ---------------------------------------------------------------------- connecting

@@ -169,6 +169,13 @@ class BusOptions:
         request_timeout: Seconds a JetStream call (a send, an ack, a page) may take.
         reconnect_wait: Seconds between attempts to reach NATS again after losing it.
         close_timeout: Seconds spent sending what is left when the bus closes.
+        ping_interval: Seconds between the client's pings of the server. A connection that
+            leaves ``max_outstanding_pings`` of them unanswered for another interval is
+            taken as dead, and made again (its subscriptions with it): a frozen peer, a
+            half-open socket or a reader that stopped are survived within about
+            ``ping_interval * (max_outstanding_pings + 1)`` seconds, not nats-py's six
+            minutes.
+        max_outstanding_pings: Pings left unanswered before the connection is made again.
         seal_window: Seconds a live message's seal may be off from the receiver's clock
             (what a stream kept may be off from its storing by ``duplicate_window``).
     """
@@ -187,6 +194,8 @@ class BusOptions:
     request_timeout: float = 5.0
     reconnect_wait: float = 2.0
     close_timeout: float = 2.0
+    ping_interval: float = 5.0
+    max_outstanding_pings: int = 2
     seal_window: float = 60.0
 
 
@@ -1020,10 +1029,30 @@ async def _close_quietly(nc: Client) -> None:
         await nc.close()
 
 
+class _Client(Client):
+    """nats-py's client, surviving a late PONG.
+
+    ``flush()`` sends a PING and waits for its PONG; on timeout it cancels the future but
+    leaves it queued, and when the PONG comes after all (a daemon woken from SIGSTOP, a
+    server or network stalled longer than the timeout), ``_process_pong`` sets the result of
+    the cancelled future: ``InvalidStateError`` ends the client's read loop for good while
+    the client still says it is connected, so every request times out and no message is
+    read (issue 30). Here that PONG is matched to its cancelled PING and dropped.
+    """
+
+    async def _process_pong(self) -> None:
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():  # cancelled: the flush that sent its PING gave up
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+
 async def _open_connection(servers: list[str], shown: str, daemon_id: str,
                            options: BusOptions, credentials: dict[str, Any]) -> Client:
     """Connects, failing fast when NATS is absent, then reconnects for ever once in."""
-    nc = Client()
+    nc = _Client()
     failures: list[BaseException] = []  # before the first connection: told in the error
     attempt = anyio.CancelScope()
 
@@ -1049,6 +1078,8 @@ async def _open_connection(servers: list[str], shown: str, daemon_id: str,
                 disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
                 connect_timeout=max(1, math.ceil(options.connect_timeout)),
                 max_reconnect_attempts=1, reconnect_time_wait=0,
+                ping_interval=max(1, math.ceil(options.ping_interval)),
+                max_outstanding_pings=options.max_outstanding_pings,
                 pending_size=options.reconnect_buffer_bytes,
                 **{name: value for name, value in credentials.items() if value is not None})
         if attempt.cancelled_caught:
@@ -1061,6 +1092,7 @@ async def _open_connection(servers: list[str], shown: str, daemon_id: str,
     # Once in, losing NATS is survived: reconnect for ever (read at each attempt).
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = options.reconnect_wait
+    nc.options["ping_interval"] = options.ping_interval  # read at each ping: may be < 1 s
     return nc
 
 
