@@ -136,3 +136,57 @@ async def test_a_daemon_reaches_nats_over_tls_trusting_the_ca_its_file_names(
         with pytest.raises(ConfigError, match=rf"fleet: cannot reach NATS at tls://127\.0\.0\.1:"
                                               rf"{port}: .*certificate verify failed"):
             await _join(config(stranger_ca), environ)
+
+
+DAEMON_PERMISSIONS = """
+authorization {
+  DAEMON = {
+    publish   = ["trading_agent.>", "$JS.API.>", "$JS.ACK.trading_agent_inbox.>",
+                 "_INBOX.>"]
+    subscribe = ["trading_agent.>", "_INBOX.>"]
+  }
+  users = [
+    { user: "host-a", password: "pa", permissions: $DAEMON }
+    { user: "host-b", password: "pb", permissions: $DAEMON }
+  ]
+}
+"""
+"""The README's per-daemon users (Security), which the fleet's bus must work under."""
+
+
+async def test_the_readmes_per_daemon_nats_users_let_the_fleets_bus_work(
+        tmp_path: Path) -> None:
+    from contextlib import aclosing
+
+    import anyio
+
+    from trading_agent.fleet.bus import BusOptions, FleetBus
+
+    config = tmp_path / "nats.conf"
+    config.write_text(DAEMON_PERMISSIONS, encoding="utf-8")
+    options = BusOptions(request_timeout=2.0, inbox_poll=0.5)
+    key = FLEET_KEY.encode()
+
+    async def answer(request: dict[str, object]) -> dict[str, object]:
+        return {"result": "served"}
+
+    with own_nats_server("-c", str(config)) as port, anyio.fail_after(20):
+        url = f"nats://127.0.0.1:{port}"
+        async with FleetBus.connect(url, "a", user="host-a", password="pa", key=key,
+                                    options=options) as a, \
+                FleetBus.connect(url, "b", user="host-b", password="pb", key=key,
+                                 options=options) as b:
+            served = await b.serve_control("alpha", answer)
+            assert await a.request_control("alpha", {"op": "status"}) == {"result": "served"}
+            await served.stop()
+            assert await a.send_to_desk("alpha", "m-1", {"n": 1})
+            inbox = await b.inbox("alpha")
+            message = await anext(inbox)
+            await message.ack()
+            await inbox.close()
+            a.publish_event("alpha", {"id": 1, "desk": "alpha"})
+            async with aclosing(b.events(after=0)) as feed:
+                event = await anext(feed)
+            assert [e.seq for e in await b.events_between(0, 10)] == [event.seq]
+            await a.announce_released(["alpha"])
+    assert message.payload == {"n": 1}
