@@ -137,6 +137,14 @@ async def test_a_daemon_reaches_nats_over_tls_trusting_the_ca_its_file_names(
                                               rf"{port}: .*certificate verify failed"):
             await _join(config(stranger_ca), environ)
 
+    # A tls:// URL to a server that speaks plain text (a man in the middle, a server left
+    # without TLS): refused before the token is sent, never spoken to in the clear.
+    with own_nats_server("--auth", TOKEN) as port:
+        with pytest.raises(ConfigError, match=r"does not require TLS although the URL is "
+                                              r"tls://") as refused:
+            await _join(config(ca), environ)
+        assert TOKEN not in str(refused.value)
+
 
 DAEMON_PERMISSIONS = """
 authorization {

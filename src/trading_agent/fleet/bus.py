@@ -1029,8 +1029,17 @@ async def _close_quietly(nc: Client) -> None:
         await nc.close()
 
 
+class _NotTls(ssl.SSLError):
+    """A ``tls://`` server that answered in plain text."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class _Client(Client):
     """nats-py's client, surviving a late PONG.
+
+    It also refuses to speak plain text to a ``tls://`` server.
 
     ``flush()`` sends a PING and waits for its PONG; on timeout it cancels the future but
     leaves it queued, and when the PONG comes after all (a daemon woken from SIGSTOP, a
@@ -1039,6 +1048,19 @@ class _Client(Client):
     the client still says it is connected, so every request times out and no message is
     read (issue 30). Here that PONG is matched to its cancelled PING and dropped.
     """
+
+    def _connect_command(self) -> bytes:
+        """Refuses, before any credential is sent, a ``tls://`` server that did not ask for
+        TLS: nats-py would go on in plain text (a man in the middle's first trick)."""
+        server = self._current_server
+        if server is not None and server.uri.scheme == "tls" \
+                and not self._server_info.get("tls_required") \
+                and not self.options["tls_handshake_first"]:
+            if self._transport is not None:
+                self._transport.close()  # nats-py leaves it open on a failed first connect
+            raise _NotTls("the server does not require TLS although the URL is tls:// (nothing "
+                          "was sent to it; configure TLS on the server)")
+        return super()._connect_command()
 
     async def _process_pong(self) -> None:
         if self._pongs:
