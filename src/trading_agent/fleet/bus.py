@@ -1057,7 +1057,7 @@ class _Client(Client):
                 and not self._server_info.get("tls_required") \
                 and not self.options["tls_handshake_first"]:
             if self._transport is not None:
-                self._transport.close()  # nats-py leaves it open on a failed first connect
+                self._transport.close()  # type: ignore[no-untyped-call]  # left open by nats-py
             raise _NotTls("the server does not require TLS although the URL is tls:// (nothing "
                           "was sent to it; configure TLS on the server)")
         return super()._connect_command()
