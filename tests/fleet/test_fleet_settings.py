@@ -297,3 +297,17 @@ def test_a_short_fleet_key_stops_run_naming_its_variable_never_its_value(
     monkeypatch.setenv("TEST_FLEET_KEY", FLEET_KEY)
     assert load_settings(path, check_environment=True).fleet.fleet_key(os.environ) \
         == FLEET_KEY.encode()
+
+
+def test_a_nats_ca_file_that_cannot_be_used_is_refused_by_check_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, FLEET.replace(
+        'nats_url = "nats://nats.internal:4222"',
+        'nats_url = "tls://nats.internal:4222"\nnats_ca_file = "missing-ca.pem"'))
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"{path}: fleet.nats_ca_file: cannot use {tmp_path / 'missing-ca.pem'} (" in err
+    assert "allowed: a readable PEM file of CA certificates" in err
+    (tmp_path / "missing-ca.pem").write_text("not a certificate", encoding="utf-8")
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    assert "fleet.nats_ca_file: cannot use" in capsys.readouterr().err

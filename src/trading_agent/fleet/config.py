@@ -223,7 +223,7 @@ class FleetSettings(BaseModel):
                 user = parts.username or user
                 servers.append(urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))
         url = ",".join(servers)
-        tls = self._tls_context() if url.startswith("tls://") else None
+        tls = self.tls_context() if url.startswith("tls://") else None
         creds = None if self.nats_creds_file is None else str(self.nats_creds_file)
         if self.nats_password_env:
             return NatsSignIn(url, user=user, password=environ.get(self.nats_password_env, ""),
@@ -232,18 +232,29 @@ class FleetSettings(BaseModel):
             return NatsSignIn(url, token=environ.get(self.nats_token_env, ""), tls=tls)
         return NatsSignIn(url, credentials_file=creds, tls=tls)
 
-    def _tls_context(self) -> ssl.SSLContext:
-        """Verifies the server (by ``nats_ca_file``, else the system's CAs) and its name.
+    def tls_context(self) -> ssl.SSLContext:
+        """The TLS context of ``tls://`` URLs: it verifies the server (by ``nats_ca_file``,
+        else the system's CAs) and its name, and shows the client certificate if one is set.
 
         Raises:
-            OSError: A certificate file cannot be read.
-            ssl.SSLError: A certificate file is not PEM, or the key does not match.
+            ValueError: A certificate file cannot be read, is not PEM, or the key does not
+                match (the message names the key and the file).
         """
-        context = ssl.create_default_context(
-            cafile=None if self.nats_ca_file is None else str(self.nats_ca_file))
+        try:
+            context = ssl.create_default_context(
+                cafile=None if self.nats_ca_file is None else str(self.nats_ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"fleet.nats_ca_file: cannot use {self.nats_ca_file} ({exc}); "
+                             f"allowed: a readable PEM file of CA certificates") from exc
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.nats_cert_file is not None and self.nats_key_file is not None:
-            context.load_cert_chain(str(self.nats_cert_file), str(self.nats_key_file))
+            try:
+                context.load_cert_chain(str(self.nats_cert_file), str(self.nats_key_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"fleet.nats_cert_file, fleet.nats_key_file: cannot use "
+                                 f"{self.nats_cert_file} with {self.nats_key_file} ({exc}); "
+                                 f"allowed: a readable PEM certificate and its private key, "
+                                 f"unencrypted") from exc
         return context
 
     @field_validator("daemon_id")

@@ -15,7 +15,6 @@ Every event of this daemon's desks is also published to the fleet's event stream
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -193,8 +192,8 @@ async def open_node(settings: Settings, store_target: object,
     try:
         key = settings.fleet.fleet_key(environ)
         sign_in = settings.fleet.nats_sign_in(environ)
-    except (ValueError, OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"fleet: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     async with AsyncExitStack() as stack:
         leases = await DeskLeases.open(store_target)
         stack.push_async_callback(leases.close)
