@@ -40,9 +40,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trading_agent.fleet.sealing import MIN_KEY_BYTES
+__all__ = ["MIN_KEY_BYTES", "FleetSettings", "NatsSignIn", "StoreSettings",
+           "default_daemon_id"]
 
-__all__ = ["FleetSettings", "NatsSignIn", "StoreSettings", "default_daemon_id"]
+MIN_KEY_BYTES = 32
+"""The shortest fleet key accepted: 256 bits, the HMAC's own strength."""
 
 _DAEMON_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from trading_agent.errors import TradingAgentError
+from trading_agent.fleet.config import MIN_KEY_BYTES
 
 __all__ = ["MIN_KEY_BYTES", "SEAL_HEADER", "RefusalLog", "SealRefused", "Sealer"]
 
@@ -51,8 +52,6 @@ _log = structlog.get_logger(__name__)
 SEAL_HEADER = "Trading-Agent-Seal"
 """The header that carries a message's seal."""
 
-MIN_KEY_BYTES = 32
-"""The shortest fleet key accepted: 256 bits, the HMAC's own strength."""
 
 _SEAL = re.compile(r"^v1\.(\d{1,16})\.([0-9a-f]{32})\.([0-9a-f]{64})$")
 _MAX_NONCES = 200_000
