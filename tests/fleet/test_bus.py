@@ -180,6 +180,30 @@ async def test_an_event_sent_twice_by_a_daemon_is_kept_once(
         assert len(await d1.events_between(0, 10)) == 3
 
 
+async def test_a_forged_event_is_shown_nowhere_and_holds_no_page_up(
+        nats_url: str, nats_prefix: str) -> None:
+    async with _bus(nats_url, nats_prefix, "d1", request_timeout=5.0) as bus:
+        nc = await nats.connect(nats_url, allow_reconnect=False)
+        try:
+            bus.publish_event("alpha", {"id": 1, "n": 1})
+            await _take(bus.events(after=0), 1)
+            # Kept by the stream like any event, but sealed by no daemon of the fleet.
+            await nc.jetstream().publish(f"{nats_prefix}.events.alpha", b'{"n": "forged"}')
+            for n in (2, 3):
+                bus.publish_event("alpha", {"id": n, "n": n})
+            live = await _take(bus.events(after=0), 3)
+            page = await bus.events_between(0, 3)
+            began = time.monotonic()
+            everything = await bus.events_between(0, 100)
+            took = time.monotonic() - began
+        finally:
+            await nc.close()
+    assert [event.data["n"] for event in live] == [1, 2, 3]
+    assert [event.data["n"] for event in page] == [1, 2, 3]  # the page still fills
+    assert [event.data["n"] for event in everything] == [1, 2, 3]
+    assert took < 1.0  # not the fetch's 5 s wait for the event that was refused
+
+
 async def test_what_is_queued_is_sent_when_the_bus_closes(
         nats_url: str, nats_prefix: str) -> None:
     async with _bus(nats_url, nats_prefix, "d1") as bus:

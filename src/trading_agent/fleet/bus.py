@@ -428,15 +428,16 @@ class FleetBus:
         sub: JetStreamContext.PullSubscription | None = None
         try:
             info = await self._js.add_consumer(self._events_stream, config)
-            wanted = min(limit, info.num_pending or 0)
-            if wanted:
+            kept = info.num_pending or 0  # refused ones among them: counted, not returned
+            if kept:
                 sub = await self._js.pull_subscribe_bind(name, stream=self._events_stream)
-            while sub is not None and len(events) < wanted:
+            while sub is not None and kept and len(events) < limit:
                 try:
-                    msgs = await sub.fetch(wanted - len(events),
+                    msgs = await sub.fetch(min(limit - len(events), kept),
                                            timeout=self._options.request_timeout)
                 except TimeoutError:
                     break  # the rest aged out meanwhile
+                kept -= len(msgs)
                 for msg in msgs:
                     event = self._event_from(msg)
                     if event is not None:
