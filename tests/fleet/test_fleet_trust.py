@@ -162,7 +162,7 @@ async def test_a_client_without_the_fleets_key_is_obeyed_by_no_daemon(
             await msg.respond(json.dumps({"result": {
                 "name": desk, "state": "idle", "last_turn_text": "ROGUE"}}).encode())
 
-        await nc.subscribe(control, queue="holders", cb=rogue)
+        rogue_member = await nc.subscribe(control, queue="holders", cb=rogue)
         await nc.flush()
         statuses: list[dict[str, Any]] = []
         with anyio.fail_after(30):
@@ -170,6 +170,8 @@ async def test_a_client_without_the_fleets_key_is_obeyed_by_no_daemon(
                 async with asker.client() as client:
                     statuses.append(await client.desk(desk))
         await _refusal_logged(asker, "answer", "bad_mac")
+        await rogue_member.unsubscribe()
+        await nc.flush()
 
         async with asker.client() as client:
             status = await client.desk(desk)
