@@ -128,7 +128,8 @@ class _BenchControl:
             raise UnknownDeskError(desk)
         return DeskStatus(name=desk, state="working", equity=10_000.0)
 
-    async def send_message(self, desk: str, text: str, source: str = "operator") -> str:
+    async def send_message(self, desk: str, text: str, source: str = "operator",
+                           images: object = (), *, message_id: str | None = None) -> str:
         return "unused"
 
     def message_delivery(self, desk: str, message_id: str) -> str:

@@ -45,6 +45,7 @@ def _check_config(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.file)
         _check_windows(settings)
+        _check_fleet_files(settings, args.file)
     except ConfigError as exc:
         print(f"{args.file}: the configuration is not valid:", file=sys.stderr)
         print(str(exc), file=sys.stderr)
@@ -98,6 +99,19 @@ def _check_windows(settings: Settings) -> None:
                                    count=count)
 
     anyio.run(check, backend="asyncio")
+
+
+def _check_fleet_files(settings: Settings, path: Path) -> None:
+    """Refuses NATS certificate files that cannot be used (``run`` reads them too).
+
+    Raises:
+        ConfigError: A file of ``[fleet]`` cannot be read or used, naming it and its key.
+    """
+    if settings.in_fleet and (settings.fleet.nats_url or "").startswith("tls://"):
+        try:
+            settings.fleet.tls_context()
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
 
 
 def _summary(settings: Settings) -> str:

@@ -19,9 +19,11 @@
     ├── FleetError ◆                     the fleet's NATS failed
     │   ├── FleetUnavailableError ◆      NATS cannot be reached now
     │   └── DeskUnreachable ◆            no daemon answered for a desk
+    ├── SealRefused ◈                    a fleet message unsealed, forged, stale or replayed
     ├── DeskUnreachableError ○           the daemon holding a desk could not be asked
     ├── UnknownOrderError ○              a desk has no open order of that id
     ├── CancelRefusedError ○             an operator's cancel of one order cannot be done
+    ├── MessageNotKeptError ○            an operator's message may not have been kept
     ├── RetryRefusedError                an operator's retry cannot be done now (says why)
     ├── McpServerError ▲                 an MCP server could not be started, reached or read
     ├── ConfigError                      a configuration file or variable is wrong
@@ -37,8 +39,8 @@
 Defined where they are raised, not here: ``†`` in :mod:`trading_agent.operator.approvals`, ``‡`` in
 :mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
 :mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
-in :mod:`trading_agent.fleet.bus`, ``○`` in :mod:`trading_agent.daemon.control`, ``▲`` in
-:mod:`trading_agent.tools.mcp`.
+in :mod:`trading_agent.fleet.bus`, ``◈`` in :mod:`trading_agent.fleet.sealing`, ``○`` in
+:mod:`trading_agent.daemon.control`, ``▲`` in :mod:`trading_agent.tools.mcp`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and

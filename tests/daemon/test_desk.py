@@ -525,3 +525,30 @@ async def test_after_an_outage_the_model_reads_why_once_in_the_first_notice(
     assert json.dumps(sent).count("Why it stopped") == 1
     assert "Bad gateway" not in json.dumps(sent)
     scripted_server.assert_complete()
+
+
+async def test_a_message_sent_again_under_its_id_after_a_restart_is_not_read_again(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    # A client retrying with its idempotency key after the desk restarted (or moved to
+    # another daemon of a fleet): the new mailbox never saw the id, the store did.
+    scripted_server.add(Reply("Bought 0.01 BTC."))
+    async with open_store(tmp_path) as store:
+        for attempt in range(2):
+            bus = EventBus()
+            async with anyio.create_task_group() as group:
+                desk = build_desk("alpha", store, scripted_server.base_url, bus)
+                group.start_soon(desk.run)
+                await desk.ready.wait()
+                assert await desk.send_message("Buy 0.01 BTC.", "ann",
+                                               message_id="k-order-7") == "k-order-7"
+                if attempt == 0:
+                    await wait_for(lambda: desk.turns == 1)  # noqa: B023 (awaited here)
+                else:  # room for a turn, which must not come
+                    await anyio.sleep(0.2)
+                await stop_desk(desk, group)
+        transcript = await store.transcripts.transcript("alpha")
+
+    assert [(row["kind"], row["text"]) for row in transcript] == [
+        ("operator", "[Message from ann, a human operator]\nBuy 0.01 BTC."),
+        ("assistant", "Bought 0.01 BTC.")]
+    scripted_server.assert_complete()

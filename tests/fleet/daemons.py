@@ -24,6 +24,10 @@ DESKS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
 LEASE_SECONDS = 3.0
 """Short leases, so the take-over is quick to test; the bound the issue sets is 30 s."""
 
+FLEET_KEY_ENV = "TEST_FLEET_KEY"
+FLEET_KEY = b"test fleet key, 32 bytes or more!"
+"""The fleet's shared key, which each daemon of a test's fleet reads from its environment."""
+
 def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
                  desks: Sequence[str] = DESKS, *, lease_seconds: float = LEASE_SECONDS,
                  operator: Mapping[str, Any] | None = None,
@@ -43,7 +47,9 @@ def fleet_config(folder: Path, base_url: str, store_url: str, nats_prefix: str,
                "request_timeout": 30},
         tables={"store": {"url": store_url},
                 "fleet": {"nats_url": "nats://127.0.0.1:4222", "nats_prefix": nats_prefix,
-                          "lease_seconds": lease_seconds}},
+                          "lease_seconds": lease_seconds, "key_env": FLEET_KEY_ENV,
+                          # The machine's NATS asks no sign-in; the key guards the desks.
+                          "trusted_network": True}},
         exchange={"replay": {"speed": 60}}, operator=operator,
         desks={name: roomy for name in desks})
 
@@ -63,7 +69,7 @@ class Fleet:
     def start(self, daemon_id: str) -> DaemonProcess:
         daemon = DaemonProcess(self.config, {
             "STATE_DIRECTORY": str(self.folder / daemon_id),
-            "TRADING_AGENT_FLEET__DAEMON_ID": daemon_id})
+            "TRADING_AGENT_FLEET__DAEMON_ID": daemon_id, FLEET_KEY_ENV: FLEET_KEY.decode()})
         self.daemons[daemon_id] = daemon
         return daemon
 

@@ -28,8 +28,12 @@ from trading_agent.fleet.bus import (
     DeskUnreachable,
     FleetBus,
     FleetEvent,
+    FleetUnavailableError,
     InboxMessage,
 )
+
+KEY = b"a test fleet key of 32 bytes or more"
+"""The fleet's key every bus of these tests seals with."""
 
 QUICK = BusOptions(ack_wait=1.0, inbox_poll=0.5, request_timeout=2.0, connect_timeout=1.0,
                    reconnect_wait=0.1, close_timeout=1.0)
@@ -39,7 +43,7 @@ QUICK = BusOptions(ack_wait=1.0, inbox_poll=0.5, request_timeout=2.0, connect_ti
 def _bus(url: str, prefix: str, daemon: str, **changes: Any
          ) -> AbstractAsyncContextManager[FleetBus]:
     return FleetBus.connect(url, daemon, prefix=prefix,
-                            options=dataclasses.replace(QUICK, **changes))
+                            options=dataclasses.replace(QUICK, **changes), key=KEY)
 
 
 async def _take(feed: AsyncGenerator[FleetEvent, None], count: int) -> list[FleetEvent]:
@@ -174,6 +178,30 @@ async def test_an_event_sent_twice_by_a_daemon_is_kept_once(
         assert sorted((event.daemon, event.data["n"]) for event in kept) == [
             ("d1", 1), ("d1", 3), ("d2", 2)]
         assert len(await d1.events_between(0, 10)) == 3
+
+
+async def test_a_forged_event_is_shown_nowhere_and_holds_no_page_up(
+        nats_url: str, nats_prefix: str) -> None:
+    async with _bus(nats_url, nats_prefix, "d1", request_timeout=5.0) as bus:
+        nc = await nats.connect(nats_url, allow_reconnect=False)
+        try:
+            bus.publish_event("alpha", {"id": 1, "n": 1})
+            await _take(bus.events(after=0), 1)
+            # Kept by the stream like any event, but sealed by no daemon of the fleet.
+            await nc.jetstream().publish(f"{nats_prefix}.events.alpha", b'{"n": "forged"}')
+            for n in (2, 3):
+                bus.publish_event("alpha", {"id": n, "n": n})
+            live = await _take(bus.events(after=0), 3)
+            page = await bus.events_between(0, 3)
+            began = time.monotonic()
+            everything = await bus.events_between(0, 100)
+            took = time.monotonic() - began
+        finally:
+            await nc.close()
+    assert [event.data["n"] for event in live] == [1, 2, 3]
+    assert [event.data["n"] for event in page] == [1, 2, 3]  # the page still fills
+    assert [event.data["n"] for event in everything] == [1, 2, 3]
+    assert took < 1.0  # not the fetch's 5 s wait for the event that was refused
 
 
 async def test_what_is_queued_is_sent_when_the_bus_closes(
@@ -366,14 +394,34 @@ async def test_a_daemon_hears_which_desks_another_let_go(
 # ---------------------------------------------------------------------- NATS lost and found
 
 
+class _Gate:
+    """Whether one relayed connection moves its bytes now."""
+
+    def __init__(self) -> None:
+        self.open = anyio.Event()
+        self.open.set()
+
+
 class NatsRelay:
     """A TCP relay on loopback in front of the machine's NATS, that a test cuts (NATS down,
-    every connection through it dropped) and restores on the same port."""
+    every connection through it dropped) and restores on the same port, or freezes (the
+    connections open now hold their bytes, as a stopped process or a stalled network does;
+    new ones flow) and thaws (what was held arrives, late)."""
 
     def __init__(self, group: anyio.abc.TaskGroup) -> None:
         self._group = group
         self.port = 0
         self._scope = anyio.CancelScope()
+        self._gates: list[_Gate] = []
+        self.connections = 0
+
+    def freeze(self) -> None:
+        for gate in self._gates:
+            gate.open = anyio.Event()
+
+    def thaw(self) -> None:
+        for gate in self._gates:
+            gate.open.set()
 
     @property
     def url(self) -> str:
@@ -396,16 +444,20 @@ class NatsRelay:
                 await listener.serve(self._relay)
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        gate = _Gate()
+        self._gates.append(gate)
+        self.connections += 1
         async with client, await anyio.connect_tcp("127.0.0.1", 4222) as server, \
                 anyio.create_task_group() as pipes:
-            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope)
-            await self._pipe(server, client, pipes.cancel_scope)
+            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope, gate)
+            await self._pipe(server, client, pipes.cancel_scope, gate)
 
     @staticmethod
     async def _pipe(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream,
-                    scope: anyio.CancelScope) -> None:
+                    scope: anyio.CancelScope, gate: _Gate) -> None:
         try:
             async for chunk in source:
+                await gate.open.wait()
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
@@ -459,10 +511,74 @@ async def test_send_to_desk_says_when_nats_is_down(nats_prefix: str) -> None:
             _bus(relay.url, nats_prefix, "sender", request_timeout=0.5) as sender:
         relay.cut()
         await _until(lambda: not sender.is_connected, "the bus to see NATS gone")
-        with pytest.raises(FleetUnavailableError, match=r"alpha: message m-1 may not .*same id"):
+        # Not connected: certainly not kept (the client would have held it, and maybe sent
+        # it later), and said at once.
+        with anyio.fail_after(0.5), pytest.raises(
+                FleetUnavailableError, match=r"alpha: message m-1 was not kept: NATS is not "
+                                             r"connected") as refused:
             await sender.send_to_desk("alpha", "m-1", {"n": 1})
+        assert refused.value.kept is False
         with pytest.raises(DeskUnreachable, match="alpha"):
             await sender.request_control("alpha", {"op": "status"}, timeout=0.5)
+
+
+async def test_a_pong_that_comes_late_leaves_the_bus_reading(
+        nats_url: str, nats_prefix: str) -> None:
+    # A flush gives up on its PONG (the daemon or the network stalled past its timeout),
+    # then the PONG comes: nats-py's read loop died of it, for good (issue 30). Its own pings
+    # are left far apart here, so that only the late PONG's handling can pass.
+    async with _relay() as relay, \
+            _bus(relay.url, nats_prefix, "holder", request_timeout=1.0,
+                 ping_interval=120) as holder, \
+            _bus(nats_url, nats_prefix, "reader") as reader:
+        inbox = await reader.inbox("alpha")
+        relay.freeze()
+        await holder.announce_released(["alpha"])  # its flush times out, logged
+        relay.thaw()  # the PONG arrives late
+        with anyio.fail_after(3):
+            assert await holder.send_to_desk("alpha", "m-after", {"n": 1})
+        message = await _next(inbox)
+        await message.ack()
+        await inbox.close()
+    assert (message.message_id, message.payload) == ("m-after", {"n": 1})
+    assert relay.connections == 1  # the same connection, still read
+
+
+async def test_a_connection_that_stops_answering_is_made_again(
+        nats_url: str, nats_prefix: str) -> None:
+    # The connection holds its bytes for good (a half-open socket, a stalled peer): the
+    # bus's pings go unanswered and it connects again, its subscriptions with it.
+    async with _relay() as relay, \
+            _bus(relay.url, nats_prefix, "holder", request_timeout=0.5, ping_interval=0.2,
+                 max_outstanding_pings=2) as holder, \
+            _bus(nats_url, nats_prefix, "asker") as asker:
+        async def status(request: dict[str, Any]) -> dict[str, Any]:
+            return {"result": "alive"}
+
+        served = await holder.serve_control("alpha", status)
+        relay.freeze()
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    answer = await asker.request_control("alpha", {"op": "status"},
+                                                         timeout=0.5)
+                    break
+                except DeskUnreachable:
+                    await anyio.sleep(0.05)
+            sent = False
+            while not sent:
+                try:
+                    sent = await holder.send_to_desk("alpha", "m-1", {"n": 1})
+                except FleetUnavailableError:
+                    await anyio.sleep(0.05)
+        await served.stop()
+        inbox = await asker.inbox("alpha")
+        message = await _next(inbox)
+        await message.ack()
+        await inbox.close()
+    assert answer == {"result": "alive"}
+    assert relay.connections == 2
+    assert message.message_id == "m-1"
 
 
 # ---------------------------------------------------------------------- connecting
@@ -473,7 +589,7 @@ async def test_connect_names_the_url_but_never_its_password_when_nats_is_absent(
     began = time.monotonic()
     shown = re.escape(f"cannot reach NATS at nats://ops:***@127.0.0.1:{port}")
     with pytest.raises(ConfigError, match=shown) as caught:
-        async with FleetBus.connect(f"nats://ops:hunter2@127.0.0.1:{port}", "d1"):
+        async with FleetBus.connect(f"nats://ops:hunter2@127.0.0.1:{port}", "d1", key=KEY):
             pass
     assert "hunter2" not in str(caught.value)
     assert time.monotonic() - began < 3.0
@@ -488,7 +604,7 @@ def nats_without_jetstream() -> Iterator[str]:
 
 async def test_connect_says_when_jetstream_is_off(nats_without_jetstream: str) -> None:
     with pytest.raises(ConfigError, match=f"{nats_without_jetstream} has no JetStream"):
-        async with FleetBus.connect(nats_without_jetstream, "d1"):
+        async with FleetBus.connect(nats_without_jetstream, "d1", key=KEY):
             pass
 
 

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from tests.daemon.harness import build_desk, close_backend, wait_for
-from tests.fleet.test_bus import QUICK
+from tests.fleet.test_bus import KEY, QUICK
 from tests.postgres import fresh_database
 from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.agent.event_bus import EventBus
@@ -54,10 +54,10 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
         store = await Store.open(target)
         try:
             async with FleetBus.connect(nats_url, "d1", prefix=nats_prefix,
-                                        options=dataclasses.replace(QUICK)) as bus:
+                                        options=dataclasses.replace(QUICK), key=KEY) as bus:
                 # A holder that died: it stored message "m-old" and never acknowledged it.
                 await bus.send_to_desk("alpha", "m-old", {
-                    "op": "message", "text": "Stored by the daemon that died.",
+                    "op": "message", "desk": "alpha", "text": "Stored by the daemon that died.",
                     "source": "ann", "images": []})
                 inbox = await bus.inbox("alpha")
                 first = await anext(inbox)
@@ -68,11 +68,13 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
 
                 async with _holder(store, scripted_server, bus) as (desk, _):
                     assert await bus.send_to_desk("alpha", "m-new", {
-                        "op": "message", "text": "How does BTC look?", "source": "ann",
+                        "op": "message", "desk": "alpha", "text": "How does BTC look?",
+                        "source": "ann",
                         "images": []})
                     # The same id again (a sender retrying) is kept once by the server.
                     assert not await bus.send_to_desk("alpha", "m-new", {
-                        "op": "message", "text": "How does BTC look?", "source": "ann",
+                        "op": "message", "desk": "alpha", "text": "How does BTC look?",
+                        "source": "ann",
                         "images": []})
                     await wait_for(lambda: desk.turns >= 2, within=10)
                     await anyio.sleep(1.5)  # room for a second turn, which must not come

@@ -37,7 +37,12 @@ password_env = "TEST_DB_PASSWORD"
 nats_url = "nats://nats.internal:4222"
 daemon_id = "host-a"
 lease_seconds = 20
+key_env = "TEST_FLEET_KEY"
+trusted_network = true
 """ + ONE_DAEMON
+
+FLEET_KEY = "k" * 32
+"""A fleet key just long enough."""
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +51,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.upper().startswith("TRADING_AGENT_") or name in (
                 "STATE_DIRECTORY", "CACHE_DIRECTORY", "TEST_DB_PASSWORD", "TEST_MODEL_KEY",
-                "TEST_NATS_PASSWORD"):
+                "TEST_NATS_PASSWORD", "TEST_FLEET_KEY"):
             monkeypatch.delenv(name)
 
 
@@ -111,12 +116,14 @@ def test_the_password_variable_is_a_secret_required_with_a_store_url(
     path = _write(tmp_path, FLEET)
     settings = load_settings(path)
     assert settings.secret_env_vars()["TEST_DB_PASSWORD"] == "store.password_env"
-    lines = missing_secrets(settings, path, environ={"TEST_MODEL_KEY": "sk-1"})
+    lines = missing_secrets(settings, path, environ={"TEST_MODEL_KEY": "sk-1",
+                                                    "TEST_FLEET_KEY": FLEET_KEY})
     assert lines == [
         f"{path}: store.password_env: the environment variable TEST_DB_PASSWORD is not set or "
         "empty (got 'TEST_DB_PASSWORD'; allowed: the name of a variable set in the daemon's "
         "environment, such as in /etc/trading-agent/env)"]
     monkeypatch.setenv("TEST_MODEL_KEY", "sk-1")
+    monkeypatch.setenv("TEST_FLEET_KEY", FLEET_KEY)
     with pytest.raises(ConfigError, match=r"store\.password_env: the environment "
                                           r"variable TEST_DB_PASSWORD is not set"):
         load_settings(path, check_environment=True)
@@ -133,7 +140,8 @@ def test_the_nats_password_is_a_secret_read_from_its_variable(
     settings = load_settings(path)
     assert settings.secret_env_vars()["TEST_NATS_PASSWORD"] == "fleet.nats_password_env"
     lines = missing_secrets(settings, path, environ={"TEST_MODEL_KEY": "sk-1",
-                                                    "TEST_DB_PASSWORD": "pw"})
+                                                    "TEST_DB_PASSWORD": "pw",
+                                                    "TEST_FLEET_KEY": FLEET_KEY})
     assert lines == [
         f"{path}: fleet.nats_password_env: the environment variable TEST_NATS_PASSWORD is not "
         "set or empty (got 'TEST_NATS_PASSWORD'; allowed: the name of a variable set in the "
@@ -216,12 +224,26 @@ def test_check_config_warns_of_the_missing_password(
                                'nats_token_env = "B"',
          "fleet: give fleet.nats_password_env (a user's password) or fleet.nats_token_env "
          "(a token), not both"),
+        ('key_env = "TEST_FLEET_KEY"\n', "",
+         "(top level): fleet.key_env is required in a fleet: name the environment variable "
+         "that holds the fleet's shared key (at least 32 bytes"),
+        ("trusted_network = true", "trusted_network = false",
+         "(top level): fleet.nats_url signs in to NATS with nothing, so whoever reaches the "
+         "server may use it: set fleet.nats_password_env (with the user in the URL), "
+         "fleet.nats_token_env, fleet.nats_creds_file or a client certificate "
+         "(fleet.nats_cert_file), or say fleet.trusted_network = true"),
+        ("trusted_network = true", 'nats_cert_file = "client.pem"',
+         "fleet: fleet.nats_cert_file and fleet.nats_key_file go together"),
+        ("trusted_network = true", 'nats_ca_file = "ca.pem"\ntrusted_network = true',
+         "fleet: fleet.nats_ca_file and fleet.nats_cert_file need tls:// URLs in "
+         "fleet.nats_url"),
     ],
     ids=["store-without-nats", "nats-without-store", "password-in-url", "mysql", "sqlite",
          "no-database", "empty-password-env", "http-nats", "nats-without-scheme",
          "daemon-id-space", "daemon-id-too-long", "lease-too-short", "unknown-key",
          "password-in-nats-url", "nats-user-without-password", "nats-password-without-user",
-         "nats-password-and-token"],
+         "nats-password-and-token", "no-fleet-key", "no-sign-in-untrusted",
+         "cert-without-key", "ca-without-tls"],
 )
 def test_each_fleet_mistake_is_reported_at_its_place(tmp_path: Path, old: str, new: str,
                                                      expected: str) -> None:
@@ -247,3 +269,45 @@ def test_a_fleet_without_a_store_is_refused_by_check_config(
     assert captured.out == ""
     assert f"{path}: (top level): fleet.nats_url needs the desks' state shared" in captured.err
 
+
+
+def test_a_fleet_signing_in_with_nothing_is_refused_by_check_config_unless_trusted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, FLEET.replace("trusted_network = true\n", ""))
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    assert f"{path}: (top level): fleet.nats_url signs in to NATS with nothing" \
+        in capsys.readouterr().err
+    signed = _write(tmp_path, FLEET.replace(
+        "trusted_network = true", 'nats_token_env = "TEST_NATS_TOKEN"'))
+    assert cli.main(["check-config", str(signed)]) == 0
+
+
+def test_a_short_fleet_key_stops_run_naming_its_variable_never_its_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, FLEET)
+    for name, value in (("TEST_MODEL_KEY", "sk-1"), ("TEST_DB_PASSWORD", "pw"),
+                        ("TEST_FLEET_KEY", "short-secret")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, check_environment=True)
+    assert str(refused.value) == (
+        f"{path}: fleet.key_env: the environment variable TEST_FLEET_KEY holds 12 bytes; "
+        "allowed: at least 32 (openssl rand -hex 32 makes one)")
+    assert "short-secret" not in str(refused.value)
+    monkeypatch.setenv("TEST_FLEET_KEY", FLEET_KEY)
+    assert load_settings(path, check_environment=True).fleet.fleet_key(os.environ) \
+        == FLEET_KEY.encode()
+
+
+def test_a_nats_ca_file_that_cannot_be_used_is_refused_by_check_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, FLEET.replace(
+        'nats_url = "nats://nats.internal:4222"',
+        'nats_url = "tls://nats.internal:4222"\nnats_ca_file = "missing-ca.pem"'))
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"{path}: fleet.nats_ca_file: cannot use {tmp_path / 'missing-ca.pem'} (" in err
+    assert "allowed: a readable PEM file of CA certificates" in err
+    (tmp_path / "missing-ca.pem").write_text("not a certificate", encoding="utf-8")
+    assert cli.main(["check-config", str(path)]) == cli.EXIT_CONFIG
+    assert "fleet.nats_ca_file: cannot use" in capsys.readouterr().err

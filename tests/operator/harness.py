@@ -160,6 +160,8 @@ class LoopDeskControl:
         self.desks = {desk.name: desk for desk in desks}
         self.stored: list[dict[str, Any]] = []
         self.sent: list[tuple[str, str, str]] = []
+        self.refuse_messages: list[Exception] = []
+        """Raised by send_message, one per call, first first (a fleet's NATS down)."""
         self._deliveries: dict[str, Delivery] = {}
         self._store_subscription = bus.subscribe("test-store")
         self.desk_books: dict[str, DeskBooks | None] = {name: None for name in self.desks}
@@ -206,15 +208,22 @@ class LoopDeskControl:
         return d.loop.message_max_chars(d.conversation)
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
-                           images: Sequence[ImageBlock] = ()) -> str:
+                           images: Sequence[ImageBlock] = (), *,
+                           message_id: str | None = None) -> str:
         d = self._desk(desk)
+        if message_id in self._deliveries:  # sent before under this id: taken once
+            return message_id
+        if self.refuse_messages:
+            raise self.refuse_messages.pop(0)
         self.sent.append((desk, text, source))
+        ids = {} if message_id is None else {"id": message_id}
         if d.state == "working":
-            message = SteeringMessage(text, source, images=tuple(images))
+            message = SteeringMessage(text, source, images=tuple(images), **ids)
             d.inbox.put(message)
             self._deliveries[message.id] = "steering"
             return message.id
-        trigger = Trigger(kind="operator", text=text, source=source, images=tuple(images))
+        trigger = Trigger(kind="operator", text=text, source=source, images=tuple(images),
+                          **ids)
         d.queue.append(trigger)
         d.wakeup.set()
         self._deliveries[trigger.id] = "turn"

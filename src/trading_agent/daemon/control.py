@@ -6,6 +6,7 @@ so either side can change behind it (and a future remote daemon is one more adap
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from datetime import date
 from typing import Any, Literal, Protocol
@@ -18,7 +19,8 @@ from trading_agent.daemon.mailbox import Delivery
 from trading_agent.errors import TradingAgentError
 
 __all__ = ["CancelRefusedError", "DeskControl", "DeskReply", "DeskState", "DeskStatus",
-           "UnknownDeskError", "UnknownOrderError"]
+           "MessageNotKeptError", "UnknownDeskError", "UnknownOrderError",
+           "message_id_for"]
 
 DeskState = Literal["idle", "working", "paused", "stopped"]
 
@@ -34,6 +36,30 @@ class DeskUnreachableError(TradingAgentError):
 
 class UnknownOrderError(TradingAgentError):
     """The desk has no open order of that id (the message names those it has)."""
+
+
+class MessageNotKeptError(TradingAgentError):
+    """An operator's message may not have been kept (a transient failure: the fleet's NATS
+    down or slow).
+
+    Args:
+        message: What happened, readable by an operator.
+        kept: False: certainly not kept (sending it again is needed). None: it may have
+            been kept; sending it again with the same idempotency key is safe (it is stored
+            and read once either way).
+    """
+
+    def __init__(self, message: str, kept: bool | None) -> None:
+        super().__init__(message)
+        self.kept = kept
+
+
+def message_id_for(desk: str, idempotency_key: str) -> str:
+    """The id of the message a client sends to ``desk`` under ``idempotency_key``: the same
+    key gives the same id, so a message sent again (the client retrying after a failure or a
+    lost answer) is stored, and read by the desk, once."""
+    digest = hashlib.sha256(f"{desk}\0{idempotency_key}".encode()).hexdigest()
+    return f"k{digest[:31]}"
 
 
 class CancelRefusedError(TradingAgentError):
@@ -140,13 +166,16 @@ class DeskControl(Protocol):
         ...
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
-                           images: Sequence[ImageBlock] = ()) -> str:
+                           images: Sequence[ImageBlock] = (), *,
+                           message_id: str | None = None) -> str:
         """Gives an operator's message to a desk: it steers a running turn (delivered after
         the current tool round) or starts a turn. Stored before this returns.
 
         ``images`` are the operator's pictures as sent (bytes, declared media type, a
         description); the desk sizes each to its limits before anything is stored. A caller
-        with no pictures may leave the argument out.
+        with no pictures may leave the argument out. ``message_id`` (from
+        :func:`message_id_for`): a message of that id sent before is not stored or read
+        again.
 
         Returns:
             The message's id.
@@ -155,6 +184,8 @@ class DeskControl(Protocol):
             UnknownDeskError: No such desk.
             ImageRejectedError: A picture is not one, not a PNG, JPEG, GIF or WebP, or too
                 large; nothing was stored.
+            MessageNotKeptError: It may not have been kept (a desk held by another daemon of
+                a fleet, and NATS down or slow); ``kept`` says whether certainly not.
         """
         ...
 

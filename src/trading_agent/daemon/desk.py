@@ -137,6 +137,10 @@ class DeskInbox(Protocol):
         once a conversation message with its id is appended."""
         ...
 
+    async def has_operator_message(self, desk: str, message_id: str) -> bool:
+        """Whether a message of this id was stored for the desk."""
+        ...
+
 
 class DeskSchedules(Protocol):
     """Where a desk records its schedules' slots
@@ -393,9 +397,10 @@ class Desk:
             source: Who wrote it.
             images: Pictures attached, as sent: each is sized to the desk's limits (a PNG,
                 JPEG, GIF or WebP) before anything is stored.
-            message_id: The id it was sent with, when another daemon of a fleet took it
-                (the same message sent twice is then stored and taken once); None for a new
-                one.
+            message_id: The id it was sent with: by a client's idempotency key, or by
+                another daemon of a fleet. A message of that id sent before (a client's
+                retry, a copy the fleet's inbox delivered again) is neither stored nor taken
+                again. None for a new one.
 
         Returns:
             The message's id.
@@ -404,6 +409,10 @@ class Desk:
             ImageRejectedError: A picture is not one, not an accepted format, or too large;
                 nothing was stored.
         """
+        if message_id is not None and (
+                self.mailbox.delivery(message_id) is not None
+                or await self.store.inbox.has_operator_message(self.name, message_id)):
+            return message_id
         prepared = [await self.image_preparer.prepare_async(
                         image.data, self._redact(image.description), formats=OPERATOR_FORMATS)
                     for image in images]

@@ -245,8 +245,10 @@ class Supervisor:
         return answer
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
-                           images: Sequence[ImageBlock] = ()) -> str:
-        """Stores an operator's message, then steers the running turn or queues a turn.
+                           images: Sequence[ImageBlock] = (), *,
+                           message_id: str | None = None) -> str:
+        """Stores an operator's message, then steers the running turn or queues a turn
+        (a message of ``message_id`` sent before: neither again).
 
         Returns:
             The message's id.
@@ -255,7 +257,8 @@ class Supervisor:
             UnknownDeskError: No such desk.
             ImageRejectedError: A picture cannot be used; nothing was stored.
         """
-        return await self._runtime(desk).desk.send_message(text, source, images)
+        return await self._runtime(desk).desk.send_message(text, source, images,
+                                                           message_id=message_id)
 
     def message_delivery(self, desk: str, message_id: str) -> Delivery:
         """How desk ``desk``'s mailbox took a message just sent: ``steering`` or ``turn``.

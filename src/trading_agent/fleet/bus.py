@@ -21,6 +21,13 @@ several fleets share one NATS server):
 - **Releases**: ``P.released`` says which desks a daemon just gave up, so the others take
   them now instead of at their next look.
 
+Everything published here is sealed with the fleet's key and checked where it is received
+(:mod:`trading_agent.fleet.sealing`): a request, an answer, an inbox message, an event or a
+release that fails is refused (logged once a minute per kind), so a client of the NATS
+server without the key is obeyed by no daemon, shown on no page, and cannot answer in a
+holder's place. (What the bodies say is checked by the desk's holder,
+:class:`~trading_agent.fleet.control.DeskService`.)
+
 Errors::
 
     TradingAgentError
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import math
 import re
+import ssl
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
@@ -62,6 +70,7 @@ from nats.js.api import (
 )
 
 from trading_agent.errors import ConfigError, TradingAgentError
+from trading_agent.fleet.sealing import SEAL_HEADER, RefusalLog, Sealer, SealRefused
 from trading_agent.jsontext import json_bytes, json_loads
 
 __all__ = [
@@ -85,6 +94,12 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MSG_ID = "Nats-Msg-Id"
 _DAEMON = "Trading-Agent-Daemon"
 _CONTROL_GROUP = "holders"
+_REPLY_PREFIX = "_INBOX."
+"""Answers go only to NATS inboxes (the subject is sealed with the request): a request
+replayed with another reply subject fails its seal, and none can turn a holder's answer
+into a message on the fleet's own subjects."""
+_STATUS = "Status"
+_NO_RESPONDERS = "503"
 _STREAM_RACES = frozenset({10058, 10059, 10065})
 """JetStream's error codes that daemons setting a stream up at once meet: the stream exists
 with other settings (name in use), is not found yet, or is being made (subjects overlap)."""
@@ -104,7 +119,19 @@ class FleetError(TradingAgentError):
 
 class FleetUnavailableError(FleetError):
     """A message could not be kept or an acknowledgement not confirmed: NATS is down, slow,
-    or refused it. Sending again with the same message id is safe."""
+    or refused it.
+
+    Args:
+        message: What happened.
+        kept: For a message sent: False when it certainly was not kept (NATS was not
+            connected, or refused it), None when it may have been (sent, never confirmed).
+            Sending it again with the same message id is safe either way: the stream and
+            the desk's holder keep it once.
+    """
+
+    def __init__(self, message: str, kept: bool | None = None) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 class DeskUnreachable(FleetError):
@@ -142,6 +169,15 @@ class BusOptions:
         request_timeout: Seconds a JetStream call (a send, an ack, a page) may take.
         reconnect_wait: Seconds between attempts to reach NATS again after losing it.
         close_timeout: Seconds spent sending what is left when the bus closes.
+        ping_interval: Seconds between the client's pings of the server. A connection that
+            leaves ``max_outstanding_pings`` of them unanswered for another interval is
+            taken as dead, and made again (its subscriptions with it): a frozen peer, a
+            half-open socket or a reader that stopped are survived within about
+            ``ping_interval * (max_outstanding_pings + 1)`` seconds, not nats-py's six
+            minutes.
+        max_outstanding_pings: Pings left unanswered before the connection is made again.
+        seal_window: Seconds a live message's seal may be off from the receiver's clock
+            (what a stream kept may be off from its storing by ``duplicate_window``).
     """
 
     events_max_age: float = 86_400.0
@@ -158,6 +194,9 @@ class BusOptions:
     request_timeout: float = 5.0
     reconnect_wait: float = 2.0
     close_timeout: float = 2.0
+    ping_interval: float = 5.0
+    max_outstanding_pings: int = 2
+    seal_window: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +233,10 @@ class FleetBus:
     """
 
     def __init__(self, nc: Client, js: JetStreamContext, daemon_id: str, prefix: str,
-                 options: BusOptions, group: anyio.abc.TaskGroup) -> None:
+                 options: BusOptions, group: anyio.abc.TaskGroup, sealer: Sealer) -> None:
         self._nc = nc
+        self._sealer = sealer
+        self.refusals = RefusalLog()
         self._js = js
         self.daemon_id = daemon_id
         self.prefix = prefix
@@ -213,8 +254,9 @@ class FleetBus:
     @asynccontextmanager
     async def connect(cls, url: str, daemon_id: str, *, prefix: str = "trading_agent",
                       options: BusOptions | None = None, user: str | None = None,
-                      password: str | None = None,
-                      token: str | None = None) -> AsyncIterator[FleetBus]:
+                      password: str | None = None, token: str | None = None,
+                      credentials_file: str | None = None, tls: ssl.SSLContext | None = None,
+                      key: bytes) -> AsyncIterator[FleetBus]:
         """Connects to NATS and sets the fleet's streams up; closes it all on exit.
 
         Several daemons may connect at once: the streams are created when missing and their
@@ -229,6 +271,10 @@ class FleetBus:
             user: The NATS user (``password`` with it), over any the URL names.
             password: That user's password.
             token: A NATS token, instead of a user.
+            credentials_file: A NATS credentials file (JWT and nkey seed), instead.
+            tls: The TLS context for ``tls://`` URLs (the CA to trust, a client certificate).
+            key: The fleet's shared key: what this daemon publishes is sealed with it, and
+                what it receives is refused unless sealed with it.
 
         Yields:
             The bus.
@@ -236,21 +282,24 @@ class FleetBus:
         Raises:
             ConfigError: NATS cannot be reached at ``url``, has no JetStream, or refuses these
                 stream settings (the message names the URL, never its password).
-            ValueError: ``prefix`` or ``daemon_id`` is not usable.
+            ValueError: ``prefix`` or ``daemon_id`` is not usable, or ``key`` is too short.
         """
         options = options or BusOptions()
         _check_name("prefix", prefix)
+        sealer = Sealer(key, window=options.seal_window,
+                        stored_window=max(options.duplicate_window, options.seal_window))
         if not daemon_id or not daemon_id.isprintable() or daemon_id != daemon_id.strip():
             raise ValueError(f"daemon id {daemon_id!r}: printable, no surrounding spaces")
         servers = [part.strip() for part in url.split(",") if part.strip()]
         shown = ",".join(_without_password(server) for server in servers)
-        nc = await _open_connection(servers, shown, daemon_id, options,
-                                    {"user": user, "password": password, "token": token})
+        nc = await _open_connection(servers, shown, daemon_id, options, {
+            "user": user, "password": password, "token": token,
+            "user_credentials": credentials_file, "tls": tls})
         try:
             js = nc.jetstream(timeout=options.request_timeout)
             await _set_up_streams(js, prefix, options, shown)
             async with anyio.create_task_group() as group:
-                bus = cls(nc, js, daemon_id, prefix, options, group)
+                bus = cls(nc, js, daemon_id, prefix, options, group, sealer)
                 group.start_soon(bus._pump_events)
                 try:
                     yield bus
@@ -343,7 +392,7 @@ class FleetBus:
                     msg = await sub.next_msg(timeout=None)
                 except nats.errors.ConnectionClosedError:
                     return
-                event = _event_from(msg, msg.metadata.sequence.stream)
+                event = self._event_from(msg)
                 if event is not None:
                     yield event
         finally:
@@ -379,17 +428,18 @@ class FleetBus:
         sub: JetStreamContext.PullSubscription | None = None
         try:
             info = await self._js.add_consumer(self._events_stream, config)
-            wanted = min(limit, info.num_pending or 0)
-            if wanted:
+            kept = info.num_pending or 0  # refused ones among them: counted, not returned
+            if kept:
                 sub = await self._js.pull_subscribe_bind(name, stream=self._events_stream)
-            while sub is not None and len(events) < wanted:
+            while sub is not None and kept and len(events) < limit:
                 try:
-                    msgs = await sub.fetch(wanted - len(events),
+                    msgs = await sub.fetch(min(limit - len(events), kept),
                                            timeout=self._options.request_timeout)
                 except TimeoutError:
                     break  # the rest aged out meanwhile
+                kept -= len(msgs)
                 for msg in msgs:
-                    event = _event_from(msg, msg.metadata.sequence.stream)
+                    event = self._event_from(msg)
                     if event is not None:
                         events.append(event)
         except _NATS_FAILURES as exc:
@@ -433,22 +483,32 @@ class FleetBus:
 
         Raises:
             FleetUnavailableError: It may not be kept (NATS down or slow, the inbox full);
-                sending it again with the same id is safe.
+                its ``kept`` says whether it certainly was not. Sending it again with the
+                same id is safe.
             ValueError: A bad desk name or message id.
         """
         _checked_desk(desk)
         if not message_id or not message_id.isprintable() or len(message_id) > 256:
             raise ValueError(f"message id {message_id!r}: 1 to 256 printable characters")
         data = json_bytes(payload)
+        subject = self._subject("inbox", desk)
+        if not self._nc.is_connected:  # else the client would hold it, and maybe send it
+            raise FleetUnavailableError(f"desk {desk}: message {message_id} was not kept: "
+                                        f"NATS is not connected", kept=False)
         try:
             ack = await self._js.publish(
-                self._subject("inbox", desk), data, timeout=self._options.request_timeout,
+                subject, data, timeout=self._options.request_timeout,
                 stream=self._inbox_stream,
-                headers={_MSG_ID: message_id, _DAEMON: self.daemon_id})
+                headers={_MSG_ID: message_id, _DAEMON: self.daemon_id,
+                         SEAL_HEADER: self._sealer.seal(subject, data, message_id)})
+        except nats.js.errors.APIError as exc:  # the server answered: not kept
+            raise FleetUnavailableError(f"desk {desk}: message {message_id} was not kept: "
+                                        f"{_describe(exc)}", kept=False) from exc
         except _NATS_FAILURES as exc:
             raise FleetUnavailableError(
-                f"desk {desk}: message {message_id} may not be kept ({_describe(exc)}); "
-                f"sending it again with the same id is safe") from exc
+                f"desk {desk}: message {message_id} may or may not be kept, its storing was "
+                f"not confirmed ({_describe(exc)}); sending it again with the same id is "
+                f"safe: it is kept once") from exc
         return not ack.duplicate
 
     async def inbox(self, desk: str) -> DeskInbox:
@@ -470,7 +530,7 @@ class FleetBus:
         """
         _checked_desk(desk)
         inbox = DeskInbox(desk, self._js, self._inbox_stream, self._consumer_config(desk),
-                          self._options)
+                          self._options, self._sealer, self.refusals)
         await inbox._open()
         return inbox
 
@@ -522,9 +582,14 @@ class FleetBus:
                     answering.start_soon(self._answer, desk, msg, handler)
 
     async def _answer(self, desk: str, msg: Msg, handler: ControlHandler) -> None:
-        if not msg.reply:
-            return
         answer: dict[str, Any]
+        try:
+            if not msg.reply.startswith(_REPLY_PREFIX):
+                raise SealRefused("bad_reply", f"answers go to {_REPLY_PREFIX}* only")
+            self._sealer.check(msg.subject, msg.data, _header(msg, SEAL_HEADER), msg.reply)
+        except SealRefused as exc:
+            self.refusals.refused("control request", msg.subject, exc)
+            return  # no answer: the asker learns nothing, and no subject gets a sealed reply
         try:
             request = json_loads(msg.data)
             if not isinstance(request, dict):
@@ -543,7 +608,8 @@ class FleetBus:
         except (TypeError, ValueError) as exc:
             data = json_bytes({"error": f"the answer is not JSON: {exc}"})
         try:
-            await self._nc.publish(msg.reply, data)
+            await self._nc.publish(msg.reply, data,
+                                   headers={SEAL_HEADER: self._sealer.seal(msg.reply, data)})
         except _NATS_FAILURES as exc:
             _log.warning("fleet_answer_lost", desk=desk, error=_describe(exc))
 
@@ -561,20 +627,20 @@ class FleetBus:
             The holder's answer; ``{"error": "..."}`` when its handler failed.
 
         Raises:
-            DeskUnreachable: No daemon serves the desk now, none answered in time, or NATS
-                cannot be reached.
+            DeskUnreachable: No daemon serves the desk now, none answered in time, NATS
+                cannot be reached, or the answer was not sealed with the fleet's key (a
+                client that joined the holders' queue group answered, and was refused).
             FleetError: The answer is not a JSON object.
         """
         _checked_desk(desk)
+        msg = await self._ask(desk, json_bytes(request), timeout)
         try:
-            msg = await self._nc.request(self._subject("control", desk), json_bytes(request),
-                                         timeout=timeout)
-        except nats.errors.NoRespondersError as exc:
-            raise DeskUnreachable(desk, "no daemon serves it now") from exc
-        except TimeoutError as exc:
-            raise DeskUnreachable(desk, f"no answer within {timeout:g} s") from exc
-        except _NATS_FAILURES as exc:
-            raise DeskUnreachable(desk, f"NATS cannot be reached ({_describe(exc)})") from exc
+            self._sealer.check(msg.subject, msg.data, _header(msg, SEAL_HEADER))
+        except SealRefused as exc:
+            self.refusals.refused("answer", msg.subject, exc)
+            raise DeskUnreachable(desk, f"an answer came that the fleet did not seal, and was "
+                                        f"refused ({exc.reason}): a client of the NATS server "
+                                        f"may be answering in the holder's place") from exc
         try:
             answer = json_loads(msg.data)
         except ValueError:
@@ -583,6 +649,28 @@ class FleetBus:
             raise FleetError(f"desk {desk}: its holder answered with something other than a "
                              f"JSON object")
         return answer
+
+    async def _ask(self, desk: str, data: bytes, timeout: float) -> Msg:  # noqa: ASYNC109
+        """Publishes a request sealed with its reply subject, and waits for the first
+        answer (unchecked)."""
+        subject = self._subject("control", desk)
+        inbox = self._nc.new_inbox()
+        try:
+            sub = await self._nc.subscribe(inbox, max_msgs=1)
+            try:
+                await self._nc.publish(subject, data, reply=inbox, headers={
+                    SEAL_HEADER: self._sealer.seal(subject, data, inbox)})
+                msg = await sub.next_msg(timeout=timeout)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _unsubscribe_quietly(sub)
+        except TimeoutError as exc:
+            raise DeskUnreachable(desk, f"no answer within {timeout:g} s") from exc
+        except _NATS_FAILURES as exc:
+            raise DeskUnreachable(desk, f"NATS cannot be reached ({_describe(exc)})") from exc
+        if _header(msg, _STATUS) == _NO_RESPONDERS:
+            raise DeskUnreachable(desk, "no daemon serves it now")
+        return msg
 
     # ------------------------------------------------------------------ releases
 
@@ -597,9 +685,11 @@ class FleetBus:
         names = [_checked_desk(desk) for desk in desks]
         if not names:
             return
+        subject = self._subject("released")
+        data = json_bytes({"daemon": self.daemon_id, "desks": names})
         try:
-            await self._nc.publish(self._subject("released"),
-                                   json_bytes({"daemon": self.daemon_id, "desks": names}))
+            await self._nc.publish(subject, data,
+                                   headers={SEAL_HEADER: self._sealer.seal(subject, data)})
             await self._nc.flush(timeout=math.ceil(self._options.request_timeout))
         except _NATS_FAILURES as exc:
             _log.warning("fleet_release_not_announced", desks=names, error=_describe(exc))
@@ -617,6 +707,11 @@ class FleetBus:
                     msg = await sub.next_msg(timeout=None)
                 except nats.errors.ConnectionClosedError:
                     return
+                try:
+                    self._sealer.check(msg.subject, msg.data, _header(msg, SEAL_HEADER))
+                except SealRefused as exc:
+                    self.refusals.refused("release", msg.subject, exc)
+                    continue
                 try:
                     desks = json_loads(msg.data)["desks"]
                 except (ValueError, KeyError, TypeError):
@@ -638,9 +733,12 @@ class FleetBus:
         try:
             async with self._outgoing_receive:
                 async for item in self._outgoing_receive:
+                    # Sealed as it goes, not as it was queued: the seal's time is checked
+                    # against the time the stream keeps it.
+                    headers = {**item.headers, SEAL_HEADER: self._sealer.seal(
+                        item.subject, item.payload, item.headers.get(_MSG_ID, ""))}
                     try:
-                        await self._nc.publish(item.subject, item.payload,
-                                               headers=item.headers)
+                        await self._nc.publish(item.subject, item.payload, headers=headers)
                     except _NATS_FAILURES as exc:
                         self._count_dropped(_describe(exc))
                     else:
@@ -649,6 +747,28 @@ class FleetBus:
                             self._dropping = 0
         finally:
             self._pump_done.set()
+
+    def _event_from(self, msg: Msg) -> FleetEvent | None:
+        """The event a stream message carries; None (logged) when it is refused or
+        unreadable."""
+        seq = msg.metadata.sequence.stream
+        desk = msg.subject.rsplit(".", 1)[-1]
+        try:
+            self._sealer.check(msg.subject, msg.data, _header(msg, SEAL_HEADER),
+                               _header(msg, _MSG_ID) or "",
+                               stored_at=msg.metadata.timestamp.timestamp())
+            data = json_loads(msg.data)
+            if isinstance(data, dict) and data.get("desk", desk) != desk:
+                raise SealRefused("desk_mismatch", f"an event of desk {desk} names another")
+        except SealRefused as exc:
+            self.refusals.refused("event", msg.subject, exc)
+            return None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            _log.warning("fleet_event_unreadable", subject=msg.subject, seq=seq)
+            return None
+        return FleetEvent(seq=seq, desk=desk, daemon=_header(msg, _DAEMON) or "", data=data)
 
     def _count_dropped(self, reason: str) -> None:
         self.events_dropped += 1
@@ -745,11 +865,15 @@ class DeskInbox:
         stream: The inbox stream.
         config: The desk's durable consumer.
         options: Poll and ack timeouts.
+        sealer: Checks each message's seal.
+        refusals: Where refused messages are logged.
     """
 
     def __init__(self, desk: str, js: JetStreamContext, stream: str, config: ConsumerConfig,
-                 options: BusOptions) -> None:
+                 options: BusOptions, sealer: Sealer, refusals: RefusalLog) -> None:
         self.desk = desk
+        self._sealer = sealer
+        self._refusals = refusals
         self._js = js
         self._stream = stream
         self._config = config
@@ -783,18 +907,25 @@ class DeskInbox:
                 await _quietly(msg.nak())
                 break
             seq = msg.metadata.sequence.stream
+            message_id = _header(msg, _MSG_ID)
             try:
+                self._sealer.check(msg.subject, msg.data, _header(msg, SEAL_HEADER),
+                                   message_id or "",
+                                   stored_at=msg.metadata.timestamp.timestamp())
                 payload = json_loads(msg.data)
                 if not isinstance(payload, dict):
                     raise ValueError("not an object")
+            except SealRefused as exc:
+                self._refusals.refused("inbox message", msg.subject, exc)
+                await _quietly(msg.term())  # never delivered again
+                continue
             except ValueError:
                 _log.warning("fleet_inbox_message_unreadable", desk=self.desk, seq=seq)
                 await _quietly(msg.term())
                 continue
             self._unacked[seq] = msg
-            message_id = (msg.headers or {}).get(_MSG_ID) or f"seq-{seq}"
-            return InboxMessage(message_id, payload, msg.metadata.num_delivered, seq, msg,
-                                self)
+            return InboxMessage(message_id or f"seq-{seq}", payload,
+                                msg.metadata.num_delivered, seq, msg, self)
         raise StopAsyncIteration
 
     async def _next_msg(self) -> Msg | None:
@@ -858,16 +989,8 @@ def _checked_desk(desk: str) -> str:
     return _check_name("desk", desk)
 
 
-def _event_from(msg: Msg, seq: int) -> FleetEvent | None:
-    try:
-        data = json_loads(msg.data)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        _log.warning("fleet_event_unreadable", subject=msg.subject, seq=seq)
-        return None
-    daemon = (msg.headers or {}).get(_DAEMON, "")
-    return FleetEvent(seq=seq, desk=msg.subject.rsplit(".", 1)[-1], daemon=daemon, data=data)
+def _header(msg: Msg, name: str) -> str | None:
+    return (msg.headers or {}).get(name)
 
 
 def _without_password(url: str) -> str:
@@ -907,15 +1030,60 @@ async def _close_quietly(nc: Client) -> None:
         await nc.close()
 
 
+class _NotTls(ssl.SSLError):
+    """A ``tls://`` server that answered in plain text."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Client(Client):
+    """nats-py's client, surviving a late PONG.
+
+    It also refuses to speak plain text to a ``tls://`` server.
+
+    ``flush()`` sends a PING and waits for its PONG; on timeout it cancels the future but
+    leaves it queued, and when the PONG comes after all (a daemon woken from SIGSTOP, a
+    server or network stalled longer than the timeout), ``_process_pong`` sets the result of
+    the cancelled future: ``InvalidStateError`` ends the client's read loop for good while
+    the client still says it is connected, so every request times out and no message is
+    read (issue 30). Here that PONG is matched to its cancelled PING and dropped.
+    """
+
+    def _connect_command(self) -> bytes:
+        """Refuses, before any credential is sent, a ``tls://`` server that did not ask for
+        TLS: nats-py would go on in plain text (a man in the middle's first trick)."""
+        server = self._current_server
+        if server is not None and server.uri.scheme == "tls" \
+                and not self._server_info.get("tls_required") \
+                and not self.options["tls_handshake_first"]:
+            if self._transport is not None:
+                self._transport.close()  # type: ignore[no-untyped-call]  # left open by nats-py
+            raise _NotTls("the server does not require TLS although the URL is tls:// (nothing "
+                          "was sent to it; configure TLS on the server)")
+        return super()._connect_command()
+
+    async def _process_pong(self) -> None:
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():  # cancelled: the flush that sent its PING gave up
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+
 async def _open_connection(servers: list[str], shown: str, daemon_id: str,
-                           options: BusOptions, credentials: dict[str, str | None]) -> Client:
+                           options: BusOptions, credentials: dict[str, Any]) -> Client:
     """Connects, failing fast when NATS is absent, then reconnects for ever once in."""
-    nc = Client()
+    nc = _Client()
     failures: list[BaseException] = []  # before the first connection: told in the error
+    attempt = anyio.CancelScope()
 
     async def on_error(exc: Exception) -> None:
         if not nc.is_connected and not nc.is_reconnecting and not nc.is_closed:
             failures.append(exc)
+            if isinstance(exc, ssl.SSLError):
+                attempt.cancel()  # nats-py tries a server that fails TLS again for ever
         elif not nc.is_reconnecting:  # each failed attempt while reconnecting: not logged
             _log.warning("fleet_nats_error", url=shown, error=_describe(exc))
 
@@ -927,13 +1095,18 @@ async def _open_connection(servers: list[str], shown: str, daemon_id: str,
         _log.info("fleet_nats_reconnected", url=shown)
 
     try:
-        await nc.connect(
-            servers=servers, name=f"trading-agent {daemon_id}", error_cb=on_error,
-            disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
-            connect_timeout=max(1, math.ceil(options.connect_timeout)),
-            max_reconnect_attempts=1, reconnect_time_wait=0,
-            pending_size=options.reconnect_buffer_bytes, user=credentials["user"],
-            password=credentials["password"], token=credentials["token"])
+        with attempt:
+            await nc.connect(
+                servers=servers, name=f"trading-agent {daemon_id}", error_cb=on_error,
+                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+                connect_timeout=max(1, math.ceil(options.connect_timeout)),
+                max_reconnect_attempts=1, reconnect_time_wait=0,
+                ping_interval=max(1, math.ceil(options.ping_interval)),
+                max_outstanding_pings=options.max_outstanding_pings,
+                pending_size=options.reconnect_buffer_bytes,
+                **{name: value for name, value in credentials.items() if value is not None})
+        if attempt.cancelled_caught:
+            raise ConnectionError("TLS failed")
     except (*_NATS_FAILURES, ValueError) as exc:
         with suppress(Exception):  # nats-py 2.9 trips over a client that never connected
             await nc.close()
@@ -942,6 +1115,7 @@ async def _open_connection(servers: list[str], shown: str, daemon_id: str,
     # Once in, losing NATS is survived: reconnect for ever (read at each attempt).
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = options.reconnect_wait
+    nc.options["ping_interval"] = options.ping_interval  # read at each ping: may be < 1 s
     return nc
 
 

@@ -38,10 +38,13 @@ from trading_agent.daemon.control import (
     DeskReply,
     DeskStatus,
     DeskUnreachableError,
+    MessageNotKeptError,
     UnknownDeskError,
 )
 from trading_agent.daemon.mailbox import Delivery
 from trading_agent.fleet.approvals import answer_approval
+from trading_agent.fleet.checks import check_inbox_message, check_request
+from trading_agent.fleet.sealing import SealRefused
 
 if TYPE_CHECKING:
     from trading_agent.daemon.supervisor import Supervisor
@@ -185,12 +188,21 @@ class FleetControl:
         return DeskStatus(name=desk, state="stopped", daemon=holder)
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
-                           images: Sequence[ImageBlock] = ()) -> str:
+                           images: Sequence[ImageBlock] = (), *,
+                           message_id: str | None = None) -> str:
         """A desk held here: as on one daemon. Elsewhere: kept in the desk's inbox on
-        JetStream (acknowledged by the server) for whoever holds it."""
+        JetStream (acknowledged by the server) for whoever holds it; the same
+        ``message_id`` again is kept once (by the stream, and by the holder's store).
+
+        Raises:
+            MessageNotKeptError: NATS did not keep it, or did not confirm it.
+        """
         if self.holds(desk):
-            return await self.local.send_message(desk, text, source, images)
-        message_id = uuid.uuid4().hex
+            return await self.local.send_message(desk, text, source, images,
+                                                 message_id=message_id)
+        from trading_agent.fleet.bus import FleetUnavailableError
+
+        message_id = message_id or uuid.uuid4().hex
         # The holder waits for the answer from now, so that send --wait gets it even when
         # the turn ends at once (and says the desk's message limit); a desk moving
         # meanwhile: the message waits in its inbox.
@@ -204,8 +216,12 @@ class FleetControl:
         # Its holder's mailbox takes it later, from the inbox: steering if that desk was in
         # a turn when asked (a desk that did not answer: a turn of its own).
         self._deliveries[desk] = "steering" if expected.get("in_turn") is True else "turn"
-        await self.bus.send_to_desk(desk, message_id, {
-            "op": "message", "text": text, "source": source, "images": encode_images(images)})
+        try:
+            await self.bus.send_to_desk(desk, message_id, {
+                "op": "message", "desk": desk, "text": text, "source": source,
+                "images": encode_images(images)})
+        except FleetUnavailableError as exc:
+            raise MessageNotKeptError(str(exc), exc.kept) from exc
         return message_id
 
     def message_delivery(self, desk: str, message_id: str) -> Delivery:
@@ -428,6 +444,12 @@ class DeskService:
 
     async def _take(self, desk: str, message: InboxMessage) -> None:
         payload = message.payload
+        try:
+            check_inbox_message(desk, payload)
+        except SealRefused as exc:
+            self.bus.refusals.refused("inbox message", f"{desk} {message.message_id}", exc)
+            await message.ack()  # refused for good: it never comes again
+            return
         if message.delivered > 1 and await self.inbox.has_operator_message(
                 desk, message.message_id):
             pass  # a daemon stored it and died before acknowledging: it is the store's now
@@ -441,6 +463,11 @@ class DeskService:
 
     async def _answer(self, desk: str, request: dict[str, Any],
                       waiting: anyio.abc.TaskGroup) -> dict[str, Any]:
+        try:
+            check_request(desk, request)
+        except SealRefused as exc:
+            self.bus.refusals.refused("control request", desk, exc)
+            return {"error": f"the request was refused: {exc}"}
         op = request.get("op")
         local = self.local
         result: Any

@@ -25,6 +25,7 @@ import structlog
 
 from trading_agent.agent.event_bus import Subscription
 from trading_agent.agent.events import Event
+from trading_agent.errors import ConfigError
 from trading_agent.fleet.bus import FleetBus
 from trading_agent.fleet.control import DeskService, FleetControl
 from trading_agent.fleet.member import FleetMember
@@ -177,20 +178,28 @@ async def open_node(settings: Settings, store_target: object,
     Args:
         settings: The daemon's settings (``store`` and ``fleet``).
         store_target: The shared store.
-        environ: Where NATS' password or token is read (``os.environ`` by default).
+        environ: Where NATS' password or token and the fleet's key are read
+            (``os.environ`` by default).
 
     Raises:
         StoreError: The store cannot be opened.
-        ConfigError: NATS cannot be reached (naming its URL).
+        ConfigError: NATS cannot be reached (naming its URL), the fleet's key is missing or
+            too short, or a certificate file of ``[fleet]`` cannot be used.
     """
     daemon_id = settings.fleet.resolved_daemon_id()
     assert settings.fleet.nats_url is not None
+    environ = os.environ if environ is None else environ
+    try:
+        key = settings.fleet.fleet_key(environ)
+        sign_in = settings.fleet.nats_sign_in(environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     async with AsyncExitStack() as stack:
         leases = await DeskLeases.open(store_target)
         stack.push_async_callback(leases.close)
-        sign_in = settings.fleet.nats_sign_in(os.environ if environ is None else environ)
         bus = await stack.enter_async_context(FleetBus.connect(
             sign_in.url, daemon_id, prefix=settings.fleet.nats_prefix, user=sign_in.user,
-            password=sign_in.password, token=sign_in.token))
+            password=sign_in.password, token=sign_in.token,
+            credentials_file=sign_in.credentials_file, tls=sign_in.tls, key=key))
         node = FleetNode(settings, leases, bus, daemon_id)
         yield node

@@ -133,6 +133,7 @@ import hmac
 import json
 import math
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import date
 from pathlib import Path
@@ -156,8 +157,10 @@ from trading_agent.daemon.control import (
     CancelRefusedError,
     DeskControl,
     DeskUnreachableError,
+    MessageNotKeptError,
     UnknownDeskError,
     UnknownOrderError,
+    message_id_for,
 )
 from trading_agent.errors import (
     BackendError,
@@ -297,8 +300,13 @@ class _ImageBody(BaseModel):
     name: str = Field(default="", max_length=200)
 
 
+_IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:-]{1,128}$"
+"""A client's idempotency key: what a UUID, a ULID or a timestamped id is made of."""
+
+
 class _MessageBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+    idempotency_key: str | None = Field(default=None, pattern=_IDEMPOTENCY_KEY)
     text: str
     source: str = Field(default="operator", min_length=1, max_length=64,
                         pattern=r"^[\w .@+-]+$")
@@ -535,10 +543,13 @@ async def _post_message(request: Request) -> Response:
                        f"the message is {len(body.text)} characters; the limit is {limit} "
                        "(operator.max_message_chars)")
     images = await _images(body, service.config.max_image_bytes)
-    # Without pictures, called as before: a DeskControl that takes none still serves text.
-    pictures = {"images": images} if images else {}
-    message_id = await service.control.send_message(desk, body.text, source=body.source,
-                                                    **pictures)
+    key = _idempotency_key(request, body)
+    message_id = message_id_for(desk, key)
+    try:
+        message_id = await service.control.send_message(desk, body.text, body.source, images,
+                                                        message_id=message_id)
+    except MessageNotKeptError as exc:
+        return _not_kept(desk, message_id, key, exc)
     # The desk's mailbox decided how it took the message; asked with no await between.
     delivery = service.control.message_delivery(desk, message_id)
     answer: dict[str, Any] = {"id": message_id, "desk": desk, "delivery": delivery}
@@ -549,11 +560,48 @@ async def _post_message(request: Request) -> Response:
         return json_response(answer, 202)
     # No await between the send and this: the desk cannot have read the message yet.
     with anyio.move_on_after(body.timeout):
-        reply = await service.control.wait_for_reply(desk, message_id)
+        try:
+            reply = await service.control.wait_for_reply(desk, message_id)
+        except DeskUnreachableError as exc:  # kept: it is read, its answer not waited for
+            return _error_with(503, "message_kept", f"the message ({message_id}) is kept and "
+                               f"will be read once; its answer could not be waited for: "
+                               f"{exc}. Do not send it again", kept=True, id=message_id,
+                               idempotency_key=key)
         answer["reply"] = reply.model_dump()
         return json_response(answer, 200)
     raise ApiError(504, "no_reply", f"no answer within {body.timeout:g} s; the message "
                    f"({message_id}) was delivered and the desk will still answer it")
+
+
+def _idempotency_key(request: Request, body: _MessageBody) -> str:
+    """The client's idempotency key (the ``Idempotency-Key`` header or the body's
+    ``idempotency_key``), or a new one the answer names when the message was not kept."""
+    header = request.headers.get("idempotency-key")
+    if header is not None and not re.match(_IDEMPOTENCY_KEY, header):
+        raise ApiError(400, "invalid_parameter", "the Idempotency-Key header: 1 to 128 "
+                       "letters, digits, '.', '_', ':' or '-'")
+    if header is not None and body.idempotency_key not in (None, header):
+        raise ApiError(400, "invalid_parameter", "the Idempotency-Key header and the body's "
+                       "idempotency_key differ; send one")
+    return header or body.idempotency_key or uuid.uuid4().hex
+
+
+def _not_kept(desk: str, message_id: str, key: str, exc: MessageNotKeptError) -> Response:
+    """503 saying the truth: not kept (send it again), or not known (sending it again with
+    the same key is safe, as it is kept once)."""
+    if exc.kept is False:
+        return _error_with(503, "message_not_kept", f"the message to {desk} was not kept "
+                           f"({exc}); send it again, with Idempotency-Key: {key}",
+                           kept=False, id=message_id, idempotency_key=key)
+    return _error_with(503, "message_not_confirmed", f"the message to {desk} may or may not "
+                       f"have been kept ({exc}); sending it again with Idempotency-Key: {key} "
+                       "is safe: it is kept and read once either way",
+                       kept=None, id=message_id, idempotency_key=key)
+
+
+def _error_with(status: int, code: str, message: str, **fields: Any) -> Response:
+    return json_response({"error": {"status": status, "code": code, "message": message,
+                                    **fields}}, status)
 
 
 def _shortened(control: DeskControl, desk: str, text: str) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,14 +217,21 @@ class OperatorClient:
         return result
 
     async def send_message(self, desk: str, text: str, source: str = "operator",
-                           images: Sequence[ImageAttachment] = ()) -> dict[str, Any]:
+                           images: Sequence[ImageAttachment] = (), *,
+                           idempotency_key: str | None = None) -> dict[str, Any]:
         """Sends a message: it steers a running turn or starts one.
+
+        The message goes with an idempotency key (a new one unless given): when the daemon
+        answers that it was not kept, or could not confirm it (its fleet's NATS down for a
+        moment), it is sent again with the same key, so it is read once, a few times over
+        a few seconds; then the daemon's answer is raised.
 
         Args:
             desk: The desk.
             text: The message (may be empty when it carries a picture).
             source: Who sends it.
             images: Pictures sent with it (at most four).
+            idempotency_key: The key; a new one when None.
 
         Returns:
             ``{"id", "desk", "delivery"}``; delivery is ``steering`` or ``turn``.
@@ -237,9 +245,7 @@ class OperatorClient:
             body["images"] = [{"media_type": image.media_type, "name": image.name,
                                "data": base64.b64encode(image.data).decode("ascii")}
                               for image in images]
-        result: dict[str, Any] = await self._request(
-            "POST", f"/api/desks/{_part(desk)}/messages", json=body)
-        return result
+        return await self._post_message(desk, body, idempotency_key)
 
     async def send_and_wait(self, desk: str, text: str, source: str = "operator", *,
                             wait_seconds: float = 900.0) -> dict[str, Any]:
@@ -258,10 +264,23 @@ class OperatorClient:
             OperatorRequestError: No answer within ``wait_seconds`` (``no_reply``).
         """
         body = {"text": text, "source": source, "wait": True, "timeout": wait_seconds}
-        result: dict[str, Any] = await self._request(
-            "POST", f"/api/desks/{_part(desk)}/messages", json=body,
-            timeout=wait_seconds + 30)
-        return result
+        return await self._post_message(desk, body, None, timeout=wait_seconds + 30)
+
+    async def _post_message(self, desk: str, body: dict[str, Any], key: str | None,
+                            **options: Any) -> dict[str, Any]:
+        """Posts a message under one idempotency key, again while the daemon says it was not
+        kept or not confirmed (each attempt is read once at most)."""
+        body = {**body, "idempotency_key": key or uuid.uuid4().hex}
+        for wait in (*_MESSAGE_RETRY_SECONDS, None):
+            try:
+                result: dict[str, Any] = await self._request(
+                    "POST", f"/api/desks/{_part(desk)}/messages", json=body, **options)
+                return result
+            except OperatorRequestError as exc:
+                if wait is None or exc.code not in _NOT_KEPT:
+                    raise
+            await anyio.sleep(wait)
+        raise AssertionError("unreachable")
 
     async def pause(self, desk: str, operator: str, reason: str) -> dict[str, Any]:
         """Holds a desk: no turns until it is resumed. Returns ``changed`` and the status."""
@@ -463,6 +482,12 @@ class OperatorClient:
                 return
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+_MESSAGE_RETRY_SECONDS = (0.5, 1.0, 2.0)
+"""The waits before a message the daemon did not keep is sent again (same key)."""
+
+_NOT_KEPT = frozenset({"message_not_kept", "message_not_confirmed"})
 
 
 def _json_or_raise(response: httpx.Response) -> Any:

@@ -25,6 +25,10 @@ __all__ = ["load_settings", "missing_secrets"]
 _RELATIVE_PATHS: tuple[tuple[str, ...], ...] = (
     ("daemon", "state_dir"),
     ("operator", "socket_path"),
+    ("fleet", "nats_ca_file"),
+    ("fleet", "nats_cert_file"),
+    ("fleet", "nats_key_file"),
+    ("fleet", "nats_creds_file"),
 )
 
 
@@ -110,7 +114,8 @@ def missing_secrets(settings: Settings, path: Path | str,
         environ: The environment (``os.environ`` by default).
 
     Returns:
-        One line per missing variable, naming the key that refers to it.
+        One line per missing variable, naming the key that refers to it; and one for a
+        fleet key too short (its length, never its value).
     """
     environ = os.environ if environ is None else environ
     lines: list[str] = []
@@ -121,6 +126,12 @@ def missing_secrets(settings: Settings, path: Path | str,
             lines.append(f"{path}: {key_path}: the environment variable {name} is not set or "
                          f"empty (got {name!r}; allowed: the name of a variable set in the "
                          "daemon's environment, such as in /etc/trading-agent/env)")
+    key_env = settings.fleet.key_env
+    if settings.in_fleet and key_env and environ.get(key_env) and key_env not in seen:
+        try:
+            settings.fleet.fleet_key(environ)
+        except ValueError as exc:
+            lines.append(f"{path}: {exc}")
     return lines
 
 

@@ -131,6 +131,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 "fleet.nats_url needs the desks' state shared: set store.url "
                 "(postgresql://USER@HOST:PORT/DB), or leave [fleet] out for one daemon")
+        if self.in_fleet and not self.fleet.key_env:
+            raise ValueError(
+                "fleet.key_env is required in a fleet: name the environment variable that "
+                "holds the fleet's shared key (at least 32 bytes, the same on every daemon; "
+                "openssl rand -hex 32 makes one), which seals every message between the "
+                "daemons")
+        if self.in_fleet and not self.fleet.signs_in and not self.fleet.trusted_network:
+            raise ValueError(
+                "fleet.nats_url signs in to NATS with nothing, so whoever reaches the server "
+                "may use it: set fleet.nats_password_env (with the user in the URL), "
+                "fleet.nats_token_env, fleet.nats_creds_file or a client certificate "
+                "(fleet.nats_cert_file), or say fleet.trusted_network = true when only the "
+                "fleet can reach NATS")
         return self
 
     @property
@@ -183,7 +196,7 @@ class Settings(BaseSettings):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
         if self.store.password_env:
             yield "store.password_env", self.store.password_env, self.store.url is not None
-        for key in ("nats_password_env", "nats_token_env"):
+        for key in ("nats_password_env", "nats_token_env", "key_env"):
             name = getattr(self.fleet, key)
             if name:
                 yield f"fleet.{key}", name, self.in_fleet

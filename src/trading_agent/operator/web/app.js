@@ -48,6 +48,7 @@
     if (!response.ok) {
       const error = new Error(data && data.error ? data.error.message : response.statusText);
       error.status = response.status;
+      if (data && data.error && "kept" in data.error) error.kept = data.error.kept;
       throw error;
     }
     return data;
@@ -1241,6 +1242,15 @@
     });
   }
 
+  let unsent = null;  // the message last tried and not sent: { text, desk, key }
+
+  function newKey() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
   async function send(event) {
     event.preventDefault();
     const box = $("message");
@@ -1255,7 +1265,12 @@
     box.value = "";
     attachments.length = 0;
     renderAttachments();
-    const body = { text, source: state.operator };
+    // One key per message, kept while it is not sent: sending the same text again after a
+    // failure reuses it, so a message the daemon kept after all is read once.
+    if (!unsent || unsent.text !== text || unsent.desk !== state.selected) {
+      unsent = { text, desk: state.selected, key: newKey() };
+    }
+    const body = { text, source: state.operator, idempotency_key: unsent.key };
     if (pictures.length) {
       body.images = pictures.map((p) => ({ media_type: p.media_type, data: p.data, name: p.name }));
     }
@@ -1263,6 +1278,7 @@
       const result = await api(`/api/desks/${encodeURIComponent(state.selected)}/messages`, {
         method: "POST", body,
       });
+      unsent = null;
       label.textContent = result.delivery === "steering" ? "steers the running turn" : "starts a turn";
       if (result.shortened) {
         label.textContent += " · shortened";
@@ -1270,7 +1286,13 @@
       }
       scheduleRefresh();
     } catch (error) {
-      label.textContent = "not sent";
+      if (error.kept === true) {  // kept, will be read once: not back in the composer
+        unsent = null;
+        label.textContent = "kept";
+        addNote(error.message, "warn");
+        return;
+      }
+      label.textContent = error.kept === null ? "not confirmed" : "not sent";
       label.classList.add("tag-bad");
       if (!box.value) box.value = text;
       if (!attachments.length) {  // back in the composer, to fix and send again
