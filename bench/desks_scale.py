@@ -125,6 +125,7 @@ class Figures:
     stall: float = 0.0
     full_collections: int = 0
     longest_pause: float = 0.0
+    prepare_seconds: float = 0.0
 
 
 def rss_bytes() -> int:
@@ -214,6 +215,10 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
         if history_size:  # traced, restoring 500 desks of 1,000 messages takes minutes
             tracemalloc.stop()
         await group.start(supervisor.run)
+        prepared = time.perf_counter()
+        for desk in desks:  # each prepares its first request once all have restored
+            await desk.prepared.wait()
+        prepare_seconds = time.perf_counter() - prepared
         await anyio.sleep(0.2)  # idle
         memory = tracemalloc.get_traced_memory()[0] / count
         tracemalloc.stop()  # the timed rounds run untraced
@@ -244,7 +249,7 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
     delays.sort()
     return Figures(count, memory, rss, statistics.median(throughput), statistics.median(delays),
                    _percentile(delays, 0.99), time.perf_counter() - store_started,
-                   lag.longest, watch.count(2), watch.longest())
+                   lag.longest, watch.count(2), watch.longest(), prepare_seconds)
 
 
 def _keeper_argument(keeper: bool) -> dict[str, object]:
