@@ -126,6 +126,8 @@ class Figures:
     full_collections: int = 0
     longest_pause: float = 0.0
     prepare_seconds: float = 0.0
+    cpu_per_turn: float = 0.0
+    collector_seconds: float = 0.0
 
 
 def rss_bytes() -> int:
@@ -227,6 +229,7 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
         await anyio.sleep(0.05)
         lag.reset()
         watch.on()
+        cpu_started = time.process_time()
         for number in range(1, rounds + 1):
             fired = {desk.name: Trigger(kind="schedule", text="Check.", source="bench")
                      for desk in desks}
@@ -238,6 +241,7 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
                     await anyio.sleep(0.002)
             throughput.append(count / (time.perf_counter() - started))
             delays.extend(_first_request_delays(requests, fired))
+        cpu_per_turn = (time.process_time() - cpu_started) / (count * rounds)
         watch.off()
         lag.stopped = True
         supervisor.shutdown()
@@ -249,7 +253,8 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
     delays.sort()
     return Figures(count, memory, rss, statistics.median(throughput), statistics.median(delays),
                    _percentile(delays, 0.99), time.perf_counter() - store_started,
-                   lag.longest, watch.count(2), watch.longest(), prepare_seconds)
+                   lag.longest, watch.count(2), watch.longest(), prepare_seconds,
+                   cpu_per_turn, watch.seconds())
 
 
 def _keeper_argument(keeper: bool) -> dict[str, object]:
@@ -309,7 +314,7 @@ def main() -> None:
             keeper=keeper)) for n in args.desks]
     print(f"{'desks':>7} {'memory/desk':>12} {'RSS/desk':>9} {'turns/s':>8} {'bound':>7} "
           f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9} {'stall':>8} {'gen2':>4} "
-          f"{'gc max':>8}")
+          f"{'gc max':>8} {'gc all':>8} {'CPU/turn':>9}")
     for figures in [reference, *results]:
         label = f"{figures.desks}{' (ref)' if figures is reference else ''}"
         print(f"{label:>7} {figures.memory_per_desk / 1024:>8.1f} KiB "
@@ -318,7 +323,8 @@ def main() -> None:
               f"{figures.delay_p50 * 1000:>7.1f} ms {figures.delay_p99 * 1000:>7.1f} ms "
               f"{figures.delay_p99 / reference.delay_p99:>8.1f}x "
               f"{figures.stall * 1000:>5.0f} ms {figures.full_collections:>4} "
-              f"{figures.longest_pause * 1000:>5.0f} ms")
+              f"{figures.longest_pause * 1000:>5.0f} ms "
+              f"{figures.collector_seconds * 1000:>5.0f} ms {figures.cpu_per_turn * 1000:>6.2f} ms")
     for figures in results:
         if figures.desks == 500:
             p99, memory = figures.delay_p99 * 1000, figures.memory_per_desk / 1024
