@@ -20,22 +20,35 @@ Printed per N:
   round; and the ratio of that p99 to the one of the reference run, one desk, in the same
   process.
 
+With ``--history M`` every desk's store holds M messages before it starts (ticks, tool calls
+and results, answers; written straight into the messages table, out of the timing), so the
+desks restore long conversations and the heap holds all of them, as a daemon that ran for
+months does. Then also printed (issue 31): the longest stall of the event loop while the
+desks wake (a probe task sleeping 5 ms notes how late it wakes; a collector pause is one),
+and the collector's runs over the timed rounds (``gc.callbacks``): how many full (gen-2)
+collections and the longest pause. ``--keeper off`` runs without the daemon's heap keeper
+(:mod:`trading_agent.daemon.heap`), for the figures before it.
+
 Bars (issue 14), at 500 desks: p99 trigger-to-request at most 500 ms, and memory per idle
-desk under 50 KiB; turns per second are compared with a run of the code before (the closing
-note of issue 14 gives both, from one machine).
+desk under 50 KiB (without history); issue 31, 500 desks of 1,000 messages: the longest
+stall at most 50 ms and p99 trigger-to-request at most 500 ms; turns per second are compared
+with a run of the code before (the closing note of issue 14 gives both, from one machine).
 
 Across daemons (a fleet on PostgreSQL and NATS, one daemon against two): ``bench/fleet.py``,
 which runs real daemon processes.
 
-Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500 1000] [--rounds 3]``.
+Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500 1000] [--rounds 3]
+[--history 1000] [--keeper on|off]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import logging
 import os
-import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -50,8 +63,10 @@ from pathlib import Path
 import anyio
 import structlog
 
+from probes import CollectorWatch, LoopLag, machine
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.context_compressor import ContextCompressor
+from trading_agent.agent.conversation import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
 from trading_agent.agent.retry import RetryPolicy
@@ -63,6 +78,7 @@ from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Desk, DeskProfile
 from trading_agent.daemon.mailbox import Mailbox
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+from trading_agent.store.codec import encode_content
 from trading_agent.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +122,58 @@ class Figures:
     delay_p50: float
     delay_p99: float
     store_seconds: float
+    stall: float = 0.0
+    full_collections: int = 0
+    longest_pause: float = 0.0
+    restore_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    cpu_per_turn: float = 0.0
+    collector_seconds: float = 0.0
 
 
 def rss_bytes() -> int:
     """The process's resident set size."""
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+TICKER_TEXT = "BTC/USDT last 21,034.50 bid 21,034.40 ask 21,034.60 24h +2.31% vol 14,201 BTC"
+
+
+def history(size: int) -> list[Message]:
+    """About ``size`` messages of a desk's past: tick, call, result, answer, repeated."""
+    messages: list[Message] = []
+    index = 0
+    while len(messages) < size:
+        call = ToolUseBlock(id=f"hist_{index}", name="get_ticker",
+                            arguments='{"symbol": "BTC/USDT"}')
+        messages += [
+            Message.user_text(f"[tick: BTC/USDT]\nBTC/USDT moved 0.5% to {21000 + index}"),
+            Message(role="assistant", content=(TextBlock("Checking the market."), call)),
+            Message(role="user", kind="tool_results", content=(ToolResultBlock(
+                call.id, (TextBlock(TICKER_TEXT),)),)),
+            Message(role="assistant", content=(TextBlock(f"No trade at {21000 + index}."),)),
+        ]
+        index += 1
+    return messages[:size]
+
+
+def fill_history(path: Path, desks: list[str], size: int) -> None:
+    """Writes ``size`` messages for each desk straight into the store's messages table."""
+    connection = sqlite3.connect(path)
+    try:
+        for desk in desks:
+            rows = []
+            for message in history(size):
+                content, _ = encode_content(message.content)
+                rows.append((desk, f"{desk}-{message.id}", message.role, message.kind,
+                             content, message.created_at))
+            connection.executemany(
+                "INSERT INTO messages (desk, message_id, role, kind, content, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)", rows)
+        connection.commit()
+    finally:
+        connection.close()
 
 
 def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatibleBackend, *,
@@ -126,9 +188,16 @@ def build_desk(name: str, store: Store, bus: EventBus, backend: OpenAICompatible
                 store, mailbox=mailbox, event_bus=bus)
 
 
-async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figures:
-    """Builds ``count`` desks, starts them idle, then triggers all of them ``rounds`` times."""
-    store = await Store.open(folder / f"bench-{count}.sqlite3")
+async def measure(count: int, rounds: int, base_url: str, folder: Path, *, history_size: int = 0,
+                  keeper: bool = True) -> Figures:
+    """Builds ``count`` desks (each with ``history_size`` stored messages), starts them
+    idle, then triggers all of them ``rounds`` times."""
+    path = folder / f"bench-{count}.sqlite3"
+    names = [f"desk{i:04d}" for i in range(count)]
+    if history_size:
+        await (await Store.open(path)).close()  # the tables
+        fill_history(path, names, history_size)
+    store = await Store.open(path)
     bus = EventBus()
     recorded = bus.subscribe("store", max_buffer=1_000_000)
     requests = bus.subscribe("bench", max_buffer=1_000_000,
@@ -137,17 +206,33 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figur
     tracemalloc.start()
     backend = OpenAICompatibleBackend(OpenAIBackendConfig(
         base_url=base_url, model="scripted-model", context_window=32_000))
-    desks = [build_desk(f"desk{i:04d}", store, bus, backend) for i in range(count)]
-    supervisor = Supervisor([DeskRuntime(desk) for desk in desks], bus, store)
+    window = 10_000_000 if history_size else 32_000  # no compaction of the long histories
+    desks = [build_desk(name, store, bus, backend, context_window=window) for name in names]
+    supervisor = Supervisor([DeskRuntime(desk) for desk in desks], bus, store,
+                            **_keeper_argument(keeper))
     throughput: list[float] = []
     delays: list[float] = []
+    lag, watch = LoopLag(), CollectorWatch()
     async with anyio.create_task_group() as group:
         group.start_soon(store.events.persist_events, recorded)
+        if history_size:  # traced, restoring 500 desks of 1,000 messages takes minutes
+            tracemalloc.stop()
+        restoring = time.perf_counter()
         await group.start(supervisor.run)
+        restore_seconds = time.perf_counter() - restoring
+        prepared = time.perf_counter()
+        for desk in desks:  # each prepares its first request once all have restored
+            await desk.prepared.wait()
+        prepare_seconds = time.perf_counter() - prepared
         await anyio.sleep(0.2)  # idle
         memory = tracemalloc.get_traced_memory()[0] / count
         tracemalloc.stop()  # the timed rounds run untraced
         rss = (rss_bytes() - before) / count
+        group.start_soon(lag.run)
+        await anyio.sleep(0.05)
+        lag.reset()
+        watch.on()
+        cpu_started = time.process_time()
         for number in range(1, rounds + 1):
             fired = {desk.name: Trigger(kind="schedule", text="Check.", source="bench")
                      for desk in desks}
@@ -159,6 +244,9 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figur
                     await anyio.sleep(0.002)
             throughput.append(count / (time.perf_counter() - started))
             delays.extend(_first_request_delays(requests, fired))
+        cpu_per_turn = (time.process_time() - cpu_started) / (count * rounds)
+        watch.off()
+        lag.stopped = True
         supervisor.shutdown()
         await supervisor.stopped.wait()
         recorded.close()
@@ -167,7 +255,20 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path) -> Figur
     await backend.aclose()
     delays.sort()
     return Figures(count, memory, rss, statistics.median(throughput), statistics.median(delays),
-                   _percentile(delays, 0.99), time.perf_counter() - store_started)
+                   _percentile(delays, 0.99), time.perf_counter() - store_started,
+                   lag.longest, watch.count(2), watch.longest(), restore_seconds, prepare_seconds,
+                   cpu_per_turn, watch.seconds())
+
+
+def _keeper_argument(keeper: bool) -> dict[str, object]:
+    """The supervisor's heap keeper, when it has one and it is asked for."""
+    if not keeper:
+        return {}
+    try:
+        from trading_agent.daemon.heap import HeapKeeper
+    except ImportError:  # the code before the keeper
+        return {}
+    return {"heap_keeper": HeapKeeper()}
 
 
 def _first_request_delays(requests: object, fired: dict[str, Trigger]) -> list[float]:
@@ -190,38 +291,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--desks", type=int, nargs="+", default=[10, 100, 500, 1000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--history", type=int, default=0,
+                        help="messages each desk's store holds before it starts")
+    parser.add_argument("--keeper", choices=("on", "off"), default="on",
+                        help="the daemon's heap keeper (off: the figures without it)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where the SQLite files go (a temporary folder by default; "
                              "/dev/shm shows the figures without fsync)")
     args = parser.parse_args()
     # The figures only: the daemon's info lines (a shutdown per N) would interleave.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}; load average {load}")
+    print(machine())
     print(f"model latency {MODEL_LATENCY * 1000:.0f} ms (scripted server in its own process); "
           f"{args.rounds} rounds of all desks triggered at once; store in "
-          f"{args.state_dir or tempfile.gettempdir()}")
+          f"{args.state_dir or tempfile.gettempdir()}; {args.history} messages per desk; heap "
+          f"keeper {args.keeper}; gc thresholds {gc.get_threshold()}")
+    keeper = args.keeper == "on"
     with scripted_model() as base_url, \
             tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:
-        reference = anyio.run(measure, 1, args.rounds * 3, base_url, Path(folder))
-        results = [anyio.run(measure, n, args.rounds, base_url, Path(folder))
-                   for n in args.desks]
+        reference = anyio.run(functools.partial(
+            measure, 1, args.rounds * 3, base_url, Path(folder), history_size=args.history,
+            keeper=keeper))
+        results = [anyio.run(functools.partial(
+            measure, n, args.rounds, base_url, Path(folder), history_size=args.history,
+            keeper=keeper)) for n in args.desks]
     print(f"{'desks':>7} {'memory/desk':>12} {'RSS/desk':>9} {'turns/s':>8} {'bound':>7} "
-          f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9}")
+          f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9} {'stall':>8} {'gen2':>4} "
+          f"{'gc max':>8} {'gc all':>8} {'CPU/turn':>9}")
     for figures in [reference, *results]:
         label = f"{figures.desks}{' (ref)' if figures is reference else ''}"
         print(f"{label:>7} {figures.memory_per_desk / 1024:>8.1f} KiB "
               f"{figures.rss_per_desk / 1024:>5.0f} KiB "
               f"{figures.turns_per_second:>8.1f} {figures.desks / MODEL_LATENCY:>7.0f} "
               f"{figures.delay_p50 * 1000:>7.1f} ms {figures.delay_p99 * 1000:>7.1f} ms "
-              f"{figures.delay_p99 / reference.delay_p99:>8.1f}x")
+              f"{figures.delay_p99 / reference.delay_p99:>8.1f}x "
+              f"{figures.stall * 1000:>5.0f} ms {figures.full_collections:>4} "
+              f"{figures.longest_pause * 1000:>5.0f} ms "
+              f"{figures.collector_seconds * 1000:>5.0f} ms {figures.cpu_per_turn * 1000:>6.2f} ms")
     for figures in results:
         if figures.desks == 500:
             p99, memory = figures.delay_p99 * 1000, figures.memory_per_desk / 1024
             print(f"500 desks: p99 {p99:.0f} ms (bar: at most 500 ms) -> "
                   f"{'PASS' if p99 <= 500 else 'FAIL'}; memory per idle desk {memory:.1f} KiB "
                   f"(bar: under 50 KiB) -> {'PASS' if memory < 50 else 'FAIL'}")
+            if args.history >= 1000:
+                stall = figures.stall * 1000
+                print(f"500 desks of {args.history} messages: longest stall {stall:.0f} ms "
+                      f"(bar: at most 50 ms) -> {'PASS' if stall <= 50 else 'FAIL'}; p99 "
+                      f"{p99:.0f} ms (bar: at most 500 ms) -> {'PASS' if p99 <= 500 else 'FAIL'}"
+                      f"; start-up: restored in {figures.restore_seconds:.1f} s, first requests "
+                      f"prepared {figures.prepare_seconds:.1f} s later")
+    print(machine())
 
 
 if __name__ == "__main__":

@@ -88,3 +88,36 @@ async def test_the_incremental_window_equals_the_whole_pipeline(
         assert _shape(prepared.messages) == _shape(expected)
         assert prepared.tokens == sum(estimate_tokens(m) for m in expected)
         assert prepared.images == sum(m.image_count for m in expected)
+
+
+class _CountingCompressor(ContextCompressor):
+    """Counts the messages passed through the cut."""
+
+    trimmed = 0
+
+    def trim(self, messages, scale=1.0):  # type: ignore[no-untyped-def]
+        self.trimmed += len(messages)
+        return super().trim(messages, scale)
+
+
+async def test_a_moved_token_scale_cuts_again_only_the_messages_long_enough_to_be_cut() -> None:
+    compressor = _CountingCompressor(32_000, tool_result_max_tokens=100)
+    window = SentWindow(compressor, ImagePreparer())
+    conversation = Conversation("You run a desk.")
+    for number in range(200):  # short ticks and answers, one long tool result in ten
+        call = ToolUseBlock(f"call-{number}", "get_ticker", "{}")
+        await conversation.append(Message.user_text(f"tick {number}"))
+        await conversation.append(Message(role="assistant", content=(call,)))
+        text = "r" * (2_000 if number % 10 == 0 else 50)
+        await conversation.append(Message(role="user", kind="tool_results", content=(
+            ToolResultBlock(call.id, (TextBlock(text),)),)))
+    window.build(conversation)
+    compressor.trimmed = 0
+
+    conversation.token_scale = 2.5  # calibrated after a restart: messages may be shorter
+    prepared = window.build(conversation)
+
+    assert compressor.trimmed <= 20, f"{compressor.trimmed} messages cut again, not the 20 long"
+    expected = prepare_window(conversation, compressor, ImagePreparer())
+    assert _shape(prepared.messages) == _shape(expected)
+    assert prepared.tokens == sum(estimate_tokens(m) for m in expected)

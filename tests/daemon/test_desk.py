@@ -552,3 +552,26 @@ async def test_a_message_sent_again_under_its_id_after_a_restart_is_not_read_aga
         ("operator", "[Message from ann, a human operator]\nBuy 0.01 BTC."),
         ("assistant", "Bought 0.01 BTC.")]
     scripted_server.assert_complete()
+
+
+async def test_a_restored_desk_prepares_its_first_request_before_any_trigger(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    scripted_server.responder = lambda request: Reply("Nothing to do.")
+    bus = EventBus()
+    async with open_store(tmp_path) as store:
+        for number in range(40):  # a history from an earlier run of the daemon
+            await store.transcripts.append_message("alpha", Message.user_text(f"tick {number}"))
+            await store.transcripts.append_message("alpha", Message(
+                role="assistant", content=(TextBlock(f"No trade {number}."),)))
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        async with anyio.create_task_group() as group:
+            group.start_soon(desk.run)
+            with anyio.fail_after(10):
+                await desk.prepared.wait()
+            assert desk.conversation is not None and len(desk.conversation.messages) == 80
+            assert all("openai_wire" in m.cache for m in desk.conversation.messages), \
+                "the restored messages are encoded before the desk's first trigger"
+            desk.fire(Trigger(kind="schedule", text="Check.", source="s"))
+            await wait_for(lambda: desk.turns == 1)
+            await stop_desk(desk, group)
+    assert len(scripted_server.requests) == 1

@@ -395,6 +395,16 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ what is sent
 
+    async def prepare(self, conversation: Conversation) -> None:
+        """Prepares what the conversation's next request sends (the sent window, its token
+        estimates and, where the backend has ``prepare``, its wire encoding), so that a desk
+        restored with a long history does not pay for all of it the moment it wakes (500
+        desks woken at once paid it in one pass of the event loop)."""
+        request = self._prepared_request(conversation)[0]
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is not None:
+            await prepare(request)
+
     def _prepared_request(self, conversation: Conversation) -> tuple[ModelRequestSpec, int,
                                                                       int]:
         """What one call sends (the window with old tool results cleared, repaired, long

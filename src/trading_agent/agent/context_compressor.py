@@ -86,6 +86,9 @@ __all__ = [
     "request_tokens",
 ]
 
+_MIN_MESSAGE_CHARS = 256
+"""The fewest characters one message may send, whatever the token scale."""
+
 AskModel = Callable[[ModelRequestSpec], Awaitable[ModelReply]]
 """How the compressor asks the model for a summary: the loop's call, with its retries."""
 
@@ -320,11 +323,19 @@ class ContextCompressor:
         max_chars = self.max_message_chars(scale)
         return [self._trimmed(m, max_chars) for m in messages]
 
+    def may_trim(self, message: Message) -> bool:
+        """Whether :meth:`trim` could cut this message at some scale: a text of it is longer
+        than the fewest characters a message may ever send."""
+        if message.role != "user" or message.kind == "summary":
+            return False
+        return any(len(block.text) > _MIN_MESSAGE_CHARS for block in message.content
+                   if isinstance(block, TextBlock | ToolResultBlock))
+
     def max_message_chars(self, scale: float = 1.0) -> int:
         """How many characters one message may send at this token scale (in steps of about
         19%, so a drifting scale does not change what is sent every call)."""
         step = 2 ** (round(math.log2(max(scale, 0.25)) * 4) / 4)
-        return max(256, int(self.message_max_tokens * 4 / step))
+        return max(_MIN_MESSAGE_CHARS, int(self.message_max_tokens * 4 / step))
 
     def _trimmed(self, message: Message, max_chars: int) -> Message:
         if message.kind == "summary":

@@ -5,7 +5,10 @@ results cleared, repaired (every call answered), long messages cut, old pictures
 Between two compactions or clearings the window only grows by appends, so
 :class:`SentWindow` keeps what it prepared last time and processes only the messages added
 since (from the last point where no tool call waited for its results): a model call costs
-what changed, not the length of the history. The result is, message for message, what
+what changed, not the length of the history. When only the token scale moved far enough to
+change how long a message may be (the first calls after a restart, as the scale is
+calibrated), only the messages long enough to be cut are cut again. The result is, message
+for message, what
 :func:`prepare_window` (the whole pipeline run from scratch) gives; a test holds them equal.
 """
 
@@ -56,13 +59,24 @@ def _process(conversation: Conversation, compressor: ContextCompressor | None,
              messages: Sequence[Message], *, clearable: bool) -> list[Message]:
     """Clear, repair and cut ``messages``: a run of the window that no tool call straddles
     (``clearable`` when it starts before the conversation's ``cleared_until``)."""
+    return _trim(conversation, compressor, _repaired(conversation, compressor, messages,
+                                                    clearable=clearable))
+
+
+def _repaired(conversation: Conversation, compressor: ContextCompressor | None,
+              messages: Sequence[Message], *, clearable: bool) -> list[Message]:
+    """Clear and repair ``messages`` (:func:`_process` before the cut)."""
     processed = list(messages)
     if compressor is not None and clearable:
         processed = compressor.cleared(conversation, processed)
-    processed = repair(processed)
-    if compressor is not None:
-        processed = compressor.trim(processed, conversation.token_scale)
-    return processed
+    return repair(processed)
+
+
+def _trim(conversation: Conversation, compressor: ContextCompressor | None,
+          messages: list[Message]) -> list[Message]:
+    if compressor is None:
+        return messages
+    return compressor.trim(messages, conversation.token_scale)
 
 
 class SentWindow:
@@ -77,6 +91,10 @@ class SentWindow:
         self._compressor = compressor
         self._preparer = preparer
         self._key: tuple[object, ...] | None = None
+        self._uncut: list[Message] = []
+        """``_sent`` before long messages were cut."""
+        self._long: list[int] = []
+        """Positions in ``_sent`` of the messages a cut may shorten."""
         self._sources: list[Message] = []
         """The conversation's messages processed for good (up to a stable point)."""
         self._sent: list[Message] = []
@@ -101,14 +119,19 @@ class SentWindow:
         key = (id(conversation), conversation.summary, conversation.window_start,
                conversation.cleared_until, max_chars)
         messages = conversation.messages[conversation.window_start:]
-        if key != self._key or not self._still_prefix(messages):
+        if not self._still_prefix(messages):
             self._start(key, conversation)
+        elif key != self._key:
+            if self._key is not None and key[:-1] == self._key[:-1]:
+                self._cut_again(key, conversation)  # only the token scale moved
+            else:
+                self._start(key, conversation)
         done = len(self._sources)
         stable = done + _stable_end(messages[done:])
         until = conversation.cleared_until - conversation.window_start
         if stable > done:
-            self._add(_process(conversation, compressor, messages[done:stable],
-                               clearable=done < until))
+            self._add(conversation, _repaired(conversation, compressor, messages[done:stable],
+                                              clearable=done < until))
             self._sources.extend(messages[done:stable])
         pending = _process(conversation, compressor, messages[stable:], clearable=stable < until)
         return self._pruned(pending)
@@ -129,15 +152,31 @@ class SentWindow:
         self._key = key
         self._sources = []
         self._sent = []
+        self._uncut = []
+        self._long = []
         self._tokens = 0
         self._pictures = []
         if conversation.summary is not None:
-            self._add(_process(conversation, self._compressor, [conversation.summary],
-                               clearable=False))
+            self._add(conversation, _repaired(conversation, self._compressor,
+                                              [conversation.summary], clearable=False))
 
-    def _add(self, processed: list[Message]) -> None:
+    def _cut_again(self, key: tuple[object, ...], conversation: Conversation) -> None:
+        """The messages long enough to be cut, cut to the new length."""
+        self._key = key
+        uncut = [self._uncut[position] for position in self._long]
+        for position, cut in zip(self._long, _trim(conversation, self._compressor, uncut),
+                                 strict=True):
+            self._tokens += estimate_tokens(cut) - estimate_tokens(self._sent[position])
+            self._sent[position] = cut
+
+    def _add(self, conversation: Conversation, repaired: list[Message]) -> None:
         base = len(self._sent)
+        processed = _trim(conversation, self._compressor, repaired)
         self._sent.extend(processed)
+        self._uncut.extend(repaired)
+        compressor = self._compressor
+        if compressor is not None:
+            self._long.extend(base + i for i, m in enumerate(repaired) if compressor.may_trim(m))
         self._tokens += sum(estimate_tokens(m) for m in processed)
         self._pictures.extend(base + i for i, m in enumerate(processed) if m.image_count)
 

@@ -41,6 +41,7 @@ from trading_agent.agent.event_bus import Subscription
 from trading_agent.app.services import open_daemon
 from trading_agent.app.stop_budget import StopBudget
 from trading_agent.app.systemd import SystemdNotifier
+from trading_agent.daemon.heap import HeapKeeper
 from trading_agent.daemon.supervisor import Supervisor
 from trading_agent.errors import ConfigError
 from trading_agent.logging_setup import log_events
@@ -99,7 +100,8 @@ async def run_daemon(settings: Settings, *, environ: Mapping[str, str] | None = 
 async def _run(settings: Settings, environ: Mapping[str, str] | None,
                notifier: SystemdNotifier, shutdown: _Shutdown,
                config_path: Path | None) -> None:
-    async with open_daemon(settings, environ=environ, config_path=config_path) as daemon:
+    async with open_daemon(settings, environ=environ, config_path=config_path,
+                           heap_keeper=HeapKeeper()) as daemon:
         supervisor = daemon.supervisor
         async with anyio.create_task_group() as recorders:
             # These end once their subscriptions close and what they hold is written.

@@ -46,6 +46,7 @@ from trading_agent.daemon.events import (
     ReduceOnlyChanged,
     StorageChanged,
 )
+from trading_agent.daemon.heap import HeapKeeper
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
@@ -129,13 +130,16 @@ class Daemon:
 
 @asynccontextmanager
 async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None = None,
-                      config_path: Path | None = None) -> AsyncIterator[Daemon]:
+                      config_path: Path | None = None,
+                      heap_keeper: HeapKeeper | None = None) -> AsyncIterator[Daemon]:
     """Opens the store, every desk's exchange and model, and builds the supervisor.
 
     Args:
         settings: The validated settings.
         environ: Where secrets are read from (``os.environ`` by default).
         config_path: The file the settings came from: ``reload`` (and SIGHUP) read it again.
+        heap_keeper: Freezes the long-lived heap (the daemon's process passes one; a test
+            running a daemon inside its own process leaves its heap alone).
 
     Yields:
         The daemon, ready to run.
@@ -223,7 +227,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
             service_backoff=backoff(settings), services=services, kill_switch=kill_switch,
-            reduce_only=reduce_only)
+            reduce_only=reduce_only, heap_keeper=heap_keeper)
         spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store,
                                                       backends)
         # Always counted: a reload may set a cap.

@@ -64,6 +64,8 @@ from operator import itemgetter
 from types import TracebackType
 from typing import Any, NamedTuple
 
+import anyio.lowlevel
+
 from trading_agent.agent.backend import ModelReply, ModelRequestSpec, Usage
 from trading_agent.agent.conversation import (
     ContentBlock,
@@ -277,8 +279,11 @@ class _Joined(NamedTuple):
 
 
 _NOTHING_JOINED = _Joined([], b"", False, None)
-_JOINED_DESKS = 16
-"""How many desks' last requests are kept joined (the most recent)."""
+_JOINED_DESKS = 1024
+"""How many desks' last requests are kept joined (the most recent): every desk's, in a daemon
+of fewer desks (with 16, 500 desks woken at once each joined its whole history again)."""
+_PREPARE_CHUNK = 100
+"""Messages encoded between two yields to the event loop while a request is prepared."""
 
 
 def _tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -543,6 +548,20 @@ class AnthropicBackend:
         await self._transport.aclose()
 
     # ------------------------------------------------------------------ request body
+
+    async def prepare(self, request: ModelRequestSpec) -> None:
+        """Encodes a request's messages ahead of time (a desk restored with a long history),
+        yielding to the event loop every few messages, and keeps them joined for the desk:
+        its first request then costs what was added since, not its whole history.
+
+        Args:
+            request: What the desk's next request would send.
+        """
+        for start in range(0, len(request.messages), _PREPARE_CHUNK):
+            for message in request.messages[start:start + _PREPARE_CHUNK]:
+                _encode(message)
+            await anyio.lowlevel.checkpoint()
+        self.request_body(request)
 
     def request_body(self, request: ModelRequestSpec) -> bytes:
         """The JSON body one request sends, spliced from cached encodings.

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import httpx
 import openai
 
@@ -90,8 +92,13 @@ _CUT_ERRORS: tuple[type[Exception], ...] = (RequestTimeout, ConnectionFailed)
 _READ_ERRORS: tuple[type[Exception], ...] = (*_CUT_ERRORS, ValueError)
 _SILENT_OVERFLOW_SHARE = 0.8
 """An empty answer to a prompt estimated at this share of the window is taken as overflow."""
-_JOINED_DESKS = 16
-"""How many desks' last requests are kept joined (the busiest: the most recent)."""
+_JOINED_DESKS = 1024
+"""How many desks' last requests are kept joined (the busiest: the most recent). With fewer
+desks than this every desk's is kept: 500 desks woken at once each joined their whole history
+again when it was 16 (a desk's memo holds a copy of its encoded window, some 200 KB at 1,000
+short messages)."""
+_PREPARE_CHUNK = 100
+"""Messages encoded between two yields to the event loop while a request is prepared."""
 _STREAM_RUNTIME = "async:asyncio"
 """The SDK's ``X-Stainless-Async`` header for the runtime the daemon runs on."""
 
@@ -554,6 +561,20 @@ class OpenAICompatibleBackend:
         body += (b',"messages":[', system, b"," if system and messages else b"", messages,
                  b"]}")
         return b"".join(body)
+
+    async def prepare(self, request: ModelRequestSpec) -> None:
+        """Encodes a request's messages ahead of time (a desk restored with a long history),
+        yielding to the event loop every few messages, and keeps them joined for the desk:
+        its first request then costs what was added since, not its whole history.
+
+        Args:
+            request: What the desk's next request would send.
+        """
+        for start in range(0, len(request.messages), _PREPARE_CHUNK):
+            for message in request.messages[start:start + _PREPARE_CHUNK]:
+                encode_message(message)
+            await anyio.lowlevel.checkpoint()
+        self._messages_json(request)
 
     def _messages_json(self, request: ModelRequestSpec) -> bytes:
         """The messages' wire JSON, comma-joined; for a desk whose last request's messages

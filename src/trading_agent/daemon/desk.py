@@ -340,6 +340,9 @@ class Desk:
         self.conversation: Conversation | None = None
         self.ready = anyio.Event()
         """Set once the desk restored its conversation (or failed its first try)."""
+        self.prepared = anyio.Event()
+        """Set once the desk prepared its first request after a restore (see
+        :meth:`AgentLoop.prepare`), or found a trigger waiting and went straight to it."""
         self.start_gate: anyio.Event | None = None
         """When set by the supervisor: the desk's first turn waits for it (every desk of a
         restarting daemon restores first, then the turns they owe run)."""
@@ -648,6 +651,9 @@ class Desk:
                     self.ready.set()
                     if self.start_gate is not None:
                         await self.start_gate.wait()
+                    if self.conversation is not None and not self.queue:
+                        await self.loop.prepare(self.conversation)  # while nothing waits
+                    self.prepared.set()
                     await self._serve()
                 except BackendUnavailableError as exc:
                     await self._failed(exc, paused=True)
@@ -662,6 +668,7 @@ class Desk:
                     self.ready.set()
         finally:
             self.ready.set()
+            self.prepared.set()
 
     async def _load_hold(self) -> None:
         """A desk paused before a restart stays paused (until its hold's end, if it has one)."""

@@ -28,6 +28,7 @@ from trading_agent.agent.trigger import Trigger
 from trading_agent.daemon.books_view import cancel_desk_order, decimal_text, read_books
 from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
+from trading_agent.daemon.heap import HeapKeeper, is_compaction
 from trading_agent.daemon.mailbox import Delivery
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.errors import ConfigError
@@ -128,6 +129,8 @@ class Supervisor:
         kill_switch: The daemon's kill switch, which every desk's risk policy obeys.
         spend: The daily spend caps, for the desks' status.
         reduce_only: The desks' reduce-only states, which every desk's risk policy obeys.
+        heap_keeper: Freezes the long-lived heap once every desk has restored, after a desk
+            is added and after each compaction (see :mod:`.heap`); None: left alone.
     """
 
     def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
@@ -137,7 +140,8 @@ class Supervisor:
                  clock: Callable[[], float] = time.time,
                  kill_switch: KillSwitch | None = None,
                  spend: SpendGuard | None = None,
-                 reduce_only: ReduceOnlyStates | None = None) -> None:
+                 reduce_only: ReduceOnlyStates | None = None,
+                 heap_keeper: HeapKeeper | None = None) -> None:
         self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
         self.event_bus = event_bus
         self._history = history
@@ -150,6 +154,7 @@ class Supervisor:
         self.kill_switch = kill_switch or KillSwitch.in_memory()
         self.spend = spend
         self.reduce_only = reduce_only or ReduceOnlyStates.in_memory()
+        self.heap_keeper = heap_keeper
         self.reloader: Reloader | None = None
         """Reads the config again (``reload``, SIGHUP); None when there is no file."""
         self._group: anyio.abc.TaskGroup | None = None
@@ -342,6 +347,8 @@ class Supervisor:
         self._runtimes[runtime.desk.name] = runtime
         self._group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
         await runtime.desk.ready.wait()
+        if self.heap_keeper is not None:
+            self.heap_keeper.freeze()
 
     async def remove_desk(self, name: str, *, finish_turn: bool = False) -> list[Trigger]:
         """Stops a desk and forgets it: at its running turn's next safe point, or once that
@@ -530,6 +537,10 @@ class Supervisor:
                 group.start_soon(self._run_desk, runtime, name=f"desk {runtime.desk.name}")
             for runtime in self._runtimes.values():
                 await runtime.desk.ready.wait()
+            if self.heap_keeper is not None:  # before the first turn: the restored heap
+                self.heap_keeper.freeze()
+                group.start_soon(self.heap_keeper.watch, self.event_bus.subscribe(
+                    "heap keeper", accept=is_compaction), name="heap keeper")
             restored.set()
             for name, service in self.services:
                 group.start_soon(self._keep_running, "*", name, service, name=name)
