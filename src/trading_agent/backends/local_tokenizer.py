@@ -64,9 +64,10 @@ async def vocabulary_counter(config: LocalModelConfig) -> TokenCounter | None:
 
 def _load_vocabulary(path: Path) -> Any:
     # The model object of llama-cpp-python's internals: unlike ``Llama``, it loads the
-    # vocabulary alone without a context, and says nothing on stderr.
-    import llama_cpp
-    from llama_cpp import _internals
+    # vocabulary alone without a context, and says nothing on stderr. Imported by name, as
+    # llama_chat_handler does: llama_cpp comes with the optional ``local`` extra only.
+    llama_cpp: Any = importlib.import_module("llama_cpp")
+    _internals: Any = importlib.import_module("llama_cpp._internals")
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
