@@ -64,9 +64,9 @@ import anyio
 import structlog
 
 from probes import CollectorWatch, LoopLag, machine
+from round_overhead import _history
 from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.context_compressor import ContextCompressor
-from trading_agent.agent.conversation import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
 from trading_agent.agent.retry import RetryPolicy
@@ -137,34 +137,13 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-TICKER_TEXT = "BTC/USDT last 21,034.50 bid 21,034.40 ask 21,034.60 24h +2.31% vol 14,201 BTC"
-
-
-def history(size: int) -> list[Message]:
-    """About ``size`` messages of a desk's past: tick, call, result, answer, repeated."""
-    messages: list[Message] = []
-    index = 0
-    while len(messages) < size:
-        call = ToolUseBlock(id=f"hist_{index}", name="get_ticker",
-                            arguments='{"symbol": "BTC/USDT"}')
-        messages += [
-            Message.user_text(f"[tick: BTC/USDT]\nBTC/USDT moved 0.5% to {21000 + index}"),
-            Message(role="assistant", content=(TextBlock("Checking the market."), call)),
-            Message(role="user", kind="tool_results", content=(ToolResultBlock(
-                call.id, (TextBlock(TICKER_TEXT),)),)),
-            Message(role="assistant", content=(TextBlock(f"No trade at {21000 + index}."),)),
-        ]
-        index += 1
-    return messages[:size]
-
-
 def fill_history(path: Path, desks: list[str], size: int) -> None:
     """Writes ``size`` messages for each desk straight into the store's messages table."""
     connection = sqlite3.connect(path)
     try:
         for desk in desks:
             rows = []
-            for message in history(size):
+            for message in _history(size)[:size]:
                 content, _ = encode_content(message.content)
                 rows.append((desk, f"{desk}-{message.id}", message.role, message.kind,
                              content, message.created_at))
