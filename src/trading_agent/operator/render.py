@@ -281,7 +281,7 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
     if kind == "order_filled":
         return style.good(f"✓ {_short(data.get('text'), 200)}")
     if kind == "pins_changed":
-        return style.warn(f"📌 {_short(data.get('text'), 300)}")
+        return style.warn(f"⚑ {_short(data.get('text'), 300)}")
     if kind == "spend_alert":
         return style.warn(f"$ {_short(data.get('text'), 200)}")
     if kind == "storage":
