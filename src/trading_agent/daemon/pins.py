@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+import anyio
+
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.fixed_part import FRAMING_TOKENS
 from trading_agent.daemon.events import PinsChanged
@@ -160,6 +162,9 @@ class DeskPins:
         self.bus = bus
         self._pins: dict[str, list[Pin]] = {}
         self._next_id = 1
+        self._changing = anyio.Lock()
+        """One pin measured and kept at a time: two made at once cannot both take the
+        window's last room."""
 
     @classmethod
     async def restore(cls, records: PinRecords, clock: Callable[[], datetime],
@@ -187,6 +192,10 @@ class DeskPins:
                 numbers).
         """
         text = checked_text(text)
+        async with self._changing:
+            return await self._pin(desk, text, by)
+
+    async def _pin(self, desk: Desk, text: str, by: str) -> Pin:
         before = await desk.fixed_part_with(self.texts(desk.name))
         after = await desk.fixed_part_with([*self.texts(desk.name), text])
         if not after.fits:
@@ -209,7 +218,8 @@ class DeskPins:
         Raises:
             UnknownPinError: The desk has no pin of that id.
         """
-        pin = await self.remove(desk.name, pin_id)
+        async with self._changing:
+            pin = await self.remove(desk.name, pin_id)
         desk.set_pinned(self.texts(desk.name))
         self._publish(desk.name, "unpinned", pin, by)
         return pin
