@@ -141,7 +141,8 @@ async def test_pin_pins_and_unpin_from_the_chat_and_the_command_line(
         scripted_server: ScriptedServer, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS,
-                                 desks={"alpha": _DESK})
+                                 desks={"alpha": {**_DESK, "pinned": ["Trade only BTC."]},
+                                        "beta": _DESK})
 
     async with in_process_daemon(config) as running, \
             OperatorClient(socket_path=running.endpoints.socket_path) as client, \
@@ -174,7 +175,8 @@ async def test_pin_pins_and_unpin_from_the_chat_and_the_command_line(
         assert code == 0 and "Unpinned #1 from alpha" in printed
         code, printed, _ = await cli("pins", "alpha")
         assert code == 0 and printed.startswith("#2 by bob at ")
-        assert printed.rstrip().endswith("UTC: Close every position by Friday.")
+        assert printed.splitlines()[0].endswith("UTC: Close every position by Friday.")
+        assert printed.splitlines()[1:] == ["(config) Trade only BTC."]
         code, _, err = await cli("unpin", "alpha", "1")
         assert code == 2 and "desk 'alpha' has no pin 1; its pins: 2" in err
         code, _, err = await cli("pin", "gamma", "Hold.")
@@ -183,7 +185,9 @@ async def test_pin_pins_and_unpin_from_the_chat_and_the_command_line(
         await chat.handle("/unpin 2", group)
         await chat.handle("/pins", group)
         assert "Unpinned #2." in out.getvalue()
-        assert out.getvalue().rstrip().endswith("alpha has no standing instructions.")
+        assert out.getvalue().rstrip().endswith("(config) Trade only BTC.")
+        code, printed, _ = await cli("pins", "beta")
+        assert (code, printed) == (0, "beta has no standing instructions.\n")
         group.cancel_scope.cancel()
 
 
