@@ -819,10 +819,12 @@ class Desk:
                 part = await self.loop.fixed_part(conversation)
                 if not (part.measured and not part.fits) and self._overflows < 2:
                     return
+                pins = len(self.configured_pins) + len(self.pinned)
                 await self.pause("daemon", (
                     f"{self._overflows} turn(s) in a row were refused as too long for the "
                     f"model's window even after compacting (the server said: "
-                    f"{error.message}). {part.describe(self.name)}; then resume the desk"))
+                    f"{error.message}). {part.describe(self.name, pins)}; then resume the "
+                    "desk"))
 
     async def _run_turn(self, trigger: Trigger) -> TurnResult | None:
         for hook in self.on_turn_start:

@@ -254,7 +254,7 @@ async def check_fixed_part(name: str, config: DeskSettings,
                                     window=window,
                                     reserve=reserve, count=counter)
     if not part.fits:
-        raise ConfigError(part.describe(name))
+        raise ConfigError(part.describe(name, len(config.pinned)))
 
 
 async def offline_tool_definitions(name: str, config: DeskSettings,
