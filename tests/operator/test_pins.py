@@ -14,12 +14,20 @@ import anyio
 import pytest
 
 from tests.daemon_config import FAST_RESTARTS, write_daemon_config
-from tests.operator.harness import collect_events, in_process_daemon, uds_client
+from tests.operator.harness import (
+    build_control,
+    collect_events,
+    in_process_daemon,
+    running_api,
+    uds_client,
+)
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.cli import main
 from trading_agent.daemon.pins import PIN_BLOCK_END, PIN_BLOCK_START
+from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.cli import _Chat
 from trading_agent.operator.client import OperatorClient
+from trading_agent.operator.config import OperatorConfig
 
 _RULE = "Never hold more than 0.1 BTC; say 'rule noted' when you open a position."
 
@@ -223,3 +231,18 @@ async def test_a_pin_made_mid_turn_is_in_the_turns_next_request_and_outlives_a_r
     assert _system(scripted_server, 2) == f"You are alpha, v2.\n\n{PIN_BLOCK_START}\n" \
                                           f"[1] {_RULE}\n{PIN_BLOCK_END}"
     scripted_server.assert_complete()
+
+
+async def test_a_control_that_keeps_no_pins_says_so_rather_than_failing(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    # A fleet's control keeps none yet: the test daemon's control stands in for it.
+    control, _ = build_control(scripted_server.base_url)
+    async with running_api(control, ApprovalBook(), OperatorConfig(), tmp_path) as (
+            endpoints, _), uds_client(endpoints.socket_path) as client:
+        for method, path in (("GET", "/api/desks/alpha/pins"),
+                             ("POST", "/api/desks/alpha/pins"),
+                             ("DELETE", "/api/desks/alpha/pins/1")):
+            response = await client.request(method, path, json={"text": "Hold."})
+            assert response.status_code == 501, response.text
+            assert response.json()["error"]["code"] == "not_supported"
+            assert "fleet" in response.json()["error"]["message"]
