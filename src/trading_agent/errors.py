@@ -25,6 +25,8 @@
     ├── CancelRefusedError ○             an operator's cancel of one order cannot be done
     ├── MessageNotKeptError ○            an operator's message may not have been kept
     ├── RetryRefusedError                an operator's retry cannot be done now (says why)
+    ├── PinRefusedError ◇                a standing instruction cannot be pinned (says why)
+    ├── UnknownPinError ◇                a desk has no pinned instruction of that id
     ├── McpServerError ▲                 an MCP server could not be started, reached or read
     ├── ConfigError                      a configuration file or variable is wrong
     │   └── CacheFileError §             a backtest's response cache file is unreadable
@@ -40,7 +42,8 @@ Defined where they are raised, not here: ``†`` in :mod:`trading_agent.operator
 :mod:`trading_agent.operator.client`, ``§`` in :mod:`trading_agent.backtest.cache`, ``⁑`` in
 :mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
 in :mod:`trading_agent.fleet.bus`, ``◈`` in :mod:`trading_agent.fleet.sealing`, ``○`` in
-:mod:`trading_agent.daemon.control`, ``▲`` in :mod:`trading_agent.tools.mcp`.
+:mod:`trading_agent.daemon.control`, ``▲`` in :mod:`trading_agent.tools.mcp`, ``◇`` in
+:mod:`trading_agent.daemon.pins`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and

@@ -183,3 +183,37 @@ def test_transcripts_wait_for_the_report_in_a_file_not_in_memory() -> None:
     assert list(spooled) == entries and spooled[1].is_error
     assert [e.text for e in other] == ["another decision"]
     spool.close()
+
+
+async def test_pinned_instructions_of_the_config_are_in_every_request_of_the_run(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    config = tmp_path / "pinned.toml"
+    config.write_text(CONFIG.format(url=server.base_url, btc=PACKAGED_CANDLES,
+                                    eth=_eth_file(tmp_path / "eth.csv")).replace(
+        'symbols = ["BTC/USDT", "ETH/USDT"]\n',
+        'symbols = ["BTC/USDT", "ETH/USDT"]\n'
+        'pinned = ["Never hold more than 0.1 BTC.", "  Quote the time of every price.  "]\n', 1))
+    spec = BacktestSpec(load_settings(config), "pair", parse_time("2023-01-06"),
+                        parse_time("2023-01-06T04:00"), cache_dir=tmp_path / "cache",
+                        source=str(config))
+    await run_backtest(spec)
+
+    systems = [str(r.messages[0]["content"]) for r in server.requests]
+    assert len(systems) >= 2
+    assert all(system.startswith("You trade BTC/USDT and ETH/USDT.\n\n") for system in systems)
+    assert all("[1] Never hold more than 0.1 BTC.\n[2] Quote the time of every price.\n"
+               in system for system in systems)
+
+
+def test_an_empty_pinned_instruction_is_refused_naming_the_file_and_key(
+        tmp_path: Path) -> None:
+    config = tmp_path / "pinned.toml"
+    config.write_text(CONFIG.format(url="http://127.0.0.1:9/v1", btc=PACKAGED_CANDLES,
+                                    eth=PACKAGED_CANDLES).replace(
+        'symbols = ["BTC/USDT", "ETH/USDT"]\n',
+        'symbols = ["BTC/USDT", "ETH/USDT"]\npinned = ["Hold.", " "]\n', 1))
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config)
+    message = str(refused.value)
+    assert "pinned.toml" in message and "desks.pair.pinned" in message, message
+    assert "[1] is empty" in message, message

@@ -18,6 +18,7 @@ from tests.backtest.trader import trading_responder
 from tests.scripted_server import ScriptedServer
 from trading_agent.backtest.mask import FACTORS, choose_mask
 from trading_agent.errors import OrderRejectedError
+from trading_agent.settings import DeskSettings
 from trading_agent.trading.exchange import Candle, OrderRequest
 
 START = datetime(2023, 1, 5, 14, 35, tzinfo=UTC)
@@ -62,6 +63,18 @@ def test_names_are_replaced_in_text_and_a_real_symbol_is_unknown() -> None:
     with pytest.raises(OrderRejectedError, match="no such market; the markets are ASSET1/USD"):
         mask.real_symbol("BTC/USDT")
     assert mask.real_symbol("ASSET2/USD") == "ETH/USDT"
+
+
+def test_pinned_instructions_are_masked_like_the_prompt() -> None:
+    mask = choose_mask(["BTC/USDT"], START)
+    config = DeskSettings.model_validate({
+        "system_prompt": "You trade BTC/USDT.", "symbols": ["BTC/USDT"],
+        "model": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+                  "context_window": 32000},
+        "pinned": ["Never hold more than 0.1 BTC."]})
+    masked = mask.desk_settings(config)
+    assert masked.pinned == ["Never hold more than 0.1 ASSET."]
+    assert masked.system_prompt == "You trade ASSET/USD."
 
 
 def test_an_offset_that_is_not_whole_weeks_is_refused() -> None:

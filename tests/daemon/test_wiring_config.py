@@ -135,6 +135,16 @@ keep_recent_tokens = 100
         'symbols = ["BTC/USDT"]', 'symbols = ["BTC/USDT"]\ntools = ["get_ticker", '
         '"get_balance"]'))
     assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 0
+    capsys.readouterr()
+
+    # Instructions the config pins are part of every request: they count.
+    path.write_text(path.read_text().replace(
+        'system_prompt = "You trade."', 'system_prompt = "You trade."\npinned = ["Hold '
+        + "small. " * 300 + '"]'))
+    assert await anyio.to_thread.run_sync(main, ["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "desks.tiny: the system prompt with its 1 pinned instruction(s) (" in err
+    assert "unpin an instruction" in err
 
 
 async def test_a_server_without_a_tokenizer_is_asked_once_for_every_desk(

@@ -42,6 +42,7 @@ def test_streamed_text_loses_its_control_codes(text: str) -> None:
     {"type": "approval_resolved", "desk": "alpha", "approval_id": "a1", "outcome": "denied",
      "operator": "bob\x1b[1A", "note": CLIPBOARD},
     {"type": "something_new", "desk": "alpha", "text": CLIPBOARD},  # verbose: raw JSON
+    {"type": "pins_changed", "desk": "alpha", "text": f"ann pinned #1: {FAKE_LINE}"},
 ])
 def test_step_lines_lose_their_control_codes(event: dict[str, object]) -> None:
     shown = _printed(event)
@@ -100,3 +101,9 @@ def test_a_protection_that_fired_is_a_warning_line() -> None:
                           Style(False))
 
     assert line == f"⛨ {text}"
+
+
+def test_a_pin_changed_reads_as_one_line_naming_who_and_what() -> None:
+    line = describe_event({"type": "pins_changed", "desk": "alpha", "action": "pinned",
+                           "text": "ann pinned #3: Hold small. (1 pin)"}, Style(False))
+    assert line == "⚑ ann pinned #3: Hold small. (1 pin)"

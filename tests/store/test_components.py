@@ -11,6 +11,7 @@ from trading_agent.store.halts import SqliteHalts
 from trading_agent.store.memory_notes import SqliteMemory
 from trading_agent.store.order_journal import SqliteOrderJournal
 from trading_agent.store.paper_books import SqlitePaperBooks
+from trading_agent.store.pinned_instructions import SqlitePins
 from trading_agent.store.risk_records import SqliteRiskRecords
 from trading_agent.trading.exchange import Balance, Fill, Order, OrderRequest
 from trading_agent.trading.kill_switch import Halt
@@ -155,3 +156,23 @@ async def test_notes_are_versioned_and_searched_without_regard_to_case(
     finally:
         await memory.close()
         await other.close()
+
+
+async def test_pins_are_kept_numbered_and_removed_per_desk(target: StoreTarget) -> None:
+    pins = await SqlitePins.open(target)
+    try:
+        first = await pins.add("alpha", "Never hold more than 0.1 BTC.", "ann", AT)
+        second = await pins.add("beta", "Close by Friday.", "bob", AT + timedelta(hours=1))
+        third = await pins.add("alpha", "Quote every price with its time.", "bob", AT)
+        assert first.id < second.id < third.id
+        assert await pins.load() == [first, second, third]
+        assert not await pins.remove("beta", first.id)  # not beta's
+        assert await pins.remove("alpha", first.id)
+    finally:
+        await pins.close()
+    reopened = await SqlitePins.open(target)
+    try:
+        assert await reopened.load() == [second, third]
+        assert (await reopened.add("alpha", "x", "ann", AT)).id > third.id  # never reused
+    finally:
+        await reopened.close()

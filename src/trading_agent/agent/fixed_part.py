@@ -76,18 +76,26 @@ class FixedPart:
         return ("by the model's tokenizer" if self.measured else
                 f"estimated at {CHARS_PER_TOKEN_ESTIMATE} characters a token")
 
-    def describe(self, desk: str) -> str:
-        """The numbers and what to change, for an error or a pause's reason."""
+    def describe(self, desk: str, pinned: int = 0) -> str:
+        """The numbers and what to change, for an error or a pause's reason.
+
+        Args:
+            desk: The desk's name.
+            pinned: How many pinned instructions the system prompt ends with.
+        """
         verdict = (f"more than the model's context_window ({self.window:,})" if not self.fits
                    else f"of the model's context_window ({self.window:,}) before any message, "
                         "and the server counts more than that")
+        prompt = ("the system prompt" if not pinned else
+                  f"the system prompt with its {pinned} pinned instruction(s)")
+        pins = ", unpin an instruction" if pinned else ""
         return (
-            f"desks.{desk}: the system prompt ({self.prompt_tokens:,} tokens) and the "
+            f"desks.{desk}: {prompt} ({self.prompt_tokens:,} tokens) and the "
             f"{self.tool_count} tool definitions ({self.tool_tokens:,} tokens), {self.how}, "
             f"plus {FRAMING_TOKENS} tokens of chat framing and {self.reserve:,} tokens for the "
             f"answer (model.max_output_tokens) need {self.need:,} tokens: {verdict}; shorten "
-            f"the system prompt, narrow desks.{desk}.tools, lower model.max_output_tokens, or "
-            "use a larger window")
+            f"the system prompt{pins}, narrow desks.{desk}.tools, lower "
+            "model.max_output_tokens, or use a larger window")
 
 
 def answer_reserve(backend: object) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,6 +47,7 @@ from trading_agent.daemon.events import (
     StorageChanged,
 )
 from trading_agent.daemon.heap import HeapKeeper
+from trading_agent.daemon.pins import DeskPins
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.daemon.state_lock import hold_state_lock
 from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
@@ -62,6 +63,7 @@ from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import StorageWatcher, prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.pinned_instructions import SqlitePins
 from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
@@ -172,6 +174,10 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         reduce_only = await ReduceOnlyStates.restore(await SqliteReduceOnly.open(database))
         stack.push_async_callback(reduce_only.close)
         reduce_only.on_change = _announce_reduce_only(bus)
+        # Operators' standing instructions: a desk built (at start, on reload) sends them.
+        pins = await DeskPins.restore(await SqlitePins.open(database),
+                                      lambda: datetime.now(UTC), bus)
+        stack.push_async_callback(pins.close)
         venues: dict[str, TradingVenue] = {}
         approvals = ApprovalBook.from_config(
             settings.operator,
@@ -207,7 +213,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             runtime = await _build_desk(
                 name, desk_settings, venue, backend, stack=desk_stack, database=database,
                 fence=fence, store=store, bus=bus, approvals=approvals, settings=in_force,
-                environ=environ)
+                environ=environ, pinned=pins.texts(name))
             if journal is not None:
                 journal.attach(runtime.desk, venue)
             return runtime
@@ -227,7 +233,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
             runtimes, bus, store, approvals=approvals,
             shutdown_timeout=settings.daemon.shutdown_timeout_seconds,
             service_backoff=backoff(settings), services=services, kill_switch=kill_switch,
-            reduce_only=reduce_only, heap_keeper=heap_keeper)
+            reduce_only=reduce_only, heap_keeper=heap_keeper, pins=pins)
         spend = supervisor.spend = await _spend_guard(settings, supervisor, bus, store,
                                                       backends)
         # Always counted: a reload may set a cap.
@@ -419,11 +425,12 @@ async def _build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                       backend: ModelBackend, *, stack: AsyncExitStack, database: StoreTarget,
                       fence: Fence | None, store: Store, bus: EventBus,
                       approvals: ApprovalBook, settings: Settings,
-                      environ: Mapping[str, str] | None) -> DeskRuntime:
+                      environ: Mapping[str, str] | None,
+                      pinned: Sequence[str] = ()) -> DeskRuntime:
     """One desk and the services beside it."""
     parts = await build_desk(name, config, venue, backend, stack=stack, database=database,
                              fence=fence, store=store, bus=bus, approvals=approvals,
-                             settings=settings, environ=environ)
+                             settings=settings, environ=environ, pinned=pinned)
     services: list[tuple[str, Service]] = [("market", parts.watcher.run)]
     if parts.schedules is not None:
         services.append(("schedules", parts.schedules.run))

@@ -301,9 +301,9 @@ class Mask:
             "quote_currency": self.currency(limits.quote_currency)})
 
     def desk_settings(self, config: DeskSettings) -> DeskSettings:
-        """A desk's settings as its masked self is built from: its symbols, prompt, schedule
-        messages and subagents' prompts in masked names (its exchange, risk limits and
-        model unchanged: the venue is built from the real ones)."""
+        """A desk's settings as its masked self is built from: its symbols, prompt, pinned
+        instructions, schedule messages and subagents' prompts in masked names (its
+        exchange, risk limits and model unchanged: the venue is built from the real ones)."""
         triggers = config.triggers.model_copy(update={"schedules": [
             schedule.model_copy(update={"message": self.text(schedule.message)})
             for schedule in config.triggers.schedules]})
@@ -312,6 +312,7 @@ class Mask:
         return config.model_copy(update={
             "symbols": [self.symbol(s) for s in config.symbols],
             "system_prompt": self.text(config.system_prompt),
+            "pinned": [self.text(text) for text in config.pinned],
             "triggers": triggers, "subagents": subagents})
 
     def venue(self, venue: TradingVenue) -> TradingVenue:

@@ -55,6 +55,7 @@ from trading_agent.agent.conversation import (
 )
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import ErrorEvent
+from trading_agent.agent.fixed_part import FixedPart, answer_reserve, measure_fixed_part
 from trading_agent.agent.image_preparer import OPERATOR_FORMATS, ImagePreparer
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger, TriggerKind
@@ -62,6 +63,7 @@ from trading_agent.agent.turn_runner import TurnResult
 from trading_agent.daemon.control import DeskReply, DeskState, DeskStatus
 from trading_agent.daemon.events import DeskPaused, DeskResumed, TurnCancelled, TurnRetried
 from trading_agent.daemon.mailbox import Delivery, Mailbox
+from trading_agent.daemon.pins import pinned_prompt
 from trading_agent.errors import (
     BackendError,
     BackendUnavailableError,
@@ -298,7 +300,7 @@ class Desk:
     Args:
         profile: Name, mode, model and symbols, for status.
         loop: The desk's agent loop.
-        system_prompt: The desk's system prompt.
+        system_prompt: The desk's own system prompt (its config's).
         store: Where the desk's conversation, operator messages and schedules are kept.
         mailbox: The desk's triggers and operator messages (the loop's steering too).
         event_bus: Where the desk's own failures are published (the loop's bus).
@@ -316,6 +318,9 @@ class Desk:
         redact: Hides secrets in what an operator writes (a message, a pause's reason)
             before it is stored, published or shown to the model; by default the secrets
             the process's logs hide (:func:`~trading_agent.logging_setup.redact_secrets`).
+        pinned: Its operators' standing instructions, sent at the end of the system prompt
+            (see :mod:`~trading_agent.daemon.pins`); :meth:`set_pinned` changes them.
+        configured_pins: Those its config pins (``desks.<name>.pinned``), sent first.
     """
 
     def __init__(self, profile: DeskProfile, loop: AgentLoop, system_prompt: str,
@@ -327,11 +332,16 @@ class Desk:
                  image_preparer: ImagePreparer | None = None,
                  when_paused: Literal["wait", "drop"] = "wait",
                  on_failed_turns: FailedTurns | None = None,
-                 redact: Callable[[str], str] = redact_secrets) -> None:
+                 redact: Callable[[str], str] = redact_secrets,
+                 pinned: Sequence[str] = (), configured_pins: Sequence[str] = ()) -> None:
         self.profile = profile
         self.name = profile.name
         self.loop = loop
-        self.system_prompt = system_prompt
+        self.base_prompt = system_prompt
+        self.configured_pins = tuple(configured_pins)
+        self.pinned = tuple(pinned)
+        self.system_prompt = pinned_prompt(system_prompt, self.configured_pins + self.pinned)
+        """What the model is told before every request: the desk's prompt and its pins."""
         self.store = store
         self.mailbox = mailbox
         self.queue = mailbox.triggers
@@ -440,6 +450,26 @@ class Desk:
         rest is cut in the middle in what is sent; the store keeps it all); None for no
         limit."""
         return self.loop.message_max_chars(self.conversation)
+
+    def set_pinned(self, pinned: Sequence[str]) -> None:
+        """Sets the desk's operators' standing instructions: they are in its next request (the next
+        model call of a running turn too), and in every one after, a compaction's
+        included."""
+        self.pinned = tuple(pinned)
+        self.system_prompt = pinned_prompt(self.base_prompt, self.configured_pins + self.pinned)
+        if self.conversation is not None:
+            self.conversation.system_prompt = self.system_prompt
+
+    async def fixed_part_with(self, pinned: Sequence[str]) -> FixedPart:
+        """The part of every request no compaction can shrink (the system prompt with these
+        pins, the tool definitions, the answer's room), measured against the window as
+        ``check-config`` measures it."""
+        backend = self.loop.backend
+        return await measure_fixed_part(
+            pinned_prompt(self.base_prompt, [*self.configured_pins, *pinned]),
+            self.loop.tool_definitions(),
+            window=backend.context_window, reserve=answer_reserve(backend),
+            count=getattr(backend, "count_tokens", None))
 
     async def compact(self) -> bool:
         """Flushes memory and compacts the conversation now, after any running turn.
@@ -789,10 +819,12 @@ class Desk:
                 part = await self.loop.fixed_part(conversation)
                 if not (part.measured and not part.fits) and self._overflows < 2:
                     return
+                pins = len(self.configured_pins) + len(self.pinned)
                 await self.pause("daemon", (
                     f"{self._overflows} turn(s) in a row were refused as too long for the "
                     f"model's window even after compacting (the server said: "
-                    f"{error.message}). {part.describe(self.name)}; then resume the desk"))
+                    f"{error.message}). {part.describe(self.name, pins)}; then resume the "
+                    "desk"))
 
     async def _run_turn(self, trigger: Trigger) -> TurnResult | None:
         for hook in self.on_turn_start:

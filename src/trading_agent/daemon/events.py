@@ -20,6 +20,7 @@ __all__ = [
     "KillSwitchChanged",
     "ModelSwitched",
     "OrderFilled",
+    "PinsChanged",
     "ProtectionReported",
     "ReduceOnlyChanged",
     "SpendAlert",
@@ -45,6 +46,28 @@ class KillSwitchChanged(Event):
     on: bool
     by: str
     reason: str
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinsChanged(Event):
+    """An operator pinned a standing instruction to a desk, or took one off.
+
+    Attributes:
+        action: ``pinned`` or ``unpinned``.
+        by: Who did it.
+        pin_id: The pin's id.
+        pin_text: The instruction.
+        pins: How many operator pins the desk has now.
+        text: One line, as the chat shows it.
+    """
+
+    type: ClassVar[str] = "pins_changed"
+    action: Literal["pinned", "unpinned"]
+    by: str
+    pin_id: int
+    pin_text: str
+    pins: int
     text: str
 
 

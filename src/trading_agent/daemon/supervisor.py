@@ -30,6 +30,7 @@ from trading_agent.daemon.control import DeskReply, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff, Desk
 from trading_agent.daemon.heap import HeapKeeper, is_compaction
 from trading_agent.daemon.mailbox import Delivery
+from trading_agent.daemon.pins import DeskPins
 from trading_agent.daemon.spend import SPEND_CAP, SpendGuard
 from trading_agent.errors import ConfigError
 from trading_agent.trading.kill_switch import ALL_DESKS, KillSwitch
@@ -131,6 +132,7 @@ class Supervisor:
         reduce_only: The desks' reduce-only states, which every desk's risk policy obeys.
         heap_keeper: Freezes the long-lived heap once every desk has restored, after a desk
             is added and after each compaction (see :mod:`.heap`); None: left alone.
+        pins: The desks' standing instructions (:mod:`.pins`); None keeps them in memory.
     """
 
     def __init__(self, runtimes: Sequence[DeskRuntime], event_bus: EventBus, history: _History,
@@ -141,7 +143,8 @@ class Supervisor:
                  kill_switch: KillSwitch | None = None,
                  spend: SpendGuard | None = None,
                  reduce_only: ReduceOnlyStates | None = None,
-                 heap_keeper: HeapKeeper | None = None) -> None:
+                 heap_keeper: HeapKeeper | None = None,
+                 pins: DeskPins | None = None) -> None:
         self._runtimes: dict[str, DeskRuntime] = {r.desk.name: r for r in runtimes}
         self.event_bus = event_bus
         self._history = history
@@ -155,6 +158,8 @@ class Supervisor:
         self.spend = spend
         self.reduce_only = reduce_only or ReduceOnlyStates.in_memory()
         self.heap_keeper = heap_keeper
+        self.pins = pins or DeskPins(None, lambda: datetime.now(UTC), event_bus)
+        """The desks' standing instructions (kept in the store by the daemon)."""
         self.reloader: Reloader | None = None
         """Reads the config again (``reload``, SIGHUP); None when there is no file."""
         self._group: anyio.abc.TaskGroup | None = None
@@ -406,6 +411,40 @@ class Supervisor:
         state = await self.reduce_only.switch_on(ReduceOnly(
             desk, by, reason.strip() or "no reason given", now, until))
         return {"on": True, "desk": desk, "state": state.to_dict()}
+
+    def pinned(self, desk: str) -> dict[str, Any]:
+        """A desk's standing instructions: ``pins`` (its operators', with who and when) and
+        ``configured`` (its config's).
+
+        Raises:
+            UnknownDeskError: No such desk.
+        """
+        target = self._runtime(desk).desk
+        return {"desk": desk, "pins": [pin.to_dict() for pin in self.pins.of(desk)],
+                "configured": list(target.configured_pins)}
+
+    async def pin(self, desk: str, text: str, by: str) -> dict[str, Any]:
+        """Pins an instruction to a desk: from its next request on, in every one.
+
+        Returns:
+            ``pin`` (the new one) and the desk's pins, as :meth:`pinned`.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            PinRefusedError: Empty, too long, or too large for the desk's window.
+        """
+        pin = await self.pins.pin(self._runtime(desk).desk, text, by)
+        return {"pin": pin.to_dict(), **self.pinned(desk)}
+
+    async def unpin(self, desk: str, pin_id: int, by: str) -> dict[str, Any]:
+        """Takes a pin off a desk: its next request goes without it.
+
+        Raises:
+            UnknownDeskError: No such desk.
+            UnknownPinError: It has no pin of that id.
+        """
+        pin = await self.pins.unpin(self._runtime(desk).desk, pin_id, by)
+        return {"unpinned": pin.to_dict(), **self.pinned(desk)}
 
     async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds a desk until it is resumed (a running turn ends at its next safe point).

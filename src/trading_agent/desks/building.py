@@ -48,6 +48,7 @@ from trading_agent.backends.providers import ProviderContext, provider
 from trading_agent.daemon.desk import Backoff, Desk, DeskProfile
 from trading_agent.daemon.events import ProtectionReported, order_filled
 from trading_agent.daemon.mailbox import Mailbox
+from trading_agent.daemon.pins import pinned_prompt
 from trading_agent.daemon.schedules import Schedule, ScheduleRunner
 from trading_agent.daemon.triggers import MarketWatcher
 from trading_agent.desks.hooks import load_hooks
@@ -114,7 +115,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                      settings: Settings, clock: Clock | None = None,
                      sleep: Sleep = anyio.sleep,
                      environ: Mapping[str, str] | None = None,
-                     mcp_tools: McpRegistrar | None = None) -> DeskParts:
+                     mcp_tools: McpRegistrar | None = None,
+                     pinned: Sequence[str] = ()) -> DeskParts:
     """Builds one desk the way the daemon runs it.
 
     Args:
@@ -136,6 +138,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
         environ: Where its MCP servers' secrets are read from (``os.environ`` by default).
         mcp_tools: Registers each MCP server's tools instead of connecting to it (a
             backtest replays recorded answers and never starts a server); None connects.
+        pinned: The operators' standing instructions kept for it (after a restart or a
+            reload), sent after those its config pins (``pinned``).
 
     Raises:
         ConfigError: An unknown tool name, context settings that do not fit the window, or
@@ -165,7 +169,8 @@ async def build_desk(name: str, config: DeskSettings, venue: TradingVenue,
                 backoff=backoff(settings), sleep=sleep, image_preparer=preparer,
                 when_paused=config.controls.when_paused,
                 on_failed_turns=_halt_after(name, config.controls.halt_after_failed_turns,
-                                            venue), **timing)
+                                            venue),
+                pinned=pinned, configured_pins=config.pinned, **timing)
     if delegator is not None:
         desk.on_stop.append(functools.partial(delegator.request_stop, name))
 
@@ -231,8 +236,9 @@ async def check_fixed_part(name: str, config: DeskSettings,
                            tools: Sequence[Mapping[str, Any]],
                            backend: ModelBackend | None = None,
                            count: TokenCounter | None = None) -> None:
-    """Refuses a desk whose system prompt and tool definitions, with a reserve for the
-    answer, do not fit its model's window: every request would be refused.
+    """Refuses a desk whose system prompt (with the instructions its config pins) and tool
+    definitions, with a reserve for the answer, do not fit its model's window: every
+    request would be refused.
 
     Measured with the model's tokenizer when there is one (the backend's server, llama.cpp
     or vLLM; else ``count``), else estimated on the large side (see
@@ -244,10 +250,11 @@ async def check_fixed_part(name: str, config: DeskSettings,
     window = backend.context_window if backend is not None else config.model.context_window
     reserve = config.model.max_output_tokens or DEFAULT_ANSWER_RESERVE
     counter: TokenCounter | None = getattr(backend, "count_tokens", None) or count
-    part = await measure_fixed_part(config.system_prompt, tools, window=window,
+    part = await measure_fixed_part(pinned_prompt(config.system_prompt, config.pinned), tools,
+                                    window=window,
                                     reserve=reserve, count=counter)
     if not part.fits:
-        raise ConfigError(part.describe(name))
+        raise ConfigError(part.describe(name, len(config.pinned)))
 
 
 async def offline_tool_definitions(name: str, config: DeskSettings,

@@ -74,6 +74,17 @@ POST        /api/desks/{desk}/retry               ``{"operator"?}``: runs the la
                                                   from its trigger, its answer taken out of
                                                   what is sent (kept, marked) -> ``dropped``;
                                                   409 ``cannot_retry`` saying why not
+GET         /api/desks/{desk}/pins                its standing instructions: ``{"desk",
+                                                  "pins": [{"id", "desk", "text", "by",
+                                                  "at"}], "configured": [text, ...]}``
+POST        /api/desks/{desk}/pins                ``{"text", "operator"?}``: pins it; sent
+                                                  verbatim in every request from the next
+                                                  -> 201 ``{"pin", ...}``; 400
+                                                  ``invalid_pin`` (empty, over 4,000
+                                                  characters), ``pin_too_large`` (the
+                                                  window cannot hold it, with the numbers)
+DELETE      /api/desks/{desk}/pins/{id}           ``{"operator"?}``: takes it off ->
+                                                  ``{"unpinned", ...}``; 404 ``unknown_pin``
 GET         /api/kill-switch                      the switches that are on
 POST        /api/kill-switch                      ``{"on", "desk"?, "operator"?, "reason",
                                                   "cancel_orders"?, "flatten"?}``; no desk:
@@ -162,6 +173,7 @@ from trading_agent.daemon.control import (
     UnknownOrderError,
     message_id_for,
 )
+from trading_agent.daemon.pins import MAX_PIN_CHARS, PinControl, PinRefusedError, UnknownPinError
 from trading_agent.errors import (
     BackendError,
     ConfigError,
@@ -761,6 +773,52 @@ async def _reload(request: Request) -> Response:
     return json_response({"ok": True, "changes": changes})
 
 
+class _PinBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(max_length=MAX_PIN_CHARS * 2)
+    operator: str = Field(default="operator", min_length=1, max_length=64,
+                          pattern=r"^[\w .@+-]+$")
+
+
+def _pin_control(service: OperatorService) -> PinControl:
+    control = service.control
+    if not isinstance(control, PinControl):
+        raise ApiError(501, "not_supported", "standing instructions are not kept by a "
+                       "daemon of a fleet yet; pin on a daemon that runs alone")
+    return control
+
+
+@_endpoint
+async def _pins(request: Request) -> Response:
+    desk = _desk(request)
+    return json_response(_pin_control(_service(request)).pinned(desk))
+
+
+@_endpoint
+async def _pin(request: Request) -> Response:
+    control = _pin_control(_service(request))
+    desk = _desk(request)
+    body = await _json_body(request, _PinBody, 64_000)
+    _utf8_text("text", body.text)
+    try:
+        return json_response(await control.pin(desk, redact_secrets(body.text), body.operator),
+                             201)
+    except PinRefusedError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+
+
+@_endpoint
+async def _unpin(request: Request) -> Response:
+    control = _pin_control(_service(request))
+    desk = _desk(request)
+    pin_id = _bounded_int("pin id", request.path_params["pin_id"], 1, _MAX_ID)
+    body = await _json_body(request, _ControlBody, 16_384)
+    try:
+        return json_response(await control.unpin(desk, pin_id, body.operator))
+    except UnknownPinError as exc:
+        raise ApiError(404, "unknown_pin", str(exc)) from None
+
+
 @_endpoint
 async def _kill_switches(request: Request) -> Response:
     service = _service(request)
@@ -1093,6 +1151,9 @@ def create_app(service: OperatorService, *, token: str | None = None,
         Route("/api/desks/{desk}/reduce_only", _reduce_only, methods=["POST"]),
         Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
         Route("/api/desks/{desk}/retry", _retry, methods=["POST"]),
+        Route("/api/desks/{desk}/pins", _pins, methods=["GET"]),
+        Route("/api/desks/{desk}/pins", _pin, methods=["POST"]),
+        Route("/api/desks/{desk}/pins/{pin_id}", _unpin, methods=["DELETE"]),
         Route("/api/kill-switch", _kill_switches, methods=["GET"]),
         Route("/api/kill-switch", _kill_switch, methods=["POST"]),
         Route("/api/reload", _reload, methods=["POST"]),

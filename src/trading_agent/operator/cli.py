@@ -9,7 +9,8 @@ the ``TRADING_AGENT_SOCKET`` variable; ``$STATE_DIRECTORY/operator.sock`` or
 In ``chat``, a line you type is sent at once (mid-turn it steers the desk: it reads it after
 the current tool round); the desk's text streams as it is written, tool calls and results
 show as compact lines. Commands: ``/image PATH [caption]`` (send a picture: PNG, JPEG, GIF or
-WebP), ``/compact``, ``/status``, the desk's own books ``/positions``, ``/orders``,
+WebP), ``/compact``, ``/pin TEXT``, ``/pins``, ``/unpin ID``, ``/status``, the desk's own
+books ``/positions``, ``/orders``,
 ``/trades [--open] [--since YYYY-MM-DD]`` and ``/profit [--weekly]``, ``/approvals``,
 ``/approve ID [note]``, ``/deny ID [reason]``, the controls ``/pause [reason]``, ``/resume``,
 ``/cancel [--now]``, ``/retry``,
@@ -50,6 +51,7 @@ from trading_agent.operator.render import (
     format_cache_share,
     format_money,
     format_table,
+    pin_lines,
     printable,
 )
 
@@ -87,7 +89,8 @@ def add_subcommands(subparsers: Any) -> None:
         description="An interactive session with one desk: its text streams as it is "
                     "written, tool calls show as compact lines, and a line you type is sent at "
                     "once (mid-turn it steers the desk). Commands: /image PATH [caption], "
-                    "/compact, /status, /positions, /orders, /trades, /profit, /approvals, "
+                    "/compact, /pin TEXT, /pins, /unpin ID, /status, /positions, /orders, "
+                    "/trades, /profit, /approvals, "
                     "/approve ID [note], /deny ID [reason], "
                     "/pause [reason], /resume, /cancel [--now], /retry, /kill on|off [--all] "
                     "[--cancel-orders] [--flatten] REASON, /reload, /help, /quit.")
@@ -317,6 +320,10 @@ _HELP = """Type a message and press Enter to send it; while the desk works it st
                        its round trips and the profit of each
   /profit [--weekly]   profit today and all time, then by day (or week)
   /compact             save memory and compact the desk's conversation now
+  /pin TEXT            pin a standing instruction: sent verbatim in every request of
+                       the desk from its next one, never compacted away
+  /pins                the desk's standing instructions: id, who, when, text
+  /unpin ID            take one off
   /approvals           the desk's tool calls waiting for an operator
   /approve ID [note]   let a held tool call run
   /deny ID [reason]    refuse it; the desk reads your reason
@@ -416,6 +423,8 @@ class _Chat:
                     self.say(text_line)
             elif command == "/compact":
                 group.start_soon(self.compact)
+            elif command in ("/pin", "/pins", "/unpin"):
+                await self.pins(command, rest)
             elif command == "/approvals":
                 pending = await self.client.approvals(self.desk)
                 if not pending:
@@ -503,6 +512,24 @@ class _Chat:
         if not answer.get("books"):
             lines.append(self.style.dim(f"{self.desk} keeps no books."))
         return [printable(line) for line in lines]
+
+    async def pins(self, command: str, rest: str) -> None:
+        """``/pin TEXT``, ``/pins``, ``/unpin ID``."""
+        if command == "/pins":
+            for line in pin_lines(await self.client.pins(self.desk)):
+                self.say(printable(line))
+        elif command == "/pin":
+            if not rest:
+                self.say(self.style.bad("Usage: /pin TEXT"))
+                return
+            result = await self.client.pin(self.desk, rest, self.operator)
+            self.say(self.style.good(f"Pinned #{result['pin']['id']}: it is in every request "
+                                     "from the next."))
+        elif not rest.isdigit():
+            self.say(self.style.bad("Usage: /unpin ID (/pins lists them)"))
+        else:
+            result = await self.client.unpin(self.desk, int(rest), self.operator)
+            self.say(self.style.good(f"Unpinned #{result['unpinned']['id']}."))
 
     async def kill(self, rest: str) -> None:
         """``/kill on|off [--all] [--cancel-orders] [--flatten] REASON``; flattening asks for

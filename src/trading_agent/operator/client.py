@@ -341,6 +341,23 @@ class OperatorClient:
                                                      json={"operator": operator})
         return result
 
+    async def pins(self, desk: str) -> dict[str, Any]:
+        """A desk's standing instructions: ``pins`` (id, text, by, at) and ``configured``."""
+        result: dict[str, Any] = await self._request("GET", f"/api/desks/{_part(desk)}/pins")
+        return result
+
+    async def pin(self, desk: str, text: str, operator: str) -> dict[str, Any]:
+        """Pins an instruction to a desk. Returns ``pin`` and the desk's pins."""
+        result: dict[str, Any] = await self._request(
+            "POST", f"/api/desks/{_part(desk)}/pins", json={"text": text, "operator": operator})
+        return result
+
+    async def unpin(self, desk: str, pin_id: int, operator: str) -> dict[str, Any]:
+        """Takes a pin off a desk. Returns ``unpinned`` and the desk's pins left."""
+        result: dict[str, Any] = await self._request(
+            "DELETE", f"/api/desks/{_part(desk)}/pins/{pin_id}", json={"operator": operator})
+        return result
+
     async def kill_switches(self) -> list[dict[str, Any]]:
         """The kill switches that are on."""
         result = await self._request("GET", "/api/kill-switch")

@@ -1,5 +1,6 @@
 """The operator's controls over money and thinking, as commands: ``kill-switch``,
-``reduce-only``, ``pause``, ``resume``, ``cancel``, ``retry``, ``send`` and ``reload``.
+``reduce-only``, ``pause``, ``resume``, ``cancel``, ``retry``, ``send``, ``pin``, ``pins``,
+``unpin`` and ``reload``.
 
 Each talks to the running daemon through its operator API, found as for ``desks`` and
 ``chat`` (``--socket``, ``--url``, ``--config``...). Exit codes: 0 done; 1 the daemon cannot
@@ -21,6 +22,7 @@ from trading_agent.operator.client import OperatorClient, OperatorRequestError
 from trading_agent.operator.render import (
     describe_kill_switch,
     describe_reduce_only,
+    pin_lines,
     printable,
 )
 
@@ -116,6 +118,29 @@ def add_control_subcommands(subparsers: Any) -> None:
                       help="with --wait: how long to wait (default 900)")
     send.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
     _talks_to_the_daemon(send, _send)
+
+    pin = subparsers.add_parser(
+        "pin", help="pin a standing instruction to a desk",
+        description="TEXT is sent verbatim at the end of the desk's system prompt in every "
+                    "request from its next one, never summarised away by a compaction, "
+                    "until someone unpins it; it outlives restarts and reloads. Refused, "
+                    "with the numbers, when the desk's window cannot hold it.")
+    pin.add_argument("desk", metavar="DESK")
+    pin.add_argument("text", metavar="TEXT", help="the instruction ('-' reads standard input)")
+    _talks_to_the_daemon(pin, _pin)
+
+    pins = subparsers.add_parser("pins", help="list a desk's standing instructions",
+                                 description="Each pin's id, who pinned it and when, and its "
+                                             "text; then those the desk's config pins.")
+    pins.add_argument("desk", metavar="DESK")
+    pins.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    _talks_to_the_daemon(pins, _pins)
+
+    unpin = subparsers.add_parser("unpin", help="take a standing instruction off a desk",
+                                  description="The desk's next request goes without it.")
+    unpin.add_argument("desk", metavar="DESK")
+    unpin.add_argument("pin_id", metavar="ID", type=int, help="the pin's id (see pins)")
+    _talks_to_the_daemon(unpin, _unpin)
 
     reload = subparsers.add_parser(
         "reload", help="read the daemon's config file again (as SIGHUP does)",
@@ -246,6 +271,41 @@ async def _send(client: OperatorClient, args: argparse.Namespace) -> int:
     if not reply.get("ok"):
         print(f"trading-agent: {reply.get('error') or 'the turn failed'}", file=sys.stderr)
         return EXIT_TURN_FAILED
+    return 0
+
+
+async def _pin(client: OperatorClient, args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    try:
+        result = await client.pin(args.desk, text, _operator(args))
+    except OperatorRequestError as exc:
+        return _refused(exc)
+    pin = result["pin"]
+    print(printable(f"Pinned #{pin['id']} to {args.desk}; it is in every request from the "
+                    f"next ({len(result['pins'])} pin(s))."))
+    return 0
+
+
+async def _pins(client: OperatorClient, args: argparse.Namespace) -> int:
+    try:
+        result = await client.pins(args.desk)
+    except OperatorRequestError as exc:
+        return _refused(exc)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for line in pin_lines(result):
+        print(printable(line))
+    return 0
+
+
+async def _unpin(client: OperatorClient, args: argparse.Namespace) -> int:
+    try:
+        result = await client.unpin(args.desk, args.pin_id, _operator(args))
+    except OperatorRequestError as exc:
+        return _refused(exc)
+    print(printable(f"Unpinned #{result['unpinned']['id']} from {args.desk}; its next request "
+                    f"goes without it ({len(result['pins'])} pin(s) left)."))
     return 0
 
 

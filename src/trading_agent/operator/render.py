@@ -20,10 +20,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-__all__ = ["EventPrinter", "Style", "describe_event", "describe_kill_switch",
-           "describe_reduce_only",
-           "format_cache_share", "format_money",
-           "format_table", "printable"]
+__all__ = [
+    "EventPrinter",
+    "Style",
+    "describe_event",
+    "describe_kill_switch",
+    "describe_reduce_only",
+    "format_cache_share",
+    "format_money",
+    "format_table",
+    "pin_lines",
+    "printable",
+]
 
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 controls but tab and newline, DEL, and C1 controls (0x9b is a one-byte CSI)."""
@@ -272,6 +280,8 @@ def _describe_control(kind: str, data: dict[str, Any], style: Style) -> str | No
         return style.warn(f"✋ turn cancelled by {data.get('by')} ({how})")
     if kind == "order_filled":
         return style.good(f"✓ {_short(data.get('text'), 200)}")
+    if kind == "pins_changed":
+        return style.warn(f"⚑ {_short(data.get('text'), 300)}")
     if kind == "spend_alert":
         return style.warn(f"$ {_short(data.get('text'), 200)}")
     if kind == "storage":
@@ -451,3 +461,14 @@ def describe_reduce_only(result: dict[str, Any]) -> str:
     was = result.get("was")
     return printable(f"{desk} is no longer in reduce-only (it was {was['text']})." if was
                      else f"{desk} was not in reduce-only.")
+
+
+def pin_lines(result: dict[str, Any]) -> list[str]:
+    """A desk's standing instructions (the answer of ``GET .../pins``), a line each: id,
+    who pinned it and when, the text; then the config's."""
+    pins = result.get("pins") or []
+    configured = result.get("configured") or []
+    lines = [f"#{p['id']} by {p['by']} at {str(p['at'])[:19].replace('T', ' ')} UTC: "
+             f"{p['text']}" for p in pins]
+    lines += [f"(config) {text}" for text in configured]
+    return lines or [f"{result.get('desk')} has no standing instructions."]

@@ -22,7 +22,12 @@ from trading_agent.tools.config import (
 )
 from trading_agent.trading.config import ExchangeConfig, ProtectionsConfig, RiskLimits
 
-__all__ = ["DESK_TOOL_NAMES", "ControlSettings", "DeskSettings", "ImageSettings"]
+__all__ = ["DESK_TOOL_NAMES", "MAX_PINNED_CHARS", "ControlSettings", "DeskSettings",
+           "ImageSettings"]
+
+MAX_PINNED_CHARS = 4000
+"""The longest pinned instruction (the daemon's ``daemon.pins.MAX_PIN_CHARS``, which the
+runtime cannot import from the settings)."""
 
 DESK_TOOL_NAMES: tuple[str, ...] = (*TRADING_TOOL_NAMES, "remember", "recall",
                                     DELEGATE_TOOL_NAME)
@@ -98,6 +103,9 @@ class DeskSettings(Table):
             (``[[desks.<name>.mcp_servers]]``), each under its server's name as a prefix.
         protections: The rules that put it in reduce-only for a while when it loses or
             flails (:mod:`trading_agent.trading.protections`).
+        pinned: Standing instructions sent verbatim at the end of its system prompt in
+            every request, before those operators pin while it runs (a backtest's way to
+            run with pins; see :mod:`trading_agent.daemon.pins`).
     """
 
     system_prompt: str = Field(min_length=1)
@@ -116,6 +124,7 @@ class DeskSettings(Table):
     controls: ControlSettings = Field(default_factory=ControlSettings)
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
     protections: ProtectionsConfig = Field(default_factory=ProtectionsConfig)
+    pinned: list[str] = Field(default_factory=list)
 
     # Hooks: each ``package.module:factory`` or an entry point of group trading_agent.hooks,
     # made in order when the desk is built, before the approval gate (desks/hooks.py).
@@ -130,6 +139,17 @@ class DeskSettings(Table):
             except ValueError as exc:
                 raise ValueError(f"[{index}] {name!r}: {exc}") from None
         return value
+
+    @field_validator("pinned")
+    @classmethod
+    def _check_pinned(cls, value: list[str]) -> list[str]:
+        for index, text in enumerate(value):
+            if not text.strip():
+                raise ValueError(f"[{index}] is empty: each pinned instruction needs text")
+            if len(text.strip()) > MAX_PINNED_CHARS:
+                raise ValueError(f"[{index}] is {len(text.strip()):,} characters; a pinned "
+                                 f"instruction may be at most {MAX_PINNED_CHARS:,}")
+        return [text.strip() for text in value]
 
     @field_validator("mcp_servers")
     @classmethod

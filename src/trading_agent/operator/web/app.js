@@ -276,7 +276,73 @@
     state.turns.clear();
     $("log").replaceChildren();
     renderApprovals();
-    await Promise.all([loadTranscript(name), loadEquity(), loadBooks()]);
+    await Promise.all([loadTranscript(name), loadEquity(), loadBooks(), loadPins()]);
+  }
+
+  // ------------------------------------------------------------------ standing instructions
+
+  async function loadPins() {
+    const name = state.selected;
+    if (!name) return;
+    let result;
+    try {
+      result = await api(`/api/desks/${encodeURIComponent(name)}/pins`);
+    } catch (error) {
+      $("pins").hidden = true;  // a daemon of a fleet keeps none yet
+      return;
+    }
+    if (name !== state.selected) return;
+    const list = $("pin-list");
+    list.replaceChildren();
+    for (const text of result.configured || []) {
+      const item = el("li", "pin");
+      item.append(el("span", "pin-text", text), el("span", "pin-meta", "from the config"));
+      list.append(item);
+    }
+    for (const pin of result.pins) {
+      const item = el("li", "pin");
+      item.dataset.pinId = String(pin.id);
+      const remove = el("button", "button ghost", "Remove");
+      remove.type = "button";
+      remove.addEventListener("click", () => unpin(name, pin.id, remove));
+      item.append(el("span", "pin-text", pin.text),
+        el("span", "pin-meta", `#${pin.id} by ${pin.by}, ${when(pin.at)} UTC`), remove);
+      list.append(item);
+    }
+    const count = result.pins.length + (result.configured || []).length;
+    $("pins-summary").textContent = count ? `${count} sent in every request` : "none";
+    $("pins").hidden = false;
+  }
+
+  async function addPin(event) {
+    event.preventDefault();
+    const name = state.selected;
+    const input = $("pin-text");
+    if (!name || !input.value.trim()) return;
+    $("pin-add").disabled = true;
+    try {
+      await api(`/api/desks/${encodeURIComponent(name)}/pins`, {
+        method: "POST", body: { text: input.value, operator: state.operator },
+      });
+      input.value = "";
+      await loadPins();
+    } catch (error) {
+      addNote(`Not pinned: ${error.message}`, "error");
+    } finally {
+      $("pin-add").disabled = false;
+    }
+  }
+
+  async function unpin(name, id, button) {
+    button.disabled = true;
+    try {
+      await api(`/api/desks/${encodeURIComponent(name)}/pins/${id}`, {
+        method: "DELETE", body: { operator: state.operator },
+      });
+    } catch (error) {
+      addNote(`Not unpinned: ${error.message}`, "error");
+    }
+    await loadPins();
   }
 
   // ------------------------------------------------------------------ the desk's books
@@ -699,7 +765,7 @@
 
   // The operator's controls and what the daemon says about money, as lines of the log.
   const CONTROL_EVENTS = new Set(["kill_switch", "reduce_only", "model_switched", "desk_paused", "desk_resumed", "turn_cancelled", "turn_retried",
-    "spend_alert", "config_reloaded", "reconciliation", "order_filled", "storage"]);
+    "spend_alert", "config_reloaded", "reconciliation", "order_filled", "storage", "pins_changed"]);
 
   function onControlEvent(data, turnId) {
     switch (data.type) {
@@ -732,6 +798,10 @@
         break;
       case "order_filled":
         addNote(`✓ ${data.text}`, "good", data.at);
+        break;
+      case "pins_changed":
+        addNote(`⚑ ${data.text}`, "warn", data.at);
+        if (data.desk === state.selected) loadPins();
         break;
       case "storage":
         addNote(`⛁ ${data.text}`, data.full ? "error" : "good", data.at);
@@ -1333,6 +1403,7 @@
       }
     });
     $("compact").addEventListener("click", compact);
+    $("pin-form").addEventListener("submit", addPin);
     setupPictures();
     setupControls();
     window.addEventListener("resize", drawEquity);
