@@ -62,6 +62,7 @@ from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import StorageWatcher, prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.operator_audit import SqliteOperatorAudit
 from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
@@ -166,6 +167,8 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         stack.callback(store.database.watch_storage(_announce_storage(bus)))
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
+        audit = await SqliteOperatorAudit.open(database)
+        stack.push_async_callback(audit.close)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
         kill_switch.on_change = _announce(bus)
@@ -275,7 +278,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                             = anyio.TASK_STATUS_IGNORED) -> None:
             await serve_operator_api(control, api_approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
-                                     equity_samples=store.equity,
+                                     equity_samples=store.equity, audit=audit,
                                      refuse_descendants=refuse_descendants,
                                      task_status=task_status)
 
