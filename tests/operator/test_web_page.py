@@ -90,11 +90,11 @@ async def test_a_message_from_the_page_reaches_the_desk_and_the_answer_streams(
             await expect(page.locator("#log")).to_contain_text("until it breaks 64,500.",
                                                                use_inner_text=True)
             history = await page.locator("#log").inner_text()
-            assert "erin" in history and "Anything to do?" in history
+            assert "owner" in history and "Anything to do?" in history
             assert "[Message from" not in history  # the marker the model reads is not shown
             assert not tab.errors, tab.errors
     sent = scripted_server.requests[0].messages[-1]["content"]
-    assert sent == "[Message from erin, a human operator]\nAnything to do?"
+    assert sent == "[Message from owner, a human operator]\nAnything to do?"
     assert shot.stat().st_size > 10_000
     scripted_server.assert_complete()
 
@@ -169,7 +169,7 @@ async def test_the_page_approves_a_held_order(scripted_server: ScriptedServer,
     assert gate.orders == [{"symbol": "BTC/USDT", "side": "buy", "amount": 0.05,
                             "price": 64000.0}]
     sent = scripted_server.requests[0].messages[-1]["content"]
-    assert sent == "[Message from dana, a human operator]\nHow does BTC look?"
+    assert sent == "[Message from owner, a human operator]\nHow does BTC look?"
     assert pending.stat().st_size > 10_000 and final.stat().st_size > 10_000
     print(f"screenshots: {pending} {final}")
     scripted_server.assert_complete()
