@@ -35,6 +35,7 @@ from trading_agent.agent.backend import ModelBackend
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
+from trading_agent.app.operator_audit import StoredAudit
 from trading_agent.app.reload import ConfigReloader
 from trading_agent.app.stop_budget import SinkClose, StopBudget, close_sinks
 from trading_agent.backtest.cache import CacheFileError, ResponseCache, sampling_of
@@ -167,8 +168,9 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         stack.callback(store.database.watch_storage(_announce_storage(bus)))
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
-        audit = await SqliteOperatorAudit.open(database)
-        stack.push_async_callback(audit.close)
+        audit_table = await SqliteOperatorAudit.open(database)
+        stack.push_async_callback(audit_table.close)
+        audit = StoredAudit(audit_table)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
         kill_switch.on_change = _announce(bus)

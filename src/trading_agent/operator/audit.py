@@ -5,7 +5,8 @@ Every request of the operator API that may change something (see
 :data:`~trading_agent.operator.route_roles.ROUTE_ROLES`) is recorded once answered, refused
 ones included (a role too low, a bad body): ``ok`` (answered 2xx), ``refused`` (4xx) or
 ``error`` (5xx). The daemon keeps them in its store
-(:mod:`~trading_agent.store.operator_audit`); without one (tests), in memory.
+(``store/operator_audit.py``, adapted by the application layer); without one (tests), in
+memory.
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """The audit of operator actions in the store (the ``operator_audit`` table), a component of
-its own (:class:`~trading_agent.operator.audit.AuditLog`): appended to, never rewritten."""
+its own: appended to, never rewritten. The operator API reads and writes it through its
+``AuditLog`` (the application layer adapts one to the other: the store imports no operator
+code)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
-from trading_agent.operator.audit import AuditEntry, Outcome
 from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
 from trading_agent.store.targets import StoreTarget
 
-__all__ = ["COMPONENT", "MIGRATIONS", "SqliteOperatorAudit"]
+__all__ = ["COMPONENT", "MIGRATIONS", "AuditRow", "SqliteOperatorAudit"]
 
 COMPONENT = "operator_audit"
 """Its schema's name in ``schema_migrations``."""
@@ -35,6 +37,19 @@ MIGRATIONS: tuple[Migration, ...] = ((1, (
 _COLUMNS = "at, who, role, action, desk, surface, outcome, detail"
 
 
+class AuditRow(NamedTuple):
+    """One operator action as the table keeps it (see ``operator.audit.AuditEntry``)."""
+
+    at: datetime
+    who: str
+    role: str
+    action: str
+    desk: str
+    surface: str
+    outcome: str
+    detail: str
+
+
 class SqliteOperatorAudit:
     """The audit in the store (SQLite or PostgreSQL). Use :meth:`open`.
 
@@ -54,15 +69,15 @@ class SqliteOperatorAudit:
         """
         return cls(await Database.open(target, MIGRATIONS, COMPONENT))
 
-    async def record_action(self, entry: AuditEntry) -> None:
-        """Keeps one entry."""
-        row = (entry.at.isoformat(), entry.who, entry.role, entry.action, entry.desk,
-               entry.surface, entry.outcome, entry.detail)
+    async def record(self, row: AuditRow) -> None:
+        """Keeps one action."""
+        values = (row.at.isoformat(), *row[1:])
         await self._database.write(lambda connection: connection.execute(
-            f"INSERT INTO operator_audit ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row))
+            f"INSERT INTO operator_audit ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            values))
 
-    async def actions(self, *, desk: str | None = None, since: datetime | None = None,
-                      limit: int = 200) -> list[AuditEntry]:
+    async def rows(self, *, desk: str | None = None, since: datetime | None = None,
+                   limit: int = 200) -> list[AuditRow]:
         """The newest entries (at most ``limit``), oldest first."""
         where: list[str] = []
         parameters: list[object] = []
@@ -75,13 +90,12 @@ class SqliteOperatorAudit:
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         parameters.append(limit)
 
-        def read(connection: Connection) -> list[AuditEntry]:
-            rows = connection.execute(
+        def read(connection: Connection) -> list[AuditRow]:
+            found = connection.execute(
                 f"SELECT {_COLUMNS} FROM operator_audit {clause}ORDER BY id DESC LIMIT ?",
                 tuple(parameters)).fetchall()
-            return [AuditEntry(datetime.fromisoformat(at), who, role, action, desk_, surface,
-                               _outcome(outcome), detail)
-                    for at, who, role, action, desk_, surface, outcome, detail in reversed(rows)]
+            return [AuditRow(datetime.fromisoformat(row[0]), *row[1:])
+                    for row in reversed(found)]
 
         return await self._database.read(read)
 
@@ -89,6 +103,3 @@ class SqliteOperatorAudit:
         """Lets go of the store."""
         await self._database.close()
 
-
-def _outcome(text: str) -> Outcome:
-    return "ok" if text == "ok" else "refused" if text == "refused" else "error"
