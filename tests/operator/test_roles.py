@@ -24,6 +24,7 @@ from tests.daemon_config import write_daemon_config
 from tests.operator.command_line import run_cli
 from tests.operator.harness import InProcessDaemon, build_control, in_process_daemon, running_api
 from tests.scripted_server import ScriptedServer
+from trading_agent.daemon.spend import SPEND_CAP
 from trading_agent.errors import ConfigError
 from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.config import DEFAULT_TOKEN_ENV, OperatorConfig
@@ -111,6 +112,30 @@ async def test_the_name_recorded_is_the_credentials_and_the_old_token_is_an_owne
         assert (halt["scope"], halt["by"]) == ("beta", "owner")
         me = await client.get("/api/me", headers=_bearer(DEFAULT_TOKEN_ENV))
         assert me.json() == {"name": "owner", "role": "owner", "surface": "tcp"}
+
+
+async def test_lifting_a_spend_cap_needs_an_owner(scripted_server: ScriptedServer,
+                                                  state_dir: Path) -> None:
+    async with _daemon(state_dir, scripted_server.base_url) as (running, url), \
+            httpx.AsyncClient(base_url=url, timeout=10) as client:
+        supervisor = running.daemon.supervisor
+        await supervisor.pause("alpha", SPEND_CAP, "tokens: 100% of 1,000 today")
+        await supervisor.set_reduce_only(True, desk="beta", by=SPEND_CAP, reason="cost cap")
+        for path, body in (("/api/desks/alpha/resume", {}),
+                           ("/api/desks/beta/reduce_only", {"on": False})):
+            refused = await client.post(path, json=body, headers=_bearer("TRADER_TOKEN"))
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["needed_role"] == "owner"
+            assert "spend cap" in refused.json()["error"]["message"]
+            lifted = await client.post(path, json=body, headers=_bearer("OWNER_TOKEN"))
+            assert lifted.status_code == 200, lifted.text
+        assert (await supervisor.desk_status("alpha")).state != "paused"
+        assert (await supervisor.desk_status("beta")).reduce_only is None
+        # A pause of a trader's own is the trader's to lift.
+        await client.post("/api/desks/alpha/pause", json={}, headers=_bearer("TRADER_TOKEN"))
+        resumed = await client.post("/api/desks/alpha/resume", json={},
+                                    headers=_bearer("TRADER_TOKEN"))
+        assert resumed.status_code == 200 and resumed.json()["changed"] is True
 
 
 async def test_the_audit_lists_every_action_with_its_outcome_in_the_api_and_the_cli(

@@ -88,15 +88,36 @@ GET         /api/events                           server-sent events; ``?desk=``
 GET         /metrics                              Prometheus' text format (``trading_agent_*``,
                                                   see :mod:`.metrics`); on TCP the token in
                                                   the ``Authorization: Bearer`` header
+GET         /api/me                               who the credential is: ``{"name", "role",
+                                                  "surface"}``
+POST        /api/stream-ticket                    ``{"ticket", "expires_in"}``: opens ``GET
+                                                  /api/events?ticket=`` (and nothing else)
+                                                  for 60 s (:mod:`.tickets`)
+GET         /api/audit                            operators' actions, oldest first: ``?desk=``,
+                                                  ``?since=`` (ISO 8601), ``?limit=`` (1..5000,
+                                                  200): ``{"actions": [{"at", "who", "role",
+                                                  "action", "desk", "surface", "outcome",
+                                                  "detail"}]}`` (:mod:`.audit`)
 GET         /  and  /static/*                     the web page
 ==========  ====================================  ============================================
+
+Roles: every route needs one, from
+:data:`~trading_agent.operator.route_roles.ROUTE_ROLES` (``viewer`` reads, ``trader`` steers
+and decides, ``owner`` holds the kill switch, reload and the spend caps); a request above
+the operator's role gets 403 ``forbidden_role`` with ``needed_role`` and changes nothing.
+The name recorded for an action is the credential's (:mod:`.identity`): on TCP a body's
+``operator`` or ``source`` is ignored; on the Unix socket (the machine's own user, an owner)
+it names who acts, as the CLI's ``--operator`` does. Every action (each POST but the
+ticket) is recorded in the audit once answered, with its outcome.
 
 Statuses: 400 for a malformed, too deeply nested or non-object JSON body, an unknown field,
 an empty message (without a picture) or one longer than ``max_message_chars``, text with an
 unpaired surrogate escape, a picture that is not base64, not a picture or not a PNG, JPEG,
 GIF or WebP, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 413 for a
 picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing or
-wrong token, or ``?token=`` anywhere but the event stream (TCP only); 403 ``cross_origin``
+wrong token, a ``?token=`` anywhere, or a stream ticket that is unknown, expired or used
+elsewhere than the event stream (TCP only); 403 ``forbidden_role`` above the role; 403
+``cross_origin``
 and 415 ``unsupported_media_type`` for a POST from another site's page or not in JSON (TCP
 only, below); 400 ``reason_required`` for a kill switch switched on without a
 reason; 400 ``invalid_parameter`` for a ``since`` that is not a date as YYYY-MM-DD, or
@@ -109,12 +130,13 @@ failure of the daemon. A refused request never reaches a desk. The server itself
 ``too_many_connections`` beyond the TCP listener's limit (:mod:`.server`).
 
 Authentication: the Unix socket is guarded by its file mode (0600). On TCP every ``/api``
-request needs the bearer token as ``Authorization: Bearer <token>``; only ``GET
-/api/events`` also takes it as ``?token=``, because a browser's EventSource cannot set
-headers. Both are compared in constant time (:func:`hmac.compare_digest`). A token in a URL
-can end up in a proxy's or a browser's history, so a leaked stream URL opens the stream and
-nothing else; the API itself logs no URLs. The web page takes the token from its URL
-fragment (``/#token=...``), which browsers never send to servers.
+request (and ``/metrics``) needs an operator's token as ``Authorization: Bearer <token>``,
+compared in constant time (:func:`hmac.compare_digest`) with every operator's; only ``GET
+/api/events`` also takes a ticket as ``?ticket=``, because a browser's EventSource cannot
+set headers. A token in a URL can end up in a proxy's or a browser's history, so none is
+ever accepted there; a leaked stream URL opens that stream for a minute at most. The web
+page takes the token from its URL fragment (``/#token=...``), which browsers never send to
+servers. Every answer carries the page's security headers (``/static/`` included).
 
 Requests from other sites (TCP): a page elsewhere can make a browser send a form or a
 body-less request to this address, never a JSON body or an ``Authorization`` header without

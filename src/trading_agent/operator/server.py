@@ -441,7 +441,7 @@ def _uvicorn_server(app: object, *, tcp: bool = False, refuse_descendants: bool 
         lifespan="off",
         ws="none",
         log_config=None,
-        access_log=False,  # URLs may carry ?token=
+        access_log=False,  # URLs may carry a stream ticket
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=3,
