@@ -208,6 +208,9 @@ async def test_a_viewer_sees_the_desk_but_no_control_its_role_lacks(
             await expect(page.locator("#desk-name")).to_have_text("alpha")
             for hidden in ("#pause", "#composer", "#kill-all", "#reload", "#kill-desk"):
                 await expect(page.locator(hidden)).to_be_hidden()
+            # The operators' actions panel lists the owner's message.
+            await page.locator("#audit summary").click()
+            await expect(page.locator("#audit-list")).to_contain_text("owner send alpha")
             assert not tab.errors, tab.errors
         async with httpx.AsyncClient(base_url=endpoints.url, timeout=5, headers={
                 "Authorization": f"Bearer {TOKEN}"}) as owner:
