@@ -24,6 +24,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("cli", "operator.cli"): "the operator's commands: their HTTP client",
     ("cli", "operator.control_cli"): "the operator's commands: their HTTP client",
     ("cli", "operator.books_cli"): "the operator's commands: their HTTP client",
+    ("cli", "operator.audit_cli"): "the operator's commands: their HTTP client",
     ("cli", "backtest.cli"): "backtest: the engine and its report (pillow)",
     ("cli", "backtest.fetch"): "data fetch: its ccxt client",
     ("cli", "trading.ccxt_exchange"): "check-config of a live desk: which protective orders "

@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The operator's commands (desks, chat, events, the controls, the books): imported
     # here, as only they need them.
+    from trading_agent.operator.audit_cli import add_audit_subcommand
     from trading_agent.operator.books_cli import add_books_subcommands
     from trading_agent.operator.cli import add_subcommands
     from trading_agent.operator.control_cli import add_control_subcommands
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommands(subparsers)
     add_control_subcommands(subparsers)
     add_books_subcommands(subparsers)
+    add_audit_subcommand(subparsers)
 
     from trading_agent.backtest.cli import add_backtest_subcommand
     from trading_agent.backtest.fetch import add_data_subcommand

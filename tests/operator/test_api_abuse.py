@@ -2,7 +2,8 @@
 
 - A page on another site, holding a token leaked from an event-stream URL, sends a form
   (``text/plain`` can spell a JSON object) to approve an order: it used to be approved.
-- ``?token=`` opened every route; now only the event stream, which cannot send headers.
+- ``?token=`` opened every route; then only the event stream, which cannot send headers;
+  now none (the stream takes a short-lived ticket instead).
 - Connections that never finish their headers used to hold a descriptor each for ever;
   300 of them under a limit of 256 took the Unix socket down too and logged "Too many open
   files" some 8,000 times a second.
@@ -104,14 +105,15 @@ async def test_a_cross_site_form_with_a_leaked_token_approves_nothing(
                 query, headers, response.text)
         refusal = await client.post(approve, params={"token": TOKEN}, content=spelled,
                                     headers={"Content-Type": "text/plain"})
-        assert "only on GET /api/events" in refusal.json()["error"]["message"]
+        assert "a token never goes in a URL" in refusal.json()["error"]["message"]
         assert [a.id for a in book.pending()] == [approval_id]  # still waiting
         assert gate.orders == []
         # The web page's own request: JSON, the bearer header, its own origin.
         response = await client.post(approve, json={"operator": "alice"},
                                      headers={**AUTH, "Origin": _origin(endpoints)})
         assert response.status_code == 200, response.text
-        assert response.json()["approval"]["operator"] == "alice"
+        # The name is the token's (the single token: an owner named owner), not the body's.
+        assert response.json()["approval"]["operator"] == "owner"
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 1)
     assert gate.orders == [{"symbol": "BTC/USDT", "side": "buy", "amount": 0.5,
@@ -119,27 +121,29 @@ async def test_a_cross_site_form_with_a_leaked_token_approves_nothing(
     scripted_server.assert_complete()
 
 
-async def test_the_query_token_opens_the_event_stream_and_nothing_else(
+async def test_a_token_in_a_url_opens_nothing_and_the_stream_takes_a_ticket(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.add(Reply("Noted."))
     control, _ = build_control(scripted_server.base_url)
     async with running_api(control, ApprovalBook(), _tcp_config(), state_dir,
                            environ=ENVIRON) as (endpoints, _), \
             httpx.AsyncClient(base_url=endpoints.url or "", timeout=5) as client:
-        for path in ("/api/desks", "/api/health", "/api/approvals", "/api/desks/alpha"):
-            response = await client.get(path, params={"token": TOKEN})
+        for path in ("/api/desks", "/api/health", "/api/approvals", "/api/desks/alpha",
+                     "/api/events"):
+            response = await client.get(path, params={"token": TOKEN, "follow": 0})
             assert response.status_code == 401, path
-            assert "only on GET /api/events" in response.json()["error"]["message"]
+            assert "a token never goes in a URL" in response.json()["error"]["message"]
         sent = await client.post("/api/desks/alpha/messages", json={"text": "hello"},
                                  headers=AUTH)
         assert sent.status_code == 202
         with anyio.fail_after(5):
             await control.wait_turns("alpha", 1)
-        # An EventSource cannot send headers: the stream takes the token in its URL.
-        events = await collect_events(client, params={"token": TOKEN, "after": 0},
+        # An EventSource cannot send headers: the stream takes a ticket in its URL.
+        ticket = (await client.post("/api/stream-ticket", headers=AUTH)).json()["ticket"]
+        events = await collect_events(client, params={"ticket": ticket, "after": 0},
                                       until=lambda es: es[-1].type == "turn_end")
         assert events[0].type == "turn_start" and events[-1].type == "turn_end"
-        wrong = await client.get("/api/events", params={"token": TOKEN[:-1], "follow": 0})
+        wrong = await client.get("/api/events", params={"ticket": ticket[:-1], "follow": 0})
         assert wrong.status_code == 401
     scripted_server.assert_complete()
 

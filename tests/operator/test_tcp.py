@@ -75,10 +75,13 @@ async def test_every_api_request_needs_the_bearer_token(scripted_server: Scripte
             assert unknown.status_code == 401
             ok = await client.get("/api/desks", headers={"Authorization": f"Bearer {TOKEN}"})
             assert ok.status_code == 200 and len(ok.json()["desks"]) == 2
-            query = await client.get("/api/health", params={"token": TOKEN})
-            assert query.status_code == 401  # ?token= opens the event stream only
+            for path in ("/api/health", "/api/events"):  # a token in a URL opens nothing
+                query = await client.get(path, params={"token": TOKEN})
+                assert query.status_code == 401
+            ticket = (await client.post("/api/stream-ticket", headers={
+                "Authorization": f"Bearer {TOKEN}"})).json()["ticket"]
             async with client.stream("GET", "/api/events",
-                                     params={"token": TOKEN, "follow": "0"}) as stream:
+                                     params={"ticket": ticket, "follow": "0"}) as stream:
                 assert stream.status_code == 200
                 assert stream.headers["content-type"].startswith("text/event-stream")
             page = await client.get("/")  # the page holds no secret; its API calls do need it

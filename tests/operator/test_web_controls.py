@@ -132,12 +132,12 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
             await expect(page.locator("#desk-state")).to_have_text("paused")
             banner = page.locator("#desk-banners .banner-paused")
             await expect(banner).to_contain_text("FOMC in ten minutes")
-            assert "paused by erin at " in await banner.inner_text()
+            assert "paused by owner at " in await banner.inner_text()
             await expect(card.locator(".desk-card-note")).to_contain_text("FOMC in ten minutes")
-            await _log_has(tab, "⏸ paused by erin until resumed: FOMC in ten minutes")
+            await _log_has(tab, "⏸ paused by owner until resumed: FOMC in ten minutes")
             status = await _get(url, "/api/desks/alpha")
             assert status["state"] == "paused"
-            assert status["paused_reason"].startswith("paused by erin at ")
+            assert status["paused_reason"].startswith("paused by owner at ")
             assert "FOMC in ten minutes" in status["paused_reason"]
             await expect(page.locator("#pause")).to_have_text("Resume")
             shot = _screenshot_dir(tmp_path) / "operator-web-paused.png"
@@ -145,7 +145,7 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
 
             await _click(tab, "#pause")
             await expect(page.locator("#desk-state")).to_have_text("idle")
-            await _log_has(tab, "▶ resumed by erin")
+            await _log_has(tab, "▶ resumed by owner")
             await expect(banner).to_have_count(0)
             status = await _get(url, "/api/desks/alpha")
             assert (status["state"], status["paused_reason"]) == ("idle", "")
@@ -155,7 +155,7 @@ async def test_pause_resume_cancel_and_the_spend_cap_on_the_page(
             await expect(page.locator("#cancel-turn")).to_be_enabled()
             await _click(tab, "#cancel-now")
             await _click(tab, "#cancel-turn")
-            await _log_has(tab, "✋ turn cancelled by erin (at once)")
+            await _log_has(tab, "✋ turn cancelled by owner (at once)")
             await expect(page.locator("#desk-state")).to_have_text("idle")
             assert ["/api/desks/alpha/cancel", '{"operator":"erin","now":true}'] in [
                 [u.removeprefix(url), b] for u, b in await _posted(tab)]
@@ -200,17 +200,17 @@ async def test_the_kill_switch_on_the_page_and_flatten_only_once_confirmed(
         banner = page.locator("#desk-banners .banner-kill")
         await expect(banner).to_be_visible()
         text = await banner.inner_text()
-        assert text.startswith("⛔ Kill switch on: halted by erin at ")
+        assert text.startswith("⛔ Kill switch on: halted by owner at ")
         assert "the feed looks stale" in text
         card = await page.locator(".desk-card[data-desk=alpha] .desk-card-kill").inner_text()
-        assert card.startswith("⛔ halted by erin at ") and card.endswith("the feed looks stale")
+        assert card.startswith("⛔ halted by owner at ") and card.endswith("the feed looks stale")
         await expect(page.locator(".desk-card[data-desk=beta] .desk-card-kill")).to_have_count(0)
         await expect(page.locator(
-            "#log .note-kill", has_text=re.compile(r"kill switch ON \(alpha\): halted by erin")
+            "#log .note-kill", has_text=re.compile(r"kill switch ON \(alpha\): halted by owner")
         ).first).to_be_visible()
         [halt] = (await _get(url, "/api/kill-switch"))["halts"]
         assert (halt["scope"], halt["by"], halt["reason"]) == (
-            "alpha", "erin", "the feed looks stale")
+            "alpha", "owner", "the feed looks stale")
         await expect(page.locator("#desk-controls [data-action=kill]")).to_have_text(
             "Switch off (alpha)")
 
@@ -239,7 +239,7 @@ async def test_the_kill_switch_on_the_page_and_flatten_only_once_confirmed(
         every_desk = page.locator("#kill-all .kill-state")
         await expect(every_desk).to_be_visible()
         state = await every_desk.inner_text()
-        assert state.startswith("⛔ halted by erin at ") and state.endswith("exchange incident")
+        assert state.startswith("⛔ halted by owner at ") and state.endswith("exchange incident")
         [(path, body)] = (await _posted(tab))[posts:]
         assert path.removeprefix(url) == "/api/kill-switch"
         assert body == ('{"on":true,"operator":"erin","reason":"exchange incident",'
@@ -253,7 +253,7 @@ async def test_the_kill_switch_on_the_page_and_flatten_only_once_confirmed(
         # alpha's own switch off: alpha stays halted by every desk's.
         await _click(tab, "#desk-controls [data-action=kill]")
         await expect(banner).to_have_text(
-            re.compile(r"^⛔ Kill switch on \(every desk\): halted by erin"), use_inner_text=True)
+            re.compile(r"^⛔ Kill switch on \(every desk\): halted by owner"), use_inner_text=True)
         assert [h["scope"] for h in (await _get(url, "/api/kill-switch"))["halts"]] == ["*"]
         await expect(page.locator("#log .note-good",
                                   has_text="kill switch off (alpha)").first).to_be_visible()

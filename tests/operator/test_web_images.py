@@ -90,7 +90,7 @@ async def test_a_pasted_picture_is_sent_and_a_dropped_bad_one_is_refused(
             # Opened again: the stored message names its picture; the refused one is not there.
             await page.reload()
             await expect(page.locator(".entry.you .picture-chip").first).to_have_text(
-                "🖼 picture from erin (image.png)")
+                "🖼 picture from owner (image.png)")
             history = await page.locator("#log").inner_text()
             assert "Did the breakout hold?" in history and "And this one?" not in history
             assert not tab.errors, tab.errors
@@ -99,7 +99,7 @@ async def test_a_pasted_picture_is_sent_and_a_dropped_bad_one_is_refused(
 
     [request] = scripted_server.requests
     content = request.messages[-1]["content"]
-    assert content[0]["text"] == "[Message from erin, a human operator]\nDid the breakout hold?"
+    assert content[0]["text"] == "[Message from owner, a human operator]\nDid the breakout hold?"
     url = content[1]["image_url"]["url"]
     assert url.startswith("data:image/png;base64,")
     with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as sent:
@@ -107,6 +107,6 @@ async def test_a_pasted_picture_is_sent_and_a_dropped_bad_one_is_refused(
     operator_messages = [m for m in transcript if m["kind"] == "operator"]
     assert [m["text"].split("\n")[-1] for m in operator_messages] == ["Did the breakout hold?"]
     [picture] = [b for b in operator_messages[0]["content"] if b["type"] == "image"]
-    assert picture["description"] == "picture from erin (image.png)"
+    assert picture["description"] == "picture from owner (image.png)"
     assert shot.stat().st_size > 10_000
     scripted_server.assert_complete()

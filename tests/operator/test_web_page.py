@@ -90,11 +90,11 @@ async def test_a_message_from_the_page_reaches_the_desk_and_the_answer_streams(
             await expect(page.locator("#log")).to_contain_text("until it breaks 64,500.",
                                                                use_inner_text=True)
             history = await page.locator("#log").inner_text()
-            assert "erin" in history and "Anything to do?" in history
+            assert "owner" in history and "Anything to do?" in history
             assert "[Message from" not in history  # the marker the model reads is not shown
             assert not tab.errors, tab.errors
     sent = scripted_server.requests[0].messages[-1]["content"]
-    assert sent == "[Message from erin, a human operator]\nAnything to do?"
+    assert sent == "[Message from owner, a human operator]\nAnything to do?"
     assert shot.stat().st_size > 10_000
     scripted_server.assert_complete()
 
@@ -169,7 +169,53 @@ async def test_the_page_approves_a_held_order(scripted_server: ScriptedServer,
     assert gate.orders == [{"symbol": "BTC/USDT", "side": "buy", "amount": 0.05,
                             "price": 64000.0}]
     sent = scripted_server.requests[0].messages[-1]["content"]
-    assert sent == "[Message from dana, a human operator]\nHow does BTC look?"
+    assert sent == "[Message from owner, a human operator]\nHow does BTC look?"
     assert pending.stat().st_size > 10_000 and final.stat().st_size > 10_000
     print(f"screenshots: {pending} {final}")
     scripted_server.assert_complete()
+
+
+async def test_a_viewer_sees_the_desk_but_no_control_its_role_lacks(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    order = {"symbol": "BTC/USDT", "side": "buy", "amount": 0.05, "price": 64_000}
+    scripted_server.add(Reply(tool_calls=[ToolCall("place_order", order)]),
+                        Reply("Not bought: the order was refused."))
+    book = ApprovalBook(timeout_seconds=120, is_live=lambda desk: True)
+    control, gate = build_control(scripted_server.base_url, ("alpha",), approvals=book)
+    config = OperatorConfig.model_validate({
+        "tcp_address": "127.0.0.1:0",
+        "operators": [{"name": "vera", "role": "viewer", "token_env": "VIEWER_TOKEN"}]})
+    viewer = "viewer-token-0123456789abcdef"
+    async with running_api(control, book, config, state_dir, environ={
+            "TRADING_AGENT_OPERATOR_TOKEN": TOKEN, "VIEWER_TOKEN": viewer}) as (endpoints, _):
+        assert endpoints.url is not None
+        async with httpx.AsyncClient(base_url=endpoints.url, timeout=5, headers={
+                "Authorization": f"Bearer {TOKEN}"}) as owner:
+            sent = await owner.post("/api/desks/alpha/messages", json={"text": "Buy 0.05 BTC."})
+            assert sent.status_code == 202, sent.text
+        async with open_page() as tab:
+            page = tab.page
+            await page.goto(f"{endpoints.url}?desk=alpha#token={viewer}")
+            await expect(page.locator("body")).to_have_attribute("data-live", "true")
+            await expect(page.locator("body")).to_have_attribute("data-role", "viewer")
+            await expect(page.locator("#whoami")).to_have_text("vera · viewer")
+            # The approval waiting shows, without its buttons; the desk's figures show,
+            # without pause, the composer, the kill switches or reload.
+            await expect(page.locator(".approval")).to_have_count(1)
+            await expect(page.locator(".approval")).to_be_visible()
+            await expect(page.locator(".approval button[data-action=approve]")).to_be_hidden()
+            await expect(page.locator(".approval button[data-action=deny]")).to_be_hidden()
+            await expect(page.locator("#desk-name")).to_have_text("alpha")
+            for hidden in ("#pause", "#composer", "#kill-all", "#reload", "#kill-desk"):
+                await expect(page.locator(hidden)).to_be_hidden()
+            # The operators' actions panel lists the owner's message.
+            await page.locator("#audit summary").click()
+            await expect(page.locator("#audit-list")).to_contain_text("owner send alpha")
+            assert not tab.errors, tab.errors
+        async with httpx.AsyncClient(base_url=endpoints.url, timeout=5, headers={
+                "Authorization": f"Bearer {TOKEN}"}) as owner:
+            [approval] = (await owner.get("/api/approvals")).json()["approvals"]
+            denied = await owner.post(f"/api/approvals/{approval['id']}/deny", json={})
+            assert denied.status_code == 200
+            await control.wait_turns("alpha", 1)
+    assert gate.orders == []

@@ -32,23 +32,23 @@ async def test_the_page_switches_reduce_only_and_shows_its_badge(
         await expect(badge).to_be_visible()
         await expect(badge).to_have_text("reduce-only")
         banner = page.locator("#desk-banners .banner-reduce-only")
-        await expect(banner).to_contain_text("Reduce-only: reduce-only by erin at ")
+        await expect(banner).to_contain_text("Reduce-only: reduce-only by owner at ")
         await expect(banner).to_contain_text(": FOMC at 18:00 (until an operator switches it "
                                              "off)")
         card = page.locator(".desk-card[data-desk=alpha] .badge-reduce-only")
         await expect(card).to_have_count(1)
         await expect(page.locator(".desk-card[data-desk=beta] .badge-reduce-only")
                      ).to_have_count(0)
-        await _log_has(tab, "REDUCE-ONLY ON (alpha): reduce-only by erin")
+        await _log_has(tab, "REDUCE-ONLY ON (alpha): reduce-only by owner")
         status = await _get(url, "/api/desks/alpha")
-        assert status["reduce_only"]["by"] == "erin"
+        assert status["reduce_only"]["by"] == "owner"
         assert status["reduce_only"]["reason"] == "FOMC at 18:00"
 
         await expect(page.locator("#reduce-only")).to_have_text("Lift reduce-only")
         await _click(tab, "#reduce-only")
         await expect(badge).to_be_hidden()
         await expect(banner).to_have_count(0)
-        await _log_has(tab, "reduce-only off (alpha) by erin")
+        await _log_has(tab, "reduce-only off (alpha) by owner")
         assert (await _get(url, "/api/desks/alpha"))["reduce_only"] is None
 
         # Set elsewhere (a protection, a spend cap, the CLI): the page shows it from the event.

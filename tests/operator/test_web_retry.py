@@ -40,7 +40,7 @@ async def test_the_retry_button_runs_the_last_turn_again_and_strikes_out_its_ans
             await expect(retry).to_be_enabled()
             await retry.click()
             await expect(page.locator(".note", has_text="retried the last turn")).to_contain_text(
-                "erin retried the last turn: its answer (1 message) left what the desk is sent")
+                "owner retried the last turn: its answer (1 message) left what the desk is sent")
             await expect(page.locator("#log")).to_contain_text("Holding: the move is small.",
                                                                use_inner_text=True)
             # Read again from the store: the first answer is kept, struck out.

@@ -35,6 +35,7 @@ from trading_agent.agent.backend import ModelBackend
 from trading_agent.agent.event_bus import EventBus, Subscription
 from trading_agent.agent.events import UsageReported
 from trading_agent.agent.trigger import Trigger
+from trading_agent.app.operator_audit import StoredAudit
 from trading_agent.app.reload import ConfigReloader
 from trading_agent.app.stop_budget import SinkClose, StopBudget, close_sinks
 from trading_agent.backtest.cache import CacheFileError, ResponseCache, sampling_of
@@ -63,6 +64,7 @@ from trading_agent.settings import DeskSettings, Settings
 from trading_agent.store.database import StorageWatcher, prepare_state_directory
 from trading_agent.store.fencing import Fence
 from trading_agent.store.halts import SqliteHalts
+from trading_agent.store.operator_audit import SqliteOperatorAudit
 from trading_agent.store.pinned_instructions import SqlitePins
 from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
@@ -168,6 +170,9 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         store_subscription = bus.subscribe("store", max_buffer=_STORE_BUFFER)
         stack.callback(store.database.watch_storage(_announce_storage(bus)))
         log_subscription = bus.subscribe("log", max_buffer=_LOG_BUFFER)
+        audit_table = await SqliteOperatorAudit.open(database)
+        stack.push_async_callback(audit_table.close)
+        audit = StoredAudit(audit_table)
         kill_switch = await KillSwitch.restore(await SqliteHalts.open(database))
         stack.push_async_callback(kill_switch.close)
         kill_switch.on_change = _announce(bus)
@@ -281,7 +286,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                             = anyio.TASK_STATUS_IGNORED) -> None:
             await serve_operator_api(control, api_approvals, settings.operator,
                                      state_dir=state_dir, environ=environ,
-                                     equity_samples=store.equity,
+                                     equity_samples=store.equity, audit=audit,
                                      refuse_descendants=refuse_descendants,
                                      task_status=task_status)
 

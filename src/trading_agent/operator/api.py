@@ -99,15 +99,36 @@ GET         /api/events                           server-sent events; ``?desk=``
 GET         /metrics                              Prometheus' text format (``trading_agent_*``,
                                                   see :mod:`.metrics`); on TCP the token in
                                                   the ``Authorization: Bearer`` header
+GET         /api/me                               who the credential is: ``{"name", "role",
+                                                  "surface"}``
+POST        /api/stream-ticket                    ``{"ticket", "expires_in"}``: opens ``GET
+                                                  /api/events?ticket=`` (and nothing else)
+                                                  for 60 s (:mod:`.tickets`)
+GET         /api/audit                            operators' actions, oldest first: ``?desk=``,
+                                                  ``?since=`` (ISO 8601), ``?limit=`` (1..5000,
+                                                  200): ``{"actions": [{"at", "who", "role",
+                                                  "action", "desk", "surface", "outcome",
+                                                  "detail"}]}`` (:mod:`.audit`)
 GET         /  and  /static/*                     the web page
 ==========  ====================================  ============================================
+
+Roles: every route needs one, from
+:data:`~trading_agent.operator.route_roles.ROUTE_ROLES` (``viewer`` reads, ``trader`` steers
+and decides, ``owner`` holds the kill switch, reload and the spend caps); a request above
+the operator's role gets 403 ``forbidden_role`` with ``needed_role`` and changes nothing.
+The name recorded for an action is the credential's (:mod:`.identity`): on TCP a body's
+``operator`` or ``source`` is ignored; on the Unix socket (the machine's own user, an owner)
+it names who acts, as the CLI's ``--operator`` does. Every action (each POST but the
+ticket) is recorded in the audit once answered, with its outcome.
 
 Statuses: 400 for a malformed, too deeply nested or non-object JSON body, an unknown field,
 an empty message (without a picture) or one longer than ``max_message_chars``, text with an
 unpaired surrogate escape, a picture that is not base64, not a picture or not a PNG, JPEG,
 GIF or WebP, a bad query parameter or ``Last-Event-ID`` (ids are 0..2**63-1); 413 for a
 picture over ``max_image_bytes`` (or too many pixels to open); 401 for a missing or
-wrong token, or ``?token=`` anywhere but the event stream (TCP only); 403 ``cross_origin``
+wrong token, a ``?token=`` anywhere, or a stream ticket that is unknown, expired or used
+elsewhere than the event stream (TCP only); 403 ``forbidden_role`` above the role; 403
+``cross_origin``
 and 415 ``unsupported_media_type`` for a POST from another site's page or not in JSON (TCP
 only, below); 400 ``reason_required`` for a kill switch switched on without a
 reason; 400 ``invalid_parameter`` for a ``since`` that is not a date as YYYY-MM-DD, or
@@ -120,12 +141,13 @@ failure of the daemon. A refused request never reaches a desk. The server itself
 ``too_many_connections`` beyond the TCP listener's limit (:mod:`.server`).
 
 Authentication: the Unix socket is guarded by its file mode (0600). On TCP every ``/api``
-request needs the bearer token as ``Authorization: Bearer <token>``; only ``GET
-/api/events`` also takes it as ``?token=``, because a browser's EventSource cannot set
-headers. Both are compared in constant time (:func:`hmac.compare_digest`). A token in a URL
-can end up in a proxy's or a browser's history, so a leaked stream URL opens the stream and
-nothing else; the API itself logs no URLs. The web page takes the token from its URL
-fragment (``/#token=...``), which browsers never send to servers.
+request (and ``/metrics``) needs an operator's token as ``Authorization: Bearer <token>``,
+compared in constant time (:func:`hmac.compare_digest`) with every operator's; only ``GET
+/api/events`` also takes a ticket as ``?ticket=``, because a browser's EventSource cannot
+set headers. A token in a URL can end up in a proxy's or a browser's history, so none is
+ever accepted there; a leaked stream URL opens that stream for a minute at most. The web
+page takes the token from its URL fragment (``/#token=...``), which browsers never send to
+servers. Every answer carries the page's security headers (``/static/`` included).
 
 Requests from other sites (TCP): a page elsewhere can make a browser send a form or a
 body-less request to this address, never a JSON body or an ``Authorization`` header without
@@ -139,14 +161,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
-import hmac
 import json
 import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -174,6 +196,7 @@ from trading_agent.daemon.control import (
     message_id_for,
 )
 from trading_agent.daemon.pins import MAX_PIN_CHARS, PinControl, PinRefusedError, UnknownPinError
+from trading_agent.daemon.spend import SPEND_CAP
 from trading_agent.errors import (
     BackendError,
     ConfigError,
@@ -190,10 +213,14 @@ from trading_agent.operator.approvals import (
     Decision,
     UnknownApprovalError,
 )
-from trading_agent.operator.config import OperatorConfig
+from trading_agent.operator.audit import AuditEntry, AuditLog, MemoryAudit, Outcome
+from trading_agent.operator.config import OperatorConfig, Role
 from trading_agent.operator.equity import EquityHistory, EquitySamples
 from trading_agent.operator.event_stream import STREAM_CURSOR_HEADER, EventHub, sse_frames
+from trading_agent.operator.identity import Credentials, Operator, allows, socket_operator
 from trading_agent.operator.metrics import METRICS_CONTENT_TYPE, DaemonMetrics
+from trading_agent.operator.route_roles import ROUTE_ROLES
+from trading_agent.operator.tickets import TICKET_SECONDS, StreamTickets
 
 __all__ = ["WEB_DIR", "ApiError", "OperatorService", "create_app", "json_response"]
 
@@ -217,7 +244,7 @@ _LARGE_BODY = 1_000_000
 _M = TypeVar("_M", bound=BaseModel)
 _Handler = Callable[[Request], Awaitable[Response]]
 
-_PAGE_HEADERS = {
+_PAGE_HEADERS: dict[str, str] = {
     "Cache-Control": "no-cache",
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -225,6 +252,10 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
 }
+
+
+_PAGE_HEADER_BYTES = tuple((name.lower().encode("latin-1"), value.encode("latin-1"))
+                           for name, value in _PAGE_HEADERS.items())
 
 
 class ApiError(Exception):
@@ -241,6 +272,22 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+class RoleRequiredError(ApiError):
+    """A request above the asking operator's role (403 ``forbidden_role``).
+
+    Args:
+        operator: Who asked.
+        needed: The role it needs.
+        what: What was asked, for the message.
+    """
+
+    def __init__(self, operator: Operator, needed: Role, what: str) -> None:
+        super().__init__(403, "forbidden_role", f"{what} needs the {needed} role")
+        self.operator = operator
+        self.needed = needed
+        self.what = what
 
 
 def json_response(data: Any, status: int = 200,
@@ -276,13 +323,18 @@ class OperatorService:
         config: The operator settings.
         equity_samples: Where the equity chart's samples are kept (the daemon's store, so
             the curve outlives a restart); in memory when None.
+        audit: Where operator actions are recorded (the daemon's store); in memory when
+            None.
     """
 
     def __init__(self, control: DeskControl, approvals: Approvals,
-                 config: OperatorConfig, *, equity_samples: EquitySamples | None = None) -> None:
+                 config: OperatorConfig, *, equity_samples: EquitySamples | None = None,
+                 audit: AuditLog | None = None) -> None:
         self.control = control
         self.approvals = approvals
         self.config = config
+        self.audit: AuditLog = audit if audit is not None else MemoryAudit()
+        self.tickets = StreamTickets()
         # A daemon of a fleet shows every daemon's events, from the fleet's stream.
         self.hub = EventHub(control.event_bus, config.event_buffer_size,
                             feed=getattr(control, "event_feed", None))
@@ -364,6 +416,61 @@ class _DecisionBody(BaseModel):
 def _service(request: Request) -> OperatorService:
     service: OperatorService = request.app.state.service
     return service
+
+
+_OPERATOR_KEY = "trading_agent.operator"
+"""Where :class:`_Authorize` leaves the request's :class:`Operator` in the ASGI scope."""
+
+_LISTENER_KEY = "trading_agent.listener"
+"""Where it leaves the listener's kind (``socket`` or ``tcp``)."""
+
+_AUDIT_DESK_KEY = "trading_agent.audit_desk"
+"""Where a handler names the desk an action concerned, when its path does not."""
+
+_ACTOR_KEY = "trading_agent.actor"
+"""Where :func:`_actor` leaves the name it recorded, for the audit."""
+
+_SURFACES = frozenset({"cli", "web", "chat"})
+"""What a client may say it is (``X-Operator-Surface``), for the audit."""
+
+
+def _operator(request: Request) -> Operator:
+    operator: Operator | None = request.scope.get(_OPERATOR_KEY)
+    return operator if operator is not None else socket_operator()
+
+
+def _actor(request: Request, given: str) -> str:
+    """The name recorded for the request's action: the credential's. On the Unix socket
+    (the machine's own user, an owner who holds the state directory anyway) the name the
+    client gives (the CLI's ``--operator``, the login name by default); on TCP a name in
+    the body is ignored."""
+    operator = _operator(request)
+    name = given if operator.socket else operator.name
+    request.scope[_ACTOR_KEY] = name
+    return name
+
+
+def _require(request: Request, needed: Role, what: str) -> None:
+    """Raises :class:`RoleRequiredError` unless the operator's role allows ``needed``."""
+    operator = _operator(request)
+    if not allows(operator.role, needed):
+        raise RoleRequiredError(operator, needed, what)
+
+
+def _audit_desk(request: Request, desk: str) -> None:
+    request.scope[_AUDIT_DESK_KEY] = desk
+
+
+def _surface(request: Request) -> str:
+    listener = str(request.scope.get(_LISTENER_KEY, "socket"))
+    declared = request.headers.get("x-operator-surface", "").strip().lower()
+    return f"{declared}/{listener}" if declared in _SURFACES else listener
+
+
+def _role_refusal(operator: Operator, needed: Role, what: str) -> Response:
+    return _error_with(403, "forbidden_role",
+                       f"{what} needs the {needed} role; {operator.name} is a {operator.role}",
+                       needed_role=needed, role=operator.role)
 
 
 def _desk(request: Request, name: str | None = None) -> str:
@@ -455,6 +562,8 @@ def _endpoint(handler: _Handler) -> _Handler:
     async def wrapper(request: Request) -> Response:
         try:
             return await handler(request)
+        except RoleRequiredError as exc:
+            return _role_refusal(exc.operator, exc.needed, exc.what)
         except ApiError as exc:
             return _error(exc.status, exc.code, exc.message)
         except UnknownDeskError as exc:
@@ -554,11 +663,12 @@ async def _post_message(request: Request) -> Response:
         raise ApiError(400, "message_too_long",
                        f"the message is {len(body.text)} characters; the limit is {limit} "
                        "(operator.max_message_chars)")
-    images = await _images(body, service.config.max_image_bytes)
+    images = await _images(body, service.config.max_image_bytes, _actor(request, body.source))
     key = _idempotency_key(request, body)
     message_id = message_id_for(desk, key)
     try:
-        message_id = await service.control.send_message(desk, body.text, body.source, images,
+        message_id = await service.control.send_message(desk, body.text,
+                                                        _actor(request, body.source), images,
                                                         message_id=message_id)
     except MessageNotKeptError as exc:
         return _not_kept(desk, message_id, key, exc)
@@ -648,7 +758,7 @@ async def _message_body(request: Request, max_chars: int, max_image_bytes: int) 
     return _parsed(raw, _MessageBody)
 
 
-async def _images(body: _MessageBody, max_bytes: int) -> list[ImageBlock]:
+async def _images(body: _MessageBody, max_bytes: int, source: str) -> list[ImageBlock]:
     """The message's pictures decoded, each checked for its declared type and its size
     (the desk then checks what it really is, and sizes it)."""
     blocks: list[ImageBlock] = []
@@ -677,7 +787,7 @@ async def _images(body: _MessageBody, max_bytes: int) -> list[ImageBlock]:
                            f"{where} is {len(data):,} bytes; the limit is {max_bytes:,} bytes "
                            "(operator.max_image_bytes)")
         name = " ".join(_utf8_text(f"{where}.name", image.name).split())
-        description = f"picture from {body.source}" + (f" ({name})" if name else "")
+        description = f"picture from {source}" + (f" ({name})" if name else "")
         blocks.append(ImageBlock(data, image.media_type, description))
     return blocks
 
@@ -696,7 +806,7 @@ async def _pause(request: Request) -> Response:
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
     _utf8_text("reason", body.reason)
-    paused = await service.control.pause(desk, body.operator,
+    paused = await service.control.pause(desk, _actor(request, body.operator),
                                          body.reason.strip() or "no reason given")
     status = await service.control.desk_status(desk)
     return json_response({"desk": desk, "changed": paused, "status": status.model_dump()})
@@ -707,7 +817,10 @@ async def _resume(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
-    waiting = await service.control.resume(desk, body.operator)
+    before = await service.control.desk_status(desk)
+    if before.paused_reason.startswith(f"paused by {SPEND_CAP} "):
+        _require(request, "owner", "resuming a desk a spend cap paused (lifting the cap)")
+    waiting = await service.control.resume(desk, _actor(request, body.operator))
     status = await service.control.desk_status(desk)
     return json_response({"desk": desk, "changed": waiting is not None,
                           "waiting": waiting or 0, "status": status.model_dump()})
@@ -718,7 +831,7 @@ async def _cancel(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
-    cancelled = service.control.cancel_turn(desk, body.operator, now=body.now)
+    cancelled = service.control.cancel_turn(desk, _actor(request, body.operator), now=body.now)
     return json_response({"desk": desk, "cancelled": cancelled, "now": body.now})
 
 
@@ -727,7 +840,7 @@ async def _retry(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
-    dropped = await service.control.retry(desk, body.operator)
+    dropped = await service.control.retry(desk, _actor(request, body.operator))
     return json_response({"desk": desk, "retried": True, "dropped": dropped})
 
 
@@ -738,13 +851,14 @@ async def _kill_switch(request: Request) -> Response:
     _utf8_text("reason", body.reason)
     if body.desk is not None:
         _desk(request, body.desk)
+    _audit_desk(request, body.desk or "*")
     if body.on and not body.reason.strip():
         raise ApiError(400, "reason_required", "say why the kill switch goes on (reason): "
                        "every refused order quotes it")
     if not body.on and (body.cancel_orders or body.flatten):
         raise ApiError(400, "bad_request", "cancel_orders and flatten go with on: true")
     result = await service.control.set_kill_switch(
-        body.on, desk=body.desk, by=body.operator,
+        body.on, desk=body.desk, by=_actor(request, body.operator),
         reason=redact_secrets(body.reason.strip()),
         cancel_orders=body.cancel_orders, flatten=body.flatten)
     return json_response(result)
@@ -756,8 +870,13 @@ async def _reduce_only(request: Request) -> Response:
     desk = _desk(request)
     body = await _json_body(request, _ReduceOnlyBody, 16_384)
     _utf8_text("reason", body.reason)
+    if not body.on:
+        held = (await service.control.desk_status(desk)).reduce_only
+        if held is not None and held.get("by") == SPEND_CAP:
+            _require(request, "owner", "lifting reduce-only a spend cap set")
     result = await service.control.set_reduce_only(
-        body.on, desk=desk, by=body.operator, reason=redact_secrets(body.reason.strip()))
+        body.on, desk=desk, by=_actor(request, body.operator),
+        reason=redact_secrets(body.reason.strip()))
     status = await service.control.desk_status(desk)
     return json_response({**result, "status": status.model_dump()})
 
@@ -767,7 +886,7 @@ async def _reload(request: Request) -> Response:
     service = _service(request)
     body = await _json_body(request, _ControlBody, 16_384)
     try:
-        changes = await service.control.reload(body.operator)
+        changes = await service.control.reload(_actor(request, body.operator))
     except ConfigError as exc:
         raise ApiError(400, "config_invalid", f"nothing changed: {exc}") from None
     return json_response({"ok": True, "changes": changes})
@@ -800,9 +919,10 @@ async def _pin(request: Request) -> Response:
     desk = _desk(request)
     body = await _json_body(request, _PinBody, 64_000)
     _utf8_text("text", body.text)
+    _audit_desk(request, desk)
+    by = _actor(request, body.operator)
     try:
-        return json_response(await control.pin(desk, redact_secrets(body.text), body.operator),
-                             201)
+        return json_response(await control.pin(desk, redact_secrets(body.text), by), 201)
     except PinRefusedError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
 
@@ -813,8 +933,10 @@ async def _unpin(request: Request) -> Response:
     desk = _desk(request)
     pin_id = _bounded_int("pin id", request.path_params["pin_id"], 1, _MAX_ID)
     body = await _json_body(request, _ControlBody, 16_384)
+    _audit_desk(request, desk)
+    by = _actor(request, body.operator)
     try:
-        return json_response(await control.unpin(desk, pin_id, body.operator))
+        return json_response(await control.unpin(desk, pin_id, by))
     except UnknownPinError as exc:
         raise ApiError(404, "unknown_pin", str(exc)) from None
 
@@ -912,7 +1034,8 @@ async def _cancel_order(request: Request) -> Response:
     desk = _desk(request)
     order_id = request.path_params["order_id"]
     body = await _json_body(request, _DecisionBody, 16_384)
-    return json_response(await service.control.cancel_order(desk, order_id, body.operator))
+    return json_response(await service.control.cancel_order(desk, order_id,
+                                                             _actor(request, body.operator)))
 
 
 @_endpoint
@@ -939,8 +1062,11 @@ async def _decide(request: Request, decision: Decision) -> Response:
     await service.approvals.check(approval_id)  # 404 before reading the body
     body = await _json_body(request, _DecisionBody, 16_384)
     _utf8_text("reason", body.reason)
-    approval = await service.approvals.decide(approval_id, decision, body.operator,
+    approval = await service.approvals.decide(approval_id, decision,
+                                              _actor(request, body.operator),
                                               redact_secrets(body.reason))
+    if isinstance(approval.get("desk"), str):
+        _audit_desk(request, approval["desk"])
     return json_response({"approval": approval})
 
 
@@ -979,19 +1105,78 @@ async def _events(request: Request) -> Response:
 @_endpoint
 async def _metrics(request: Request) -> Response:
     metrics: DaemonMetrics = request.app.state.metrics
-    token: bytes | None = request.app.state.metrics_token
-    if token is not None and not _bearer_matches(request, token):
-        return _error(401, "unauthorized", "a valid bearer token is required (Authorization: "
-                      "Bearer <token>)", {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
     return Response(await metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
-def _bearer_matches(request: Request, token: bytes) -> bool:
-    """Whether the request's ``Authorization: Bearer`` header holds ``token``; compared in
-    constant time. A header only: a scraper can always send one, so no URL carries it."""
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return (scheme.lower() == "bearer"
-            and hmac.compare_digest(given.strip().encode("latin-1"), token))
+@_endpoint
+async def _me(request: Request) -> Response:
+    operator = _operator(request)
+    return json_response({"name": operator.name, "role": operator.role,
+                          "surface": _surface(request)})
+
+
+@_endpoint
+async def _stream_ticket(request: Request) -> Response:
+    service = _service(request)
+    ticket = service.tickets.issue(_operator(request))
+    return json_response({"ticket": ticket, "expires_in": TICKET_SECONDS})
+
+
+@_endpoint
+async def _audit(request: Request) -> Response:
+    service = _service(request)
+    desk = request.query_params.get("desk") or None
+    since_text = request.query_params.get("since")
+    since: datetime | None = None
+    if since_text:
+        try:
+            since = datetime.fromisoformat(since_text)
+        except ValueError:
+            raise ApiError(400, "invalid_parameter", "since must be an ISO 8601 time such as "
+                           f"2026-12-05T09:00:00+00:00, not {since_text[:40]!r}") from None
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+    limit = _int_param(request, "limit", default=200, minimum=1, maximum=5000)
+    assert limit is not None
+    entries = await service.audit.actions(desk=desk, since=since, limit=limit)
+    return json_response({"actions": [entry.as_json() for entry in entries]})
+
+
+def _guarded(handler: _Handler, needed: Role | None, action: str | None) -> _Handler:
+    """``handler`` behind its route's role (403 ``forbidden_role`` naming the role needed),
+    its outcome recorded in the audit when it is an action."""
+
+    async def endpoint(request: Request) -> Response:
+        operator = _operator(request)
+        if needed is not None and not allows(operator.role, needed):
+            response = _role_refusal(operator, needed, f"{request.method} {request.url.path}")
+        else:
+            response = await handler(request)
+        if action is not None:
+            await _record(request, operator, action, response)
+        return response
+
+    return endpoint
+
+
+async def _record(request: Request, operator: Operator, action: str,
+                  response: Response) -> None:
+    status = response.status_code
+    outcome: Outcome = "ok" if status < 400 else "refused" if status < 500 else "error"
+    detail = str(status)
+    body = getattr(response, "body", None)
+    if status >= 400 and isinstance(body, bytes):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            detail += " " + str(json.loads(body)["error"]["code"])
+    desk = str(request.scope.get(_AUDIT_DESK_KEY) or request.path_params.get("desk") or "")
+    who = str(request.scope.get(_ACTOR_KEY) or operator.name)
+    entry = AuditEntry(datetime.now(UTC), who, operator.role, action, desk,
+                       _surface(request), outcome, detail)
+    try:
+        await _service(request).audit.record_action(entry)
+    except Exception as exc:  # the action is done: its answer must still reach the client
+        _log.error("operator_audit_not_kept", action=action, who=who, desk=desk,
+                   error=repr(exc))
 
 
 async def _index(request: Request) -> Response:
@@ -1010,53 +1195,96 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- authentication
 
 
-_QUERY_TOKEN_ROUTE = ("GET", "/api/events")
-"""The one request that may carry the token as ``?token=``: a browser's EventSource cannot
-send headers. Elsewhere a token in a URL (leaked from a history or a proxy's log) opens
-nothing."""
+_TICKET_ROUTE = ("GET", "/api/events")
+"""The one request that may carry a credential in its URL, a stream ticket (``?ticket=``):
+a browser's EventSource cannot send headers."""
+
+_UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="trading-agent"'}
 
 
-class _BearerAuth:
-    """Requires the bearer token on every ``/api`` request (the TCP listener): in the
-    ``Authorization`` header, or as ``?token=`` on the event stream only."""
+class _Authorize:
+    """Decides who each request is (:class:`Operator`) and leaves it in the ASGI scope for
+    the routes' roles (:func:`_guarded`); sets the page's security headers on every answer.
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    The Unix socket's peer is the machine's own user, an owner. On TCP every ``/api`` and
+    ``/metrics`` request needs a bearer token (``Authorization: Bearer``) of a known
+    operator, or, on ``GET /api/events`` alone, a stream ticket (``?ticket=``); a token in
+    a URL (``?token=``) opens nothing (401 saying so).
+    """
+
+    def __init__(self, app: ASGIApp, credentials: Credentials | None,
+                 tickets: StreamTickets) -> None:
         self._app = app
-        self._token = token.encode()
+        self._credentials = credentials
+        self._tickets = tickets
+        self._socket_owner = socket_operator()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/api"):
-            refusal = self._refusal(scope)
-            if refusal is not None:
-                response = _error(401, "unauthorized", refusal,
-                                  {"WWW-Authenticate": 'Bearer realm="trading-agent"'})
-                await response(scope, receive, send)
-                return
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        send = _with_page_headers(send)
+        if self._credentials is None:
+            scope[_LISTENER_KEY] = "socket"
+            scope[_OPERATOR_KEY] = self._socket_owner
+        else:
+            scope[_LISTENER_KEY] = "tcp"
+            path = scope["path"]
+            if path.startswith("/api") or path == "/metrics":
+                operator, refusal = self._identify(scope)
+                if operator is None:
+                    response = _error(401, "unauthorized", refusal, _UNAUTHORIZED)
+                    await response(scope, receive, send)
+                    return
+                scope[_OPERATOR_KEY] = operator
+            else:  # the page and its files: no data, anyone the listener lets in
+                scope[_OPERATOR_KEY] = Operator("anonymous", "viewer")
         await self._app(scope, receive, send)
 
-    def _refusal(self, scope: Scope) -> str | None:
-        """Why the request is refused, or None when it carries the token."""
-        given: bytes | None = None
+    def _identify(self, scope: Scope) -> tuple[Operator | None, str]:
+        """The operator the request's credential names, or None and why it is refused."""
+        assert self._credentials is not None
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if "token" in query:
+            return None, ("a token never goes in a URL (?token=): send it as Authorization: "
+                          "Bearer <token>; the event stream takes a ticket from POST "
+                          "/api/stream-ticket as ?ticket=")
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, credentials = value.partition(b" ")
                 if scheme.lower() == b"bearer":
-                    given = credentials.strip()
+                    operator = self._credentials.identify(credentials.strip())
+                    if operator is not None:
+                        return operator, ""
                 break
-        if given is None:
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            values = query.get("token")
-            if values:
-                if (scope["method"], scope["path"]) != _QUERY_TOKEN_ROUTE:
-                    return ("?token= is accepted only on GET /api/events (a browser's "
-                            "EventSource cannot send headers); send the token as "
-                            "Authorization: Bearer <token>")
-                given = values[-1].encode()
-        # compare_digest takes time independent of where the strings differ.
-        if given is not None and hmac.compare_digest(given, self._token):
-            return None
-        return ("a valid bearer token is required (Authorization: Bearer <token>, or "
-                "?token= on GET /api/events)")
+        tickets = query.get("ticket")
+        if tickets:
+            if (scope["method"], scope["path"]) != _TICKET_ROUTE:
+                return None, "a stream ticket opens GET /api/events and nothing else"
+            operator = self._tickets.redeem(tickets[-1])
+            if operator is not None:
+                return operator, ""
+            return None, ("the stream ticket is unknown or expired (each is valid "
+                          f"{TICKET_SECONDS:g} s): ask POST /api/stream-ticket for another")
+        return None, ("a valid bearer token is required (Authorization: Bearer <token>; "
+                      "the event stream also takes ?ticket= from POST /api/stream-ticket)")
+
+
+def _with_page_headers(send: Send) -> Send:
+    """``send`` that adds the page's security headers to every answer (the page, its
+    ``/static/`` files and the API's JSON alike), leaving any the answer set itself."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            present = {name.lower() for name, _ in headers}
+            for name, value in _PAGE_HEADER_BYTES:
+                if name not in present:
+                    headers.append((name, value))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -1124,60 +1352,75 @@ def _same_origin(origin: bytes, host: bytes) -> bool:
         default)
 
 
-def create_app(service: OperatorService, *, token: str | None = None,
+_ROUTES: tuple[tuple[str, str, _Handler], ...] = (
+    ("GET", "/", lambda request: _index(request)),
+    ("GET", "/api/health", _health),
+    ("GET", "/api/me", _me),
+    ("POST", "/api/stream-ticket", _stream_ticket),
+    ("GET", "/api/desks", _list_desks),
+    ("GET", "/api/desks/{desk}", _get_desk),
+    ("POST", "/api/desks/{desk}/messages", _post_message),
+    ("POST", "/api/desks/{desk}/compact", _compact),
+    ("POST", "/api/desks/{desk}/pause", _pause),
+    ("POST", "/api/desks/{desk}/resume", _resume),
+    ("POST", "/api/desks/{desk}/reduce_only", _reduce_only),
+    ("POST", "/api/desks/{desk}/cancel", _cancel),
+    ("POST", "/api/desks/{desk}/retry", _retry),
+    ("GET", "/api/desks/{desk}/pins", _pins),
+    ("POST", "/api/desks/{desk}/pins", _pin),
+    ("DELETE", "/api/desks/{desk}/pins/{pin_id}", _unpin),
+    ("GET", "/api/kill-switch", _kill_switches),
+    ("POST", "/api/kill-switch", _kill_switch),
+    ("POST", "/api/reload", _reload),
+    ("GET", "/api/desks/{desk}/transcript", _transcript),
+    ("GET", "/api/desks/{desk}/equity", _equity),
+    ("GET", "/api/desks/{desk}/positions", _positions),
+    ("GET", "/api/desks/{desk}/orders", _orders),
+    ("POST", "/api/desks/{desk}/orders/{order_id}/cancel", _cancel_order),
+    ("GET", "/api/desks/{desk}/trades", _trades),
+    ("GET", "/api/desks/{desk}/profit", _profit),
+    ("GET", "/api/approvals", _list_approvals),
+    ("POST", "/api/approvals/{approval_id}/approve", _approve),
+    ("POST", "/api/approvals/{approval_id}/deny", _deny),
+    ("GET", "/api/events", _events),
+    ("GET", "/api/audit", _audit),
+)
+"""Every route but ``/metrics`` and ``/static``; each needs its entry in
+:data:`~trading_agent.operator.route_roles.ROUTE_ROLES`."""
+
+
+def create_app(service: OperatorService, *, credentials: Credentials | None = None,
                metrics: DaemonMetrics | None = None) -> ASGIApp:
     """The ASGI app for one listener.
 
     Args:
         service: The daemon, approvals, stream and settings the handlers use.
-        token: The bearer token every ``/api`` request must carry (TCP), which also makes
-            every POST prove it is no cross-site one (JSON, its own ``Origin``); None for
-            none of this (the Unix socket, guarded by its file mode).
-        metrics: The daemon's metrics, served at ``GET /metrics`` (with ``token`` too);
-            None for no such route.
+        credentials: The operators' bearer tokens (TCP): every ``/api`` request must carry
+            one, and every POST must prove it is no cross-site one (JSON, its own
+            ``Origin``); None for the Unix socket (its file mode lets in the machine's own
+            user, an owner).
+        metrics: The daemon's metrics, served at ``GET /metrics``; None for no such route.
 
     Returns:
         The app.
+
+    Raises:
+        ValueError: A route has no role in ``ROUTE_ROLES``, or TCP credentials hold none.
     """
-    routes = [
-        Route("/", _index, methods=["GET"]),
-        Route("/api/health", _health, methods=["GET"]),
-        Route("/api/desks", _list_desks, methods=["GET"]),
-        Route("/api/desks/{desk}", _get_desk, methods=["GET"]),
-        Route("/api/desks/{desk}/messages", _post_message, methods=["POST"]),
-        Route("/api/desks/{desk}/compact", _compact, methods=["POST"]),
-        Route("/api/desks/{desk}/pause", _pause, methods=["POST"]),
-        Route("/api/desks/{desk}/resume", _resume, methods=["POST"]),
-        Route("/api/desks/{desk}/reduce_only", _reduce_only, methods=["POST"]),
-        Route("/api/desks/{desk}/cancel", _cancel, methods=["POST"]),
-        Route("/api/desks/{desk}/retry", _retry, methods=["POST"]),
-        Route("/api/desks/{desk}/pins", _pins, methods=["GET"]),
-        Route("/api/desks/{desk}/pins", _pin, methods=["POST"]),
-        Route("/api/desks/{desk}/pins/{pin_id}", _unpin, methods=["DELETE"]),
-        Route("/api/kill-switch", _kill_switches, methods=["GET"]),
-        Route("/api/kill-switch", _kill_switch, methods=["POST"]),
-        Route("/api/reload", _reload, methods=["POST"]),
-        Route("/api/desks/{desk}/transcript", _transcript, methods=["GET"]),
-        Route("/api/desks/{desk}/equity", _equity, methods=["GET"]),
-        Route("/api/desks/{desk}/positions", _positions, methods=["GET"]),
-        Route("/api/desks/{desk}/orders", _orders, methods=["GET"]),
-        Route("/api/desks/{desk}/orders/{order_id}/cancel", _cancel_order, methods=["POST"]),
-        Route("/api/desks/{desk}/trades", _trades, methods=["GET"]),
-        Route("/api/desks/{desk}/profit", _profit, methods=["GET"]),
-        Route("/api/approvals", _list_approvals, methods=["GET"]),
-        Route("/api/approvals/{approval_id}/approve", _approve, methods=["POST"]),
-        Route("/api/approvals/{approval_id}/deny", _deny, methods=["POST"]),
-        Route("/api/events", _events, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
-    ]
+    served = list(_ROUTES)
     if metrics is not None:
-        routes.append(Route("/metrics", _metrics, methods=["GET"]))
+        served.append(("GET", "/metrics", _metrics))
+    routes: list[Route | Mount] = []
+    for method, path, handler in served:
+        if (method, path) not in ROUTE_ROLES:
+            raise ValueError(f"{method} {path} has no role in ROUTE_ROLES")
+        needed, action = ROUTE_ROLES[(method, path)]
+        routes.append(Route(path, _guarded(handler, needed, action), methods=[method]))
+    routes.append(Mount("/static", StaticFiles(directory=WEB_DIR), name="static"))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.service = service
     app.state.metrics = metrics
-    app.state.metrics_token = token.encode() if token else None
-    if token is None:
-        return app
-    if not token:
-        raise ValueError("an empty token would let anyone in")
-    return _BearerAuth(_SameOriginJson(app), token)
+    if credentials is not None and not credentials.tokens:
+        raise ValueError("a TCP listener without any token would let anyone in")
+    inner: ASGIApp = app if credentials is None else _SameOriginJson(app)
+    return _Authorize(inner, credentials, service.tickets)

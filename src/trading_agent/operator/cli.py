@@ -703,6 +703,7 @@ async def _read_lines(on_line: Callable[[str], Awaitable[None]], done: anyio.Eve
 
 
 async def _chat(client: OperatorClient, args: argparse.Namespace) -> int:
+    client.set_surface("chat")
     operator = args.operator or _login_name()
     health = await client.health()
     session = _Chat(client, args.desk, operator, sys.stdout)

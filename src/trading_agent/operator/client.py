@@ -137,12 +137,16 @@ class OperatorClient:
     """
 
     def __init__(self, *, socket_path: Path | None = None, url: str | None = None,
-                 token: str | None = None, timeout: float = 120.0) -> None:
+                 token: str | None = None, timeout: float = 120.0,
+                 surface: str = "cli") -> None:
         if (socket_path is None) == (url is None):
             raise ValueError("give exactly one of socket_path and url")
         self.socket_path = socket_path
         self.url = url
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # What the audit records this client as (cli, chat).
+        headers = {"X-Operator-Surface": surface}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         if socket_path is not None:
             transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
             base_url = "http://operator"
@@ -423,6 +427,25 @@ class OperatorClient:
             "POST", f"/api/desks/{_part(desk)}/orders/{_part(order_id)}/cancel",
             json={"operator": operator})
         return result
+
+    def set_surface(self, surface: str) -> None:
+        """Names what the audit records this client's actions as (``cli``, ``chat``)."""
+        self._client.headers["X-Operator-Surface"] = surface
+
+    async def me(self) -> dict[str, Any]:
+        """Who the daemon takes this client for: ``name``, ``role``, ``surface``."""
+        result: dict[str, Any] = await self._request("GET", "/api/me")
+        return result
+
+    async def audit(self, *, desk: str | None = None, since: str | None = None,
+                    limit: int = 200) -> list[dict[str, Any]]:
+        """The newest operator actions (at most ``limit``), oldest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if desk:
+            params["desk"] = desk
+        if since:
+            params["since"] = since
+        return list((await self._request("GET", "/api/audit", params=params))["actions"])
 
     async def approvals(self, desk: str | None = None) -> list[dict[str, Any]]:
         """Pending approvals."""

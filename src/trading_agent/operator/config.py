@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
+    "ROLES",
     "SOCKET_NAME",
     "OperatorConfig",
+    "OperatorEntry",
+    "Role",
     "format_tcp_address",
     "parse_tcp_address",
 ]
@@ -25,6 +29,46 @@ DEFAULT_TOKEN_ENV = "TRADING_AGENT_OPERATOR_TOKEN"
 
 SOCKET_NAME = "operator.sock"
 """The Unix socket's file name in the state directory."""
+
+Role = Literal["viewer", "trader", "owner"]
+"""What an operator may do: a viewer watches, a trader also steers and decides, an owner
+also holds the kill switch, flattening, reloading and the spend caps."""
+
+ROLES: tuple[Role, ...] = ("viewer", "trader", "owner")
+"""The roles, each allowed everything the ones before it are."""
+
+_NAME_PATTERN = r"^[\w .@+-]+$"
+
+
+def _check_env_name(value: str) -> str:
+    if not value.strip() or "=" in value:
+        raise ValueError("token_env must name an environment variable")
+    return value
+
+
+class OperatorEntry(BaseModel):
+    """One operator (``[[operator.operators]]``): a name, a role and where the token is.
+
+    Attributes:
+        name: How the records (approvals, pauses, the kill switch, the audit) name this
+            operator; letters, digits, spaces and ``.@+-``.
+        role: ``viewer``, ``trader`` or ``owner`` (see :data:`ROLES`).
+        token_env: The environment variable holding this operator's API token (at least
+            16 characters); the token itself is never in a file, a log line or an error.
+        telegram_user_id: The operator's Telegram user id, for the chat adapter.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME_PATTERN)
+    role: Role
+    token_env: str = Field(min_length=1)
+    telegram_user_id: int | None = Field(default=None, gt=0)
+
+    @field_validator("token_env")
+    @classmethod
+    def _check_token_env(cls, value: str) -> str:
+        return _check_env_name(value)
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
@@ -101,6 +145,16 @@ class OperatorConfig(BaseModel):
             memory for streams that reconnect; older ones come from the store.
         equity_sample_seconds: How often each desk's equity is sampled for the web page's
             chart.
+        operators: The named operators (``[[operator.operators]]``), each with a role and
+            a token of its own. The single token of ``token_env`` (or ``generate_token``)
+            still opens the API too, as an owner named ``owner``. Names, token variables
+            and Telegram ids are each unique.
+        tls_cert_file: The TCP listener's certificate (PEM, the chain after it); with
+            ``tls_key_file`` the listener speaks HTTPS only.
+        tls_key_file: The certificate's private key (PEM).
+        allow_plaintext: Let a ``tcp_address`` other machines can reach speak plain HTTP
+            (tokens and everything else in the clear, e.g. behind a TLS-terminating proxy
+            on the same host). Without it, such an address needs the TLS files.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -116,6 +170,27 @@ class OperatorConfig(BaseModel):
     max_image_bytes: int = Field(default=10_000_000, ge=1024, le=50_000_000)
     event_buffer_size: int = Field(default=20_000, ge=100, le=10_000_000)
     equity_sample_seconds: float = Field(default=60.0, gt=0, le=86400)
+    operators: tuple[OperatorEntry, ...] = ()
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    allow_plaintext: bool = False
+
+    @field_validator("operators")
+    @classmethod
+    def _check_operators_unique(
+            cls, value: tuple[OperatorEntry, ...]) -> tuple[OperatorEntry, ...]:
+        for key in ("name", "token_env", "telegram_user_id"):
+            first: dict[object, int] = {}
+            for index, entry in enumerate(value):
+                given = getattr(entry, key)
+                if given is None:
+                    continue
+                if given in first:
+                    raise ValueError(
+                        f"operators[{index}].{key} {given!r} is also operators[{first[given]}]"
+                        f"'s; allowed: a {key} of its own for each operator")
+                first[given] = index
+        return value
 
     @field_validator("tcp_address")
     @classmethod
@@ -127,9 +202,7 @@ class OperatorConfig(BaseModel):
     @field_validator("token_env")
     @classmethod
     def _check_token_env(cls, value: str) -> str:
-        if not value.strip() or "=" in value:
-            raise ValueError("token_env must name an environment variable")
-        return value
+        return _check_env_name(value)
 
     @model_validator(mode="after")
     def _check_generate_token(self) -> OperatorConfig:
@@ -140,6 +213,27 @@ class OperatorConfig(BaseModel):
                 f"so it may only open a port this machine alone reaches; elsewhere set "
                 f"{self.token_env} (token_env) in the daemon's environment")
         return self
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> OperatorConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (("tls_cert_file", "tls_key_file") if self.tls_key_file is None
+                              else ("tls_key_file", "tls_cert_file"))
+            raise ValueError(f"{given} is set but {missing} is not; allowed: both (the "
+                             "certificate and its key, PEM files) or neither")
+        if (self.tcp_address is not None and not self.tcp_is_loopback
+                and self.tls_cert_file is None and not self.allow_plaintext):
+            raise ValueError(
+                f"tcp_address {self.tcp_address!r} is reachable from other machines, and "
+                "tokens would cross the network in the clear; allowed: set tls_cert_file "
+                "and tls_key_file (HTTPS), or allow_plaintext = true to say so explicitly, "
+                "or a loopback address such as 127.0.0.1:8765")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether the TCP listener speaks HTTPS."""
+        return self.tls_cert_file is not None
 
     @property
     def tcp_is_loopback(self) -> bool:

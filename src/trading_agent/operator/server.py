@@ -33,7 +33,6 @@ import contextlib
 import errno
 import os
 import resource
-import secrets
 import socket
 import stat
 import struct
@@ -54,8 +53,10 @@ from trading_agent.errors import ConfigError
 from trading_agent.jsontext import json_bytes
 from trading_agent.operator.api import OperatorService, create_app
 from trading_agent.operator.approvals import Approvals
+from trading_agent.operator.audit import AuditLog
 from trading_agent.operator.config import OperatorConfig, format_tcp_address, parse_tcp_address
 from trading_agent.operator.equity import EquitySamples
+from trading_agent.operator.identity import MIN_TOKEN_CHARS, load_credentials
 from trading_agent.operator.metrics import DaemonMetrics
 
 __all__ = [
@@ -69,9 +70,6 @@ __all__ = [
 ]
 
 _log = structlog.get_logger(__name__)
-
-MIN_TOKEN_CHARS = 16
-"""The shortest bearer token accepted for the TCP listener."""
 
 _UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes on Linux, the last for the terminating NUL."""
@@ -113,12 +111,14 @@ class OperatorEndpoints:
             (``generate_token``), for the banner alone; None when it came from the
             environment. Left out of ``repr``.
         token_env: The variable the TCP listener's token is read from (None without TCP).
+        tls: Whether the TCP listener speaks HTTPS.
     """
 
     socket_path: Path
     tcp: tuple[str, int] | None = None
     generated_token: str | None = field(default=None, repr=False)
     token_env: str | None = None
+    tls: bool = False
 
     @property
     def url(self) -> str | None:
@@ -126,7 +126,8 @@ class OperatorEndpoints:
         if self.tcp is None:
             return None
         host, port = self.tcp
-        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://[{host}]:{port}/" if ":" in host else f"{scheme}://{host}:{port}/"
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -340,7 +341,7 @@ def _parent_pid(pid: int) -> int | None:
 
 
 def read_token(config: OperatorConfig, environ: Mapping[str, str] | None = None) -> str:
-    """The TCP listener's bearer token, from the environment.
+    """The single token of ``operator.token_env``, from the environment.
 
     Args:
         config: The operator settings (``token_env`` names the variable).
@@ -352,29 +353,10 @@ def read_token(config: OperatorConfig, environ: Mapping[str, str] | None = None)
     Raises:
         ConfigError: It is unset, empty or shorter than :data:`MIN_TOKEN_CHARS`.
     """
-    env = os.environ if environ is None else environ
-    token = env.get(config.token_env, "").strip()
-    if len(token) < MIN_TOKEN_CHARS:
-        what = "is not set" if not token else f"is shorter than {MIN_TOKEN_CHARS} characters"
-        raise ConfigError(
-            f"operator.tcp_address is {config.tcp_address}, but the environment variable "
-            f"{config.token_env} (operator.token_env), which must hold its bearer token, {what}. "
-            "Refusing to open a TCP listener without a token. Make one with: python -c "
-            "'import secrets; print(secrets.token_urlsafe(32))'")
-    return token
-
-
-def _listener_token(config: OperatorConfig,
-                    environ: Mapping[str, str] | None) -> tuple[str, bool]:
-    """The TCP listener's bearer token, and whether it was made here (then only the banner
-    may show it): made (:func:`secrets.token_urlsafe`) when ``generate_token`` is set and
-    ``token_env`` is unset or empty; a value that is set but too short is still refused,
-    since someone meant it. Raises :class:`ConfigError` as :func:`read_token` does."""
-    env = os.environ if environ is None else environ
-    if (config.generate_token and config.tcp_is_loopback
-            and not env.get(config.token_env, "").strip()):
-        return secrets.token_urlsafe(32), True
-    return read_token(config, env), False
+    credentials = load_credentials(config.model_copy(update={"operators": (),
+                                                             "generate_token": False}),
+                                   environ)
+    return credentials.tokens[0][0].decode()
 
 
 def _bind_unix(path: Path) -> socket.socket:
@@ -447,8 +429,8 @@ def _bind_tcp_trying(config: OperatorConfig) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-def _uvicorn_server(app: object, *, tcp: bool = False,
-                    refuse_descendants: bool = False) -> _EmbeddedServer:
+def _uvicorn_server(app: object, *, tcp: bool = False, refuse_descendants: bool = False,
+                    tls: tuple[Path, Path] | None = None) -> _EmbeddedServer:
     limits = _ConnectionLimits(HEADER_TIMEOUT_SECONDS,
                                tcp_connection_limit() if tcp else None,
                                refuse_descendants=refuse_descendants)
@@ -459,11 +441,19 @@ def _uvicorn_server(app: object, *, tcp: bool = False,
         lifespan="off",
         ws="none",
         log_config=None,
-        access_log=False,  # URLs may carry ?token=
+        access_log=False,  # URLs may carry a stream ticket
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=3,
+        **({"ssl_certfile": str(tls[0]), "ssl_keyfile": str(tls[1])} if tls else {}),
     )
+    if tls is not None:
+        try:
+            config.load()  # reads the certificate and key now, to name them if they fail
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"operator.tls_cert_file {tls[0]} and operator.tls_key_file {tls[1]}: "
+                f"cannot be loaded as a PEM certificate and its key ({exc})") from exc
     return _EmbeddedServer(config)
 
 
@@ -475,6 +465,7 @@ async def serve_operator_api(
     state_dir: Path,
     environ: Mapping[str, str] | None = None,
     equity_samples: EquitySamples | None = None,
+    audit: AuditLog | None = None,
     refuse_descendants: bool = False,
     task_status: TaskStatus[OperatorEndpoints] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -493,6 +484,8 @@ async def serve_operator_api(
         environ: Where the TCP token is read from (``os.environ`` by default).
         equity_samples: Where the equity chart's samples are kept (the daemon's store), so
             the history outlives a restart; in memory when None.
+        audit: Where operator actions are recorded (the daemon's store); in memory when
+            None.
         refuse_descendants: Refuse the Unix socket to processes this one started, and
             their descendants (``trading-agent run``; off where a test process is both the
             daemon and the parent of the CLI it runs).
@@ -503,8 +496,9 @@ async def serve_operator_api(
             bound, or another daemon holds the socket.
     """
     socket_path = config.socket_in(state_dir)
-    token, generated = _listener_token(config, environ) if config.tcp_address else (None, False)
-    service = OperatorService(control, approvals, config, equity_samples=equity_samples)
+    credentials = load_credentials(config, environ) if config.tcp_address else None
+    service = OperatorService(control, approvals, config, equity_samples=equity_samples,
+                              audit=audit)
     listeners: list[tuple[_EmbeddedServer, socket.socket]] = []
     unix_socket = _bind_unix(socket_path)
     metrics = DaemonMetrics(control, approvals, stream=service.hub)
@@ -514,11 +508,14 @@ async def serve_operator_api(
                           unix_socket))
         tcp: tuple[str, int] | None = None
         if config.tcp_address is not None:
-            assert token is not None
+            assert credentials is not None
+            tls = ((config.tls_cert_file, config.tls_key_file)
+                   if config.tls_cert_file is not None and config.tls_key_file is not None
+                   else None)
+            server = _uvicorn_server(create_app(service, credentials=credentials,
+                                                metrics=metrics), tcp=True, tls=tls)
             tcp_socket = _bind_tcp_trying(config)
-            listeners.append((_uvicorn_server(create_app(service, token=token,
-                                                         metrics=metrics), tcp=True),
-                              tcp_socket))
+            listeners.append((server, tcp_socket))
             host, port = tcp_socket.getsockname()[:2]
             tcp = (str(host), int(port))
     except BaseException:
@@ -528,8 +525,9 @@ async def serve_operator_api(
         unix_socket.close()
         socket_path.unlink(missing_ok=True)
         raise
-    endpoints = OperatorEndpoints(socket_path, tcp, token if generated else None,
-                                  config.token_env if tcp is not None else None)
+    endpoints = OperatorEndpoints(
+        socket_path, tcp, credentials.generated_token if credentials is not None else None,
+        config.token_env if tcp is not None else None, tls=config.tls)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(service.hub.run)

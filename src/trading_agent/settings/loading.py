@@ -25,6 +25,8 @@ __all__ = ["load_settings", "missing_secrets"]
 _RELATIVE_PATHS: tuple[tuple[str, ...], ...] = (
     ("daemon", "state_dir"),
     ("operator", "socket_path"),
+    ("operator", "tls_cert_file"),
+    ("operator", "tls_key_file"),
     ("fleet", "nats_ca_file"),
     ("fleet", "nats_cert_file"),
     ("fleet", "nats_key_file"),

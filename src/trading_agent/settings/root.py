@@ -186,9 +186,15 @@ class Settings(BaseSettings):
         Yields:
             The key path, the variable's name, and whether the daemon cannot run without it.
         """
-        # Required on TCP, unless the daemon makes one itself (a loopback demo).
-        yield ("operator.token_env", self.operator.token_env,
-               self.operator.tcp_address is not None and not self.operator.generate_token)
+        # Required on TCP, unless the daemon makes one itself (a loopback demo) or named
+        # operators hold tokens of their own.
+        operator = self.operator
+        yield ("operator.token_env", operator.token_env,
+               operator.tcp_address is not None and not operator.generate_token
+               and not operator.operators)
+        for index, entry in enumerate(operator.operators):
+            yield (f"operator.operators[{index}].token_env", entry.token_env,
+                   operator.tcp_address is not None)
         if self.telemetry.otlp_headers_env:
             yield ("telemetry.otlp_headers_env", self.telemetry.otlp_headers_env,
                    self.telemetry.otlp_endpoint is not None)

@@ -3,7 +3,9 @@
 // operator's controls (pause and resume, cancel a turn, the kill switch, spend caps).
 // Plain JS, no build step. Talks to the operator API on the same origin; over TCP the token
 // comes from the URL fragment (#token=...), is kept in sessionStorage, and is sent as a
-// bearer header (and as ?token= for the EventSource, which cannot set headers).
+// bearer header; the EventSource, which cannot set headers, opens the stream with a ticket
+// from POST /api/stream-ticket (valid a minute), never the token. The page shows only the
+// controls the operator's role allows (GET /api/me; elements marked data-needs).
 "use strict";
 
 (() => {
@@ -19,6 +21,8 @@
     equityDesk: null,         // the desk they belong to
     refreshTimer: null,
     halts: [],                // the kill switches that are on: [{scope, by, at, reason, text}]
+    lastEventId: null,        // the newest event seen, to resume the stream from
+    role: "viewer",           // the operator's role, from /api/me
   };
 
   const $ = (id) => document.getElementById(id);
@@ -35,7 +39,7 @@
   }
 
   async function api(path, options = {}) {
-    const headers = {};
+    const headers = { "X-Operator-Surface": "web" };
     if (state.token) headers.Authorization = "Bearer " + state.token;
     const init = { method: options.method || "GET", headers };
     if (options.body !== undefined) {
@@ -418,6 +422,7 @@
         const cancel = el("button", "button ghost", "Cancel");
         cancel.type = "button";
         cancel.dataset.action = "cancel-order";
+        cancel.dataset.needs = "trader";
         cancel.title = "Cancel this order on the exchange (asks first)";
         cancel.addEventListener("click", () => cancelOrder(desk, o));
         action.append(cancel);
@@ -823,19 +828,58 @@
     }
   }
 
-  function connect(after) {
+  async function connect(after) {
     const params = new URLSearchParams();
     if (after !== null && after !== undefined) params.set("after", String(after));
-    if (state.token) params.set("token", state.token);
+    if (state.token) {
+      // A ticket valid a minute, for this stream alone: the token never goes in a URL.
+      try {
+        const ticket = await api("/api/stream-ticket", { method: "POST" });
+        params.set("ticket", ticket.ticket);
+      } catch (error) {
+        setConnection("connecting", "reconnecting…");
+        setTimeout(() => connect(state.lastEventId ?? after), 2000);
+        return;
+      }
+    }
     const source = new EventSource("/api/events?" + params.toString());
     state.source = source;
     source.onopen = () => setConnection("live", "live");
-    source.onerror = () => setConnection("connecting", "reconnecting…");
+    source.onerror = () => {
+      setConnection("connecting", "reconnecting…");
+      // The browser reconnects by itself while the ticket is valid; once it has expired
+      // the stream is refused and closed: open it again with a new ticket.
+      if (source.readyState === EventSource.CLOSED && state.source === source) {
+        setTimeout(() => connect(state.lastEventId ?? after), 1000);
+      }
+    };
     source.onmessage = (message) => {
+      if (message.lastEventId) state.lastEventId = message.lastEventId;
       let data;
       try { data = JSON.parse(message.data); } catch (_) { return; }
       onEvent(data);
     };
+  }
+
+  // ------------------------------------------------------------------ who, and the audit
+
+  async function loadMe() {
+    const me = await api("/api/me");
+    state.role = me.role;
+    document.body.dataset.role = me.role;
+    $("whoami").textContent = `${me.name} · ${me.role}`;
+  }
+
+  async function loadAudit() {
+    const data = await api("/api/audit?limit=30");
+    const list = $("audit-list");
+    list.replaceChildren();
+    for (const entry of data.actions.slice().reverse()) {
+      const when = new Date(entry.at).toLocaleTimeString();
+      const where = entry.desk ? ` ${entry.desk}` : "";
+      const outcome = entry.outcome === "ok" ? "" : ` (${entry.outcome}: ${entry.detail})`;
+      list.append(el("li", entry.outcome, `${when} ${entry.who} ${entry.action}${where} · ${entry.surface}${outcome}`));
+    }
   }
 
   // ------------------------------------------------------------------ approvals
@@ -876,6 +920,7 @@
       details.append(el("span", null, `${approval.reason}${notional}`), el("span", "countdown", ""));
       details.lastChild.dataset.expires = String(approval.expires_at);
       const actions = el("div", "approval-actions");
+      actions.dataset.needs = "trader";
       const reason = el("input", "approval-reason");
       reason.placeholder = "Reason (the desk reads it)";
       const approve = el("button", "button good", "Approve");
@@ -1419,9 +1464,11 @@
       }
       return;
     }
+    await loadMe();
     // Subscribe before loading the rest: nothing that happens meanwhile is missed.
-    connect(health.last_event_id);
-    await Promise.all([loadDesks(), loadApprovals()]);
+    await connect(health.last_event_id);
+    await Promise.all([loadDesks(), loadApprovals(), loadAudit().catch(() => {})]);
+    setInterval(() => loadAudit().catch(() => {}), 10000);
     setInterval(() => loadDesks().catch(() => {}), 5000);
     setInterval(loadEquity, 5000);
     setInterval(() => loadBooks().catch(() => {}), 15000);  // the marks move
