@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,8 +94,15 @@ async def test_a_full_disk_is_refused_with_507_alerted_waited_out_and_nothing_is
             # turns that switch a crashing desk's kill switch on, and the daemon stays up.
             release.set()
             await wait_until(lambda: len(scripted_server.requests) >= 9, "the desk to try again")
-            status = (await client.get("/api/desks/alpha")).json()
-            assert status["state"] == "paused", status
+            # Between its tries (each a turn, "working") the desk shows as paused, waiting.
+            waiting: dict[str, Any] = {}
+
+            async def paused() -> bool:
+                waiting.update((await client.get("/api/desks/alpha")).json())
+                return waiting["state"] == "paused"
+
+            await wait_until(paused, "the desk to show it waits for disk space")
+            status = waiting
             assert "waiting for disk space" in status["paused_reason"]
             assert state_directory in status["paused_reason"]
             assert status["kill_switch"] == ""

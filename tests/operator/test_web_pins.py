@@ -48,10 +48,11 @@ async def test_an_operator_pins_and_removes_an_instruction_on_the_page(
         pin = page.locator("#pin-list .pin")
         await expect(pin).to_have_count(1)
         await expect(pin.locator(".pin-text")).to_have_text(_RULE)
-        await expect(pin.locator(".pin-meta")).to_contain_text("by erin")
+        # The name is the credential's (the page's token is the owner's), not the fragment's.
+        await expect(pin.locator(".pin-meta")).to_contain_text("by owner")
         await expect(page.locator("#pins-summary")).to_have_text("1 sent in every request")
-        await expect(page.locator("#log")).to_contain_text(f"erin pinned #1: {_RULE}")
-        assert [(p["by"], p["text"]) for p in await _pins(url)] == [("erin", _RULE)]
+        await expect(page.locator("#log")).to_contain_text(f"owner pinned #1: {_RULE}")
+        assert [(p["by"], p["text"]) for p in await _pins(url)] == [("owner", _RULE)]
         await page.screenshot(path=str(_screenshot_dir(tmp_path) / "pins.png"))
 
         await pin.get_by_role("button", name="Remove").click()
