@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import expect
 
@@ -16,6 +17,7 @@ from tests.operator.browser import needs_chromium, open_page
 from tests.operator.daemon_process import running_daemon
 from tests.operator.test_web_page import _type
 from tests.scripted_server import Reply, ScriptedServer
+from tests.waiting import wait_until
 
 TOKEN = "web-long-token-0123456789abcdef"
 
@@ -40,6 +42,16 @@ async def test_the_page_says_a_long_message_was_shortened(
             await expect(page.locator(".note", has_text="Shortened")).to_contain_text(
                 "The message is 807 characters; this desk's model reads at most 256")
             await expect(page.locator("#log")).to_contain_text("Noted.", use_inner_text=True)
+
+            # The answer streams before its turn ends: the next message starts a turn of its
+            # own only once the desk is idle again.
+            async def idle() -> bool:
+                async with httpx.AsyncClient(base_url=str(daemon.url), headers={
+                        "Authorization": f"Bearer {TOKEN}"}) as client:
+                    answer = await client.get("/api/desks/alpha")
+                return bool(answer.json()["state"] == "idle")
+
+            await wait_until(idle, "the first turn to end")
             # A short one is read whole: no tag, no note.
             await _type(tab, "Short now.")
             await expect(page.locator("#log")).to_contain_text("Fine.", use_inner_text=True)
