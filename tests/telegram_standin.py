@@ -117,6 +117,7 @@ class BotApiStandIn:
     _faults: list[_Fault] = field(default_factory=list)
     _news: asyncio.Event = field(default_factory=asyncio.Event)
     _commands: list[dict[str, Any]] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ a test's side
 
@@ -136,6 +137,7 @@ class BotApiStandIn:
         if text.startswith("/"):
             length = len(text.split(" ", 1)[0])
             message["entities"] = [{"type": "bot_command", "offset": 0, "length": length}]
+        self.names[user.id] = user.first_name
         self.log.append((user.first_name, text))
         return self._enqueue({"message": message})
 
@@ -194,6 +196,9 @@ class BotApiStandIn:
         self._updates.append({"update_id": update_id, **body})
         self._wake()
         return update_id
+
+    def _to(self, chat_id: int) -> str:
+        return f"bot to {self.names.get(chat_id, chat_id)}"
 
     def _wake(self) -> None:
         self._news.set()
@@ -324,7 +329,7 @@ class BotApiStandIn:
         buttons = [b["text"] for row in (message.reply_markup or {}).get("inline_keyboard", [])
                    for b in row]
         shown = text + (f"\n[{' | '.join(buttons)}]" if buttons else "")
-        self.log.append(("bot", shown if photo is None else f"[photo] {text}"))
+        self.log.append((self._to(chat_id), shown if photo is None else f"[photo] {text}"))
         return self._json(message)
 
     async def _sendMessage(self, params: dict[str, Any]) -> Any:
@@ -357,7 +362,8 @@ class BotApiStandIn:
             return self._error(400, "Bad Request: MESSAGE_TOO_LONG")
         message.text, message.reply_markup = text, markup
         message.edits += 1
-        self.log.append(("bot", f"[edits message {message.message_id}] {text}"))
+        self.log.append((self._to(message.chat_id),
+                         f"[edits message {message.message_id}] {text}"))
         return self._json(message)
 
     async def _editMessageReplyMarkup(self, params: dict[str, Any]) -> Any:
@@ -369,7 +375,7 @@ class BotApiStandIn:
         return self._json(message)
 
     async def _answerCallbackQuery(self, params: dict[str, Any]) -> Any:
-        self.log.append(("bot", f"[answers the button] {params.get('text', '')}"))
+        self.log.append(("bot", f"[answers the button press] {params.get('text', '')}"))
         return True
 
 

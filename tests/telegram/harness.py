@@ -57,6 +57,7 @@ async def telegram_daemon(folder: Path, model_url: str, *,
     with ``[telegram]`` pointed at a started stand-in; waits until the bot polls unless
     ``connected`` is False."""
     async with running_standin(BOT_TOKEN) as standin:
+        standin.names.update({user.id: user.first_name for user in (ANN, VIV, OWEN, STRANGER)})
         config = write_daemon_config(
             folder, model_url,
             operator={"approval_timeout_seconds": 30, "approval_notional_threshold": 1000,

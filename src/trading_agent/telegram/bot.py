@@ -49,6 +49,7 @@ from trading_agent.errors import TradingAgentError
 from trading_agent.operator.approvals import (
     ApprovalAlreadyResolvedError,
     Approvals,
+    Decision,
     UnknownApprovalError,
 )
 from trading_agent.operator.audit import AuditEntry, AuditLog, Outcome
@@ -330,24 +331,24 @@ class TelegramBot:
         if operator is None or query is None or not query.data:
             return
         data = query.data
+        decision: Decision
         if data.startswith(APPROVE_PREFIX):
-            route, decision, approval_id = APPROVE, "approve", data[len(APPROVE_PREFIX):]
+            route, decision, approval_id = APPROVE, "approved", data[len(APPROVE_PREFIX):]
         elif data.startswith(DENY_PREFIX):
-            route, decision, approval_id = DENY, "deny", data[len(DENY_PREFIX):]
+            route, decision, approval_id = DENY, "denied", data[len(DENY_PREFIX):]
         else:
             self.outbox.post(AnswerCallback(query.id, "This button is no longer in use."))
             return
         needed, action = command_rule(route)
         desk = await self._approval_desk(approval_id)
         if not allows(operator.role, needed):
-            verb = "Approving" if decision == "approve" else "Denying"
+            verb = "Approving" if decision == "approved" else "Denying"
             self.outbox.post(AnswerCallback(query.id, self._refusal(operator, needed, verb),
                                             alert=True))
             await self._record(operator, action, desk, "refused", "forbidden_role")
             return
         try:
-            approval = await self._approvals.decide(approval_id, decision,  # type: ignore[arg-type]
-                                                    operator.name)
+            approval = await self._approvals.decide(approval_id, decision, operator.name)
         except ApprovalAlreadyResolvedError as exc:
             self.outbox.post(AnswerCallback(query.id, str(exc), alert=True))
             await self._record(operator, action, desk, "refused", "already_resolved")

@@ -127,11 +127,12 @@ def approval_text(event: ApprovalRequested) -> str:
     """
     try:
         arguments = json.loads(event.arguments)
-        shown = ", ".join(f"{k}={v}" for k, v in arguments.items()) if isinstance(
-            arguments, dict) else event.arguments
+        shown = ", ".join(f"{k}={v}" for k, v in arguments.items()
+                          if v is not None) if isinstance(arguments, dict) else event.arguments
     except ValueError:
         shown = event.arguments
-    notional = f"; about {format_money(event.notional)}" if event.notional is not None else ""
+    notional = (f"; about {format_money(event.notional)}"
+                if event.notional is not None and "notional" not in event.reason else "")
     seconds = max(0, round(event.expires_at - time.time()))
     return printable(f"{event.desk} asks to run {event.tool}({_short(shown, 300)}): "
                      f"{event.reason}{notional}. Denied unless answered within {seconds} s "
