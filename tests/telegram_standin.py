@@ -50,11 +50,13 @@ class Call:
         method: The Bot API method (``sendMessage``...).
         params: Its parameters, JSON values decoded (a file as ``{"file": bytes}``).
         status: What the stand-in answered (0: the connection was cut).
+        at: When it came (monotonic seconds).
     """
 
     method: str
     params: dict[str, Any]
     status: int = 200
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

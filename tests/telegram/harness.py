@@ -52,12 +52,14 @@ async def telegram_daemon(folder: Path, model_url: str, *,
                           telegram: Mapping[str, Any] | None = None,
                           operator: Mapping[str, Any] | None = None,
                           desks: Mapping[str, Any] | None = None,
-                          connected: bool = True) -> AsyncIterator[TelegramRun]:
+                          connected: bool = True,
+                          down_at_start: bool = False) -> AsyncIterator[TelegramRun]:
     """A daemon (one paper desk, ``alpha``, whose orders above 1,000 USDT wait for approval)
     with ``[telegram]`` pointed at a started stand-in; waits until the bot polls unless
-    ``connected`` is False."""
+    ``connected`` is False (or Telegram is ``down_at_start``)."""
     async with running_standin(BOT_TOKEN) as standin:
         standin.names.update({user.id: user.first_name for user in (ANN, VIV, OWEN, STRANGER)})
+        standin.set_down(down_at_start)
         config = write_daemon_config(
             folder, model_url,
             operator={"approval_timeout_seconds": 30, "approval_notional_threshold": 1000,
@@ -69,7 +71,7 @@ async def telegram_daemon(folder: Path, model_url: str, *,
                                       "tools": ["get_ticker", "place_order"],
                                       "risk": {"max_order_notional": "10000"}}})
         async with in_process_daemon(config, ENVIRON) as running:
-            if connected:
+            if connected and not down_at_start:
                 await until(lambda: standin.methods("getUpdates", answered=False),
                             "the bot's first long poll")
             yield TelegramRun(running, standin)

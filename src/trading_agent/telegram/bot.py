@@ -138,10 +138,15 @@ class TelegramBot:
         long polling (reached again and again while Telegram cannot be reached)."""
         quiet_library_logs()
         async with anyio.create_task_group() as group:
-            group.start_soon(self.outbox.run)
+            group.start_soon(self._send_once_connected)
             group.start_soon(self.watcher.run, self._subscription)
             group.start_soon(self.watcher.daily_summaries)
             await self._poll()
+
+    async def _send_once_connected(self) -> None:
+        # What operators are told meanwhile waits in the outbox, bounded.
+        await self.connected.wait()
+        await self.outbox.run()
 
     async def _poll(self) -> None:
         application = self.application
