@@ -77,7 +77,7 @@ COMMANDS: tuple[Command, ...] = (
             "compact the desk's conversation now"),
     Command("reduce_only", ("POST", "/api/desks/{desk}/reduce_only"), "[on|off]",
             "only shrink positions (on), or lift it (off)"),
-    Command("kill", ("POST", "/api/kill-switch"), "[on|off] [REASON]",
+    Command("kill", ("POST", "/api/kill-switch"), "[all] [on|off] [REASON]",
             "the desk's kill switch: refuse every new order"),
     Command("reload", ("POST", "/api/reload"), "", "read the config file again"),
     Command("pin", ("POST", "/api/desks/{desk}/pins"), "TEXT",
