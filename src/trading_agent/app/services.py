@@ -124,6 +124,8 @@ class Daemon:
         fleet: This daemon's part of its fleet; None when it runs alone.
         stop_budget: The shutdown's countdown (``run`` starts it at SIGTERM): the sinks
             closing with the daemon get what is left of its ten seconds.
+        telegram: The Telegram bot (run by the supervisor as a service); None without
+            ``[telegram]``.
     """
 
     store: Store
@@ -135,6 +137,7 @@ class Daemon:
     venues: Mapping[str, TradingVenue] = field(default_factory=dict)
     fleet: FleetNode | None = None
     stop_budget: StopBudget = field(default_factory=StopBudget)
+    telegram: TelegramBot | None = None
 
 
 @asynccontextmanager
@@ -286,6 +289,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                       environ)
             supervisor.reloader = reloader
 
+        bot = None
         if settings.telegram is not None:
             # Subscribed now, before the desks run; run beside them, and stopped with them.
             bot = _telegram(settings.telegram, settings, control, api_approvals, audit, bus,
@@ -302,7 +306,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                      task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
-                     venues, node, stop_budget)
+                     venues, node, stop_budget, bot)
 
 
 async def _recorded(backend: ModelBackend, state_dir: Path, name: str,
