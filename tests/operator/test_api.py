@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from tests.operator.harness import build_control, collect_events, running_api, uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.errors import ConfigError
 from trading_agent.operator.approvals import ApprovalBook
@@ -75,7 +76,7 @@ async def test_a_message_starts_a_turn_and_the_answer_streams(
     async with running_api(control, ApprovalBook(), _config(), state_dir) as (endpoints, _), \
             uds_client(endpoints.socket_path) as client:
         response = await client.post("/api/desks/alpha/messages",
-                                     json={"text": "How is BTC?", "source": "alice"})
+                                     json={"text": "How is BTC?"})
         assert response.status_code == 202
         body = response.json()
         assert body["desk"] == "alpha" and body["delivery"] == "turn" and body["id"]
@@ -86,7 +87,7 @@ async def test_a_message_starts_a_turn_and_the_answer_streams(
     assert len(deltas) == 4
     assert events[-1].data["final_text"] == "BTC looks calm today."
     sent = scripted_server.requests[0].messages
-    assert sent[-1]["content"] == "[Message from alice, a human operator]\nHow is BTC?"
+    assert sent[-1]["content"] == f"[Message from {OS_USER}, a human operator]\nHow is BTC?"
     scripted_server.assert_complete()
 
 
@@ -103,7 +104,7 @@ async def test_steering_mid_turn_reaches_the_model_after_the_tool_round(
         with anyio.fail_after(5):
             await gate.entered.wait()  # the turn is inside its first tool round
         response = await client.post("/api/desks/alpha/messages",
-                                     json={"text": "Do not buy anything.", "source": "bob"})
+                                     json={"text": "Do not buy anything."})
         assert response.status_code == 202
         assert response.json()["delivery"] == "steering"
         assert len(scripted_server.requests) == 1  # nothing reached the model yet
@@ -117,7 +118,7 @@ async def test_steering_mid_turn_reaches_the_model_after_the_tool_round(
     assert second[-2]["role"] == "tool"
     assert second[-1]["role"] == "user"
     assert second[-1]["content"].endswith("sent while you were working]\nDo not buy anything.")
-    assert "bob" in second[-1]["content"]
+    assert OS_USER in second[-1]["content"]
     kinds = [e.type for e in events]
     assert kinds.index("tool_result") < kinds.index("steering_delivered") < kinds.index(
         "turn_end")
@@ -190,9 +191,10 @@ async def test_transcript_pages_back(scripted_server: ScriptedServer, state_dir:
                                    params={"limit": 2})).json()["messages"]
         older = (await client.get("/api/desks/alpha/transcript",
                                   params={"limit": 2, "before": newest[0]["seq"]})).json()
-    assert [m["text"] for m in newest] == ["[Message from operator, a human operator]\nm2", "two"]
+    assert [m["text"] for m in newest] == [f"[Message from {OS_USER}, a human operator]\nm2",
+                                           "two"]
     assert [m["text"] for m in older["messages"]] == [
-        "[Message from operator, a human operator]\nm1", "one"]
+        f"[Message from {OS_USER}, a human operator]\nm1", "one"]
 
 
 BAD_REQUESTS = [

@@ -18,6 +18,7 @@ from tests.operator.harness import (
     running_api,
     uds_client,
 )
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.tool_registry import Tool, ToolContext
@@ -69,7 +70,7 @@ async def test_a_live_order_waits_and_runs_once_approved(scripted_server: Script
         assert status["pending_approvals"] == 1
         assert gate.orders == []  # nothing placed while it waits
         response = await client.post(f"/api/approvals/{pending['id']}/approve",
-                                     json={"operator": "alice"})
+                                     json={})
         assert response.status_code == 200
         assert response.json()["approval"]["outcome"] == "approved"
         with anyio.fail_after(5):
@@ -86,7 +87,7 @@ async def test_a_live_order_waits_and_runs_once_approved(scripted_server: Script
     assert kinds.index("tool_call") < kinds.index("approval_requested") < kinds.index(
         "approval_resolved") < kinds.index("tool_result")
     resolved = next(e for e in events if e.type == "approval_resolved")
-    assert resolved.data["outcome"] == "approved" and resolved.data["operator"] == "alice"
+    assert resolved.data["outcome"] == "approved" and resolved.data["operator"] == OS_USER
     assert resolved.data["turn"] == next(e for e in events if e.type == "turn_start").data["turn"]
     scripted_server.assert_complete()
 
@@ -102,7 +103,7 @@ async def test_a_denied_order_is_not_placed_and_the_model_reads_why(
         await client.post("/api/desks/alpha/messages", json={"text": "Buy."})
         [pending] = await _wait_pending(client)
         response = await client.post(f"/api/approvals/{pending['id']}/deny",
-                                     json={"operator": "bob", "reason": "too large for today"})
+                                     json={"reason": "too large for today"})
         assert response.status_code == 200
         assert response.json()["approval"]["outcome"] == "denied"
         with anyio.fail_after(5):
@@ -110,7 +111,7 @@ async def test_a_denied_order_is_not_placed_and_the_model_reads_why(
         assert (await client.get("/api/approvals")).json()["approvals"] == []
     assert gate.orders == []
     result = _tool_result_sent(scripted_server, 1)
-    assert result.startswith("Denied by operator bob: too large for today.")
+    assert result.startswith(f"Denied by operator {OS_USER}: too large for today.")
     assert "not placed" in result
     scripted_server.assert_complete()
 
@@ -366,7 +367,7 @@ async def test_risk_refuses_before_any_approval_and_an_order_within_it_waits(
         assert pending["arguments"]["amount"] == "0.1"
         assert "above the approval threshold 1,000.00" in pending["reason"]
         response = await client.post(f"/api/approvals/{pending['id']}/approve",
-                                     json={"operator": "alice"})
+                                     json={})
         assert response.status_code == 200
         events = await collect_events(client, params={"after": 0},
                                       until=lambda es: es[-1].type == "turn_end")
@@ -386,7 +387,7 @@ async def test_a_held_order_cut_off_at_once_is_told_it_never_ran_and_the_hold_is
         await client.post("/api/desks/alpha/messages", json={"text": "Buy bitcoin."})
         await _wait_pending(client)
         response = await client.post("/api/desks/alpha/cancel",
-                                     json={"operator": "ann", "now": True})
+                                     json={"now": True})
         assert response.status_code == 200
         store = running.daemon.store
         with anyio.fail_after(5):

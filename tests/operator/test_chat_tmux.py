@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from tests.operator.daemon_process import running_daemon
+from tests.os_user import OS_USER
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, ToolCall
 
 TMUX = shutil.which("tmux")
@@ -94,7 +95,7 @@ async def test_chat_streams_steers_and_compacts_in_a_terminal(
         try:
             await terminal.start(
                 [sys.executable, "-m", "trading_agent.cli", "chat", "alpha", "--config",
-                 str(daemon.config), "--operator", "carol"],
+                 str(daemon.config)],
                 {"TERM": "xterm-256color", "PYTHONPATH": os.pathsep.join(sys.path)})
             await terminal.wait_for("Connected to alpha · idle · paper · scripted-model")
 
@@ -126,5 +127,5 @@ async def test_chat_streams_steers_and_compacts_in_a_terminal(
     assert not daemon.socket_path.exists()  # the daemon stopped cleanly
     steered = scripted_server.requests[1].messages[-1]
     assert steered["role"] == "user" and steered["content"].endswith("Keep it short.")
-    assert "carol" in steered["content"]
+    assert OS_USER in steered["content"]
     assert scripted_server.remaining == 0 and not scripted_server.errors

@@ -28,6 +28,7 @@ from tests.operator.test_controls import (
     positions,
     tool_results_read,
 )
+from tests.os_user import OS_USER
 from tests.scripted_server import HttpError, Reply, ScriptedServer, ToolCall
 from tests.waiting import wait_until
 
@@ -37,7 +38,7 @@ async def _order_turn(client: Any, server: ScriptedServer, desk: str, text: str)
     over the API); returns the place_order results the model read in it."""
     before = len(tool_results_read(server))
     response = await client.post(f"/api/desks/{desk}/messages",
-                                 json={"text": text, "source": "ann", "wait": True,
+                                 json={"text": text, "wait": True,
                                        "timeout": 10})
     assert response.status_code == 200, response.text
     assert response.json()["reply"]["ok"], response.json()
@@ -62,10 +63,10 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
 
         code, out, err = await run_cli(socket, "kill-switch", "on", "--desk", "alpha",
                                     "--cancel-orders", "--flatten", "--reason",
-                                    "runaway model", "--operator", "ann")
+                                    "runaway model")
         assert code == 0, err
         lines = out.splitlines()
-        assert re.fullmatch(r"Kill switch ON for desk alpha: halted by ann at "
+        assert re.fullmatch(rf"Kill switch ON for desk alpha: halted by {OS_USER} at "
                             r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: runaway model", lines[0])
         assert lines[1] == ("Every new order is refused before any exchange sees it, until "
                             "'trading-agent kill-switch off --desk alpha'.")
@@ -106,10 +107,9 @@ async def test_kill_switch_from_the_command_line_stops_a_desk_that_keeps_orderin
         assert HALTED.search(result) is not None
         assert await paper_orders(state_dir, "alpha") == books
 
-        code, out, err = await run_cli(socket, "kill-switch", "off", "--desk", "alpha",
-                                    "--operator", "ann")
+        code, out, err = await run_cli(socket, "kill-switch", "off", "--desk", "alpha")
         assert code == 0, err
-        assert re.fullmatch(r"Kill switch off for desk alpha \(it was halted by ann at "
+        assert re.fullmatch(rf"Kill switch off for desk alpha \(it was halted by {OS_USER} at "
                             r"\S+ \S+ UTC: runaway model\)\.\n", out)
         [result] = await _order_turn(client, scripted_server, "alpha", "market buy 0.01")
         assert "filled: bought 0.01 BTC" in result
@@ -136,16 +136,15 @@ async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
         assert code == 2 and "--cancel-orders and --flatten go with 'kill-switch on'" in err
         assert (await client.get("/api/kill-switch")).json()["halts"] == []
 
-        code, out, err = await run_cli(socket, "kill-switch", "on", "--reason", "exchange outage",
-                                    "--operator", "ann")
+        code, out, err = await run_cli(socket, "kill-switch", "on", "--reason", "exchange outage")
         assert code == 0, err
-        assert out.startswith("Kill switch ON for every desk: halted by ann at ")
+        assert out.startswith(f"Kill switch ON for every desk: halted by {OS_USER} at ")
         assert "until 'trading-agent kill-switch off'." in out
         for desk in ("alpha", "beta"):
             [result] = await _order_turn(client, scripted_server, desk, "market buy 0.01")
             assert HALTED.search(result) is not None, result
             assert await paper_orders(state_dir, desk) == []
-        code, out, err = await run_cli(socket, "kill-switch", "off", "--operator", "ann")
+        code, out, err = await run_cli(socket, "kill-switch", "off")
         assert code == 0 and out.startswith("Kill switch off for every desk (it was halted ")
         [result] = await _order_turn(client, scripted_server, "beta", "market buy 0.01")
         assert "filled" in result
@@ -155,24 +154,49 @@ async def test_kill_switch_for_every_desk_and_what_the_command_refuses(
 
 
 @pytest.mark.timeout(30)
+async def test_the_socket_records_its_peers_os_user_whatever_name_a_request_gives(
+        scripted_server: ScriptedServer, state_dir: Path) -> None:
+    """On the Unix socket the name recorded is the OS user at the other end (its peer
+    credentials), never one a request gives: ``--operator`` still runs, says it is ignored
+    and who the records name; a body's ``operator`` changes nothing."""
+    scripted_server.responder = OrderModel()
+    config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
+    async with in_process_daemon(config) as running:
+        socket = running.endpoints.socket_path
+        code, out, err = await run_cli(socket, "pause", "alpha", "--reason", "lunch",
+                                       "--operator", "ann")
+        assert code == 0, err
+        assert out.startswith(f"alpha is paused: paused by {OS_USER} at "), out
+        assert err == (f"trading-agent: --operator 'ann' is ignored; the records name "
+                       f"{OS_USER!r}, who your credential says you are\n")
+        async with uds_client(socket) as client:
+            me = (await client.get("/api/me")).json()
+            resumed = await client.post("/api/desks/alpha/resume", json={"operator": "ann"})
+            assert resumed.status_code == 200, resumed.text
+            audit = (await client.get("/api/audit")).json()["actions"]
+    assert (me["name"], me["role"]) == (OS_USER, "owner")
+    assert [(a["action"], a["who"]) for a in audit if a["desk"] == "alpha"] == [
+        ("pause", OS_USER), ("resume", OS_USER)]
+
+
+@pytest.mark.timeout(30)
 async def test_pause_and_resume_from_the_command_line(
         scripted_server: ScriptedServer, state_dir: Path) -> None:
     scripted_server.responder = OrderModel()
     config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         socket = running.endpoints.socket_path
-        code, out, err = await run_cli(socket, "pause", "alpha", "--reason", "lunch",
-                                    "--operator", "ann")
+        code, out, err = await run_cli(socket, "pause", "alpha", "--reason", "lunch")
         assert code == 0, err
-        assert re.fullmatch(r"alpha is paused: paused by ann at \S+ \S+ UTC: lunch \(until an "
-                            r"operator resumes it\)\n", out)
-        code, out, _ = await run_cli(socket, "pause", "alpha", "--operator", "bob")
-        assert code == 0 and out.startswith("alpha was already paused: paused by ann")
+        assert re.fullmatch(rf"alpha is paused: paused by {OS_USER} at \S+ \S+ UTC: lunch "
+                            r"\(until an operator resumes it\)\n", out)
+        code, out, _ = await run_cli(socket, "pause", "alpha")
+        assert code == 0 and out.startswith(f"alpha was already paused: paused by {OS_USER}")
         code, out, err = await run_cli(socket, "send", "alpha", "Are you there?")
         assert code == 0 and re.fullmatch(r"sent \(\S+; turn\)\n", out), err
         code, out, _ = await run_cli(socket, "desks")
         assert re.search(r"^alpha +paused +paper", out, re.MULTILINE)
-        assert "alpha is paused: paused by ann at " in out
+        assert f"alpha is paused: paused by {OS_USER} at " in out
 
         async def held() -> bool:  # the message waits in the paused desk's queue
             _, listed, _ = await run_cli(socket, "desks", "--json")
@@ -182,7 +206,7 @@ async def test_pause_and_resume_from_the_command_line(
         await wait_until(held, "the message held by the paused desk", within=30, step=0.1)
         assert scripted_server.requests == []
 
-        code, out, err = await run_cli(socket, "resume", "alpha", "--operator", "ann")
+        code, out, err = await run_cli(socket, "resume", "alpha")
         assert code == 0, err
         assert out == "alpha resumed; 1 trigger(s) waiting run now.\n"
         await scripted_server.wait_for_requests(1)
@@ -212,7 +236,7 @@ async def test_cancel_from_the_command_line(scripted_server: ScriptedServer,
 
             await client.post("/api/desks/alpha/messages", json={"text": "Look."})
             await scripted_server.wait_for_requests(1)
-            code, out, err = await run_cli(socket, "cancel", "alpha", "--operator", "ann")
+            code, out, err = await run_cli(socket, "cancel", "alpha")
             assert code == 0, err
             assert out == ("alpha's turn ends at its next safe point (after the tool round in "
                            "flight).\n")
@@ -223,7 +247,7 @@ async def test_cancel_from_the_command_line(scripted_server: ScriptedServer,
 
             await client.post("/api/desks/alpha/messages", json={"text": "Look again."})
             await scripted_server.wait_for_requests(2)
-            code, out, err = await run_cli(socket, "cancel", "alpha", "--now", "--operator", "ann")
+            code, out, err = await run_cli(socket, "cancel", "alpha", "--now")
             assert code == 0, err
             assert out == ("alpha's turn was cut; calls in flight are stored as "
                            "interrupted.\n")
@@ -245,10 +269,10 @@ async def test_send_wait_prints_the_desks_answer(scripted_server: ScriptedServer
     config = write_daemon_config(state_dir, scripted_server.base_url, daemon=FAST_RESTARTS)
     async with in_process_daemon(config) as running:
         code, out, err = await run_cli(running.endpoints.socket_path, "send", "alpha",
-                                    "How is BTC?", "--wait", "--operator", "ann")
+                                    "How is BTC?", "--wait")
     assert (code, out, err) == (0, "BTC is range-bound today.\n", "")
     sent = scripted_server.requests[0].messages[-1]["content"]
-    assert sent == "[Message from ann, a human operator]\nHow is BTC?"
+    assert sent == f"[Message from {OS_USER}, a human operator]\nHow is BTC?"
     scripted_server.assert_complete()
 
 
@@ -301,9 +325,8 @@ async def test_desks_shows_the_kill_switch_a_pause_and_the_spend_caps(
         await client.post("/api/desks/alpha/messages",
                           json={"text": "Hi.", "wait": True, "timeout": 10})
         await wait_until(lambda: _tokens(client, "alpha"), "the usage to be stored")
-        await run_cli(socket, "kill-switch", "on", "--desk", "alpha", "--reason", "audit",
-                   "--operator", "ann")
-        await run_cli(socket, "pause", "beta", "--reason", "quiet day", "--operator", "ann")
+        await run_cli(socket, "kill-switch", "on", "--desk", "alpha", "--reason", "audit")
+        await run_cli(socket, "pause", "beta", "--reason", "quiet day")
         code, out, err = await run_cli(socket, "desks")
         assert code == 0, err
         code, raw, _ = await run_cli(socket, "desks", "--json")
@@ -312,9 +335,10 @@ async def test_desks_shows_the_kill_switch_a_pause_and_the_spend_caps(
     assert re.search(r"^alpha +idle +paper +scripted-model +10,000.00 +(-|0\.00) +(-|0\.00) "
                      r"+0 +850 ", out,
                      re.MULTILINE), out
-    assert re.fullmatch(r"alpha: KILL SWITCH ON, new orders refused: halted by ann at \S+ \S+ "
-                        r"UTC: audit", next(x for x in lines if x.startswith("alpha: KILL")))
-    assert "beta is paused: paused by ann at " in out
+    assert re.fullmatch(rf"alpha: KILL SWITCH ON, new orders refused: halted by {OS_USER} at "
+                        r"\S+ \S+ UTC: audit",
+                        next(x for x in lines if x.startswith("alpha: KILL")))
+    assert f"beta is paused: paused by {OS_USER} at " in out
     assert ": quiet day (until an operator resumes it)" in out
     assert "alpha spend caps today: desk tokens 85% of 1,000; daemon tokens 8% of 10,000" in lines
     assert "beta spend caps today: daemon tokens 8% of 10,000" in lines
@@ -362,7 +386,7 @@ class _Chat:
 @asynccontextmanager
 async def _chat(socket: Path, desk: str) -> AsyncIterator[_Chat]:
     process = await anyio.open_process(
-        [*CLI, "chat", desk, "--socket", str(socket), "--operator", "carol"],
+        [*CLI, "chat", desk, "--socket", str(socket)],
         env=cli_environment())
     try:
         yield _Chat(process)
@@ -383,14 +407,14 @@ async def test_chat_pauses_resumes_and_asks_before_flattening(
         async with _chat(running.endpoints.socket_path, "alpha") as chat:
             await chat.expect("Connected to alpha · idle · paper")
             await chat.type("/pause lunch")
-            await chat.expect(re.compile(r"Paused: paused by carol at \S+ \S+ UTC: lunch"))
-            await chat.expect("⏸ paused by carol until resumed: lunch")  # the stream's event
+            await chat.expect(re.compile(rf"Paused: paused by {OS_USER} at \S+ \S+ UTC: lunch"))
+            await chat.expect(f"⏸ paused by {OS_USER} until resumed: lunch")  # the stream's event
             assert (await client.get("/api/desks/alpha")).json()["state"] == "paused"
             await chat.type("/pause again")
             await chat.expect("Already paused.")
             await chat.type("/resume")
             await chat.expect("Resumed.")
-            await chat.expect("▶ resumed by carol")
+            await chat.expect(f"▶ resumed by {OS_USER}")
             assert (await client.get("/api/desks/alpha")).json()["state"] == "idle"
 
             await chat.type("/kill on --flatten the model went wild")
@@ -404,16 +428,16 @@ async def test_chat_pauses_resumes_and_asks_before_flattening(
             await chat.type("/kill on --flatten the model went wild")
             await chat.expect("Type yes to go on")
             await chat.type("yes")
-            await chat.expect(re.compile(r"Kill switch ON for desk alpha: halted by carol at "
+            await chat.expect(re.compile(rf"Kill switch ON for desk alpha: halted by {OS_USER} at "
                                          r"\S+ \S+ UTC: the model went wild"))
             await chat.expect(re.compile(r"alpha: order \S+ sell 0.01 BTC/USDT at market"))
-            await chat.expect("⛔ kill switch ON (alpha): halted by carol")
+            await chat.expect(f"⛔ kill switch ON (alpha): halted by {OS_USER}")
             assert await positions(state_dir, "alpha") == {}
 
             await chat.type("/kill on")
             await chat.expect("Usage: /kill on [--all] [--cancel-orders] [--flatten] REASON")
             await chat.type("/kill off")
-            await chat.expect("Kill switch off for desk alpha (it was halted by carol at ")
+            await chat.expect(f"Kill switch off for desk alpha (it was halted by {OS_USER} at ")
             await chat.type("/quit")
             await chat.expect("Bye; the desk keeps running.")
         assert (await client.get("/api/kill-switch")).json()["halts"] == []

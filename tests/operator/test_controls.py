@@ -24,6 +24,7 @@ import pytest
 
 from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import (
     HttpError,
     RecordedRequest,
@@ -153,7 +154,7 @@ async def _turns_done(client: httpx.AsyncClient, desk: str, count: int) -> list[
 
 async def _send(client: httpx.AsyncClient, desk: str, text: str, **extra: Any) -> dict[str, Any]:
     response = await client.post(f"/api/desks/{desk}/messages",
-                                 json={"text": text, "source": "ann", **extra})
+                                 json={"text": text, **extra})
     assert response.status_code in (200, 202), response.text
     return dict(response.json())
 
@@ -163,7 +164,7 @@ async def _status(client: httpx.AsyncClient, desk: str) -> dict[str, Any]:
 
 
 async def _kill(client: httpx.AsyncClient, **body: Any) -> httpx.Response:
-    return await client.post("/api/kill-switch", json={"operator": "ann", **body})
+    return await client.post("/api/kill-switch", json=body)
 
 
 # --------------------------------------------------------------------------- kill switch
@@ -180,8 +181,9 @@ async def test_the_kill_switch_refuses_every_order_of_its_desks_before_the_excha
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["on"] is True and answer["scope"] == "alpha"
-        assert answer["halt"]["by"] == "ann" and answer["halt"]["reason"] == "the model misbehaves"
-        assert answer["halt"]["text"].startswith("halted by ann at ")
+        assert answer["halt"]["by"] == OS_USER
+        assert answer["halt"]["reason"] == "the model misbehaves"
+        assert answer["halt"]["text"].startswith(f"halted by {OS_USER} at ")
 
         # alpha keeps trying: three orders in one turn, every one refused.
         await _send(client, "alpha", "market buy 0.01; market buy 0.02; limit buy 0.01 @ 10000")
@@ -195,17 +197,17 @@ async def test_the_kill_switch_refuses_every_order_of_its_desks_before_the_excha
         for result in alpha_results:
             match = HALTED.search(result)
             assert match is not None, result
-            assert match["by"] == "ann" and match["reason"] == "the model misbehaves"
+            assert match["by"] == OS_USER and match["reason"] == "the model misbehaves"
         assert await paper_orders(state_dir, "alpha") == []
         assert await paper_fills(state_dir, "alpha") == 0
         assert [o["status"] for o in await paper_orders(state_dir, "beta")] == ["closed"]
 
         status = await _status(client, "alpha")
-        assert status["kill_switch"].startswith("halted by ann at ")
+        assert status["kill_switch"].startswith(f"halted by {OS_USER} at ")
         assert status["kill_switch"].endswith(": the model misbehaves")
         assert (await _status(client, "beta"))["kill_switch"] == ""
         halts = (await client.get("/api/kill-switch")).json()["halts"]
-        assert [(h["scope"], h["by"]) for h in halts] == [("alpha", "ann")]
+        assert [(h["scope"], h["by"]) for h in halts] == [("alpha", OS_USER)]
 
         # Every desk: beta is refused too; alpha's own switch off leaves it halted by the other.
         response = await _kill(client, on=True, reason="exchange outage")
@@ -234,8 +236,8 @@ async def test_the_kill_switch_refuses_every_order_of_its_desks_before_the_excha
             e.type == "kill_switch" for e in es) >= 4)
     switches = [(e.data["desk"], e.data["on"], e.data["by"]) for e in events
                 if e.type == "kill_switch"]
-    assert switches == [("alpha", True, "ann"), ("*", True, "ann"), ("alpha", False, "ann"),
-                        ("*", False, "ann")]
+    assert switches == [("alpha", True, OS_USER), ("*", True, OS_USER), ("alpha", False, OS_USER),
+                        ("*", False, OS_USER)]
 
 
 async def test_the_kill_switch_is_still_on_after_a_restart(
@@ -320,13 +322,13 @@ async def test_failed_turns_in_a_row_switch_the_kill_switch_on(
         match = HALTED.search(refused)
         assert match is not None and match["by"] == "daemon", refused
         # An operator who has looked switches it off; the record says who did.
-        response = await _kill(client, on=False, desk="alpha", operator="bob")
+        response = await _kill(client, on=False, desk="alpha")
         assert response.json()["was"]["by"] == "daemon"
         events = await collect_events(client, params={"after": 0}, until=lambda es: sum(
             e.type == "kill_switch" for e in es) >= 2)
     off = [e for e in events if e.type == "kill_switch"][1]
     assert off.data["on"] is False
-    assert off.data["by"] == "bob", off.data  # who switched it off, not who switched it on
+    assert off.data["by"] == OS_USER, off.data  # who switched it off, not who switched it on
     assert await paper_orders(state_dir, "alpha") == []
 
 
@@ -405,16 +407,16 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await client.post("/api/desks/alpha/pause",
-                                     json={"operator": "ann", "reason": "lunch break"})
+                                     json={"reason": "lunch break"})
         assert response.status_code == 200
         answer = response.json()
         assert answer["changed"] is True and answer["status"]["state"] == "paused"
-        assert re.fullmatch(r"paused by ann at \d{4}-\d\d-\d\d \d\d:\d\d UTC: lunch break "
+        assert re.fullmatch(rf"paused by {OS_USER} at \d{{4}}-\d\d-\d\d \d\d:\d\d UTC: lunch break "
                             r"\(until an operator resumes it\)",
                             answer["status"]["paused_reason"])
-        again = await client.post("/api/desks/alpha/pause", json={"operator": "bob"})
+        again = await client.post("/api/desks/alpha/pause", json={})
         assert again.json()["changed"] is False
-        assert "paused by ann" in again.json()["status"]["paused_reason"]
+        assert f"paused by {OS_USER}" in again.json()["status"]["paused_reason"]
 
         await _send(client, "alpha", "Are you there?")
         desk = running.daemon.supervisor.desk("alpha")
@@ -425,12 +427,12 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
         assert status["state"] == "paused" and status["queued_triggers"] == 2
         assert scripted_server.requests == []  # no turn ran
 
-        response = await client.post("/api/desks/alpha/resume", json={"operator": "ann"})
+        response = await client.post("/api/desks/alpha/resume", json={})
         assert response.json()["changed"] is True
         await wait_until(lambda: len(scripted_server.requests) >= 2, "the turns that waited")
         await _turns_done(client, "alpha", 2)
         assert (await _status(client, "alpha"))["paused_reason"] == ""
-        again = await client.post("/api/desks/alpha/resume", json={"operator": "ann"})
+        again = await client.post("/api/desks/alpha/resume", json={})
         assert again.json()["changed"] is False
         events = await collect_events(client, params={"after": 0}, until=lambda es: any(
             e.type == "desk_resumed" for e in es))
@@ -438,9 +440,9 @@ async def test_a_paused_desk_runs_no_turn_until_resumed(
     assert openings[0].endswith("Are you there?")  # the person first
     assert openings[1].startswith("[tick, 3 merged: BTC/USDT]")
     paused = next(e for e in events if e.type == "desk_paused")
-    assert paused.data["by"] == "ann" and paused.data["reason"] == "lunch break"
+    assert paused.data["by"] == OS_USER and paused.data["reason"] == "lunch break"
     resumed = next(e for e in events if e.type == "desk_resumed")
-    assert resumed.data["by"] == "ann" and resumed.data["waiting"] == 2
+    assert resumed.data["by"] == OS_USER and resumed.data["waiting"] == 2
 
 
 @pytest.mark.timeout(20)
@@ -451,7 +453,7 @@ async def test_with_when_paused_drop_a_trigger_is_dropped_but_a_message_waits(
                                  desks={"alpha": {"controls": {"when_paused": "drop"}}})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
-        await client.post("/api/desks/alpha/pause", json={"operator": "ann", "reason": "noisy"})
+        await client.post("/api/desks/alpha/pause", json={"reason": "noisy"})
         desk = running.daemon.supervisor.desk("alpha")
         desk.fire(_tick())
         desk.fire(_tick("BTC/USDT moved 2%"))
@@ -461,7 +463,7 @@ async def test_with_when_paused_drop_a_trigger_is_dropped_but_a_message_waits(
         await anyio.sleep(0.3)  # kept: that no turn runs in this time is what is checked
         status = await _status(client, "alpha")
         assert status["queued_triggers"] == 1 and scripted_server.requests == []
-        await client.post("/api/desks/alpha/resume", json={"operator": "ann"})
+        await client.post("/api/desks/alpha/resume", json={})
         await _turns_done(client, "alpha", 1)
         await anyio.sleep(0.2)  # kept: room for a dropped trigger's turn, which must not come
     assert len(scripted_server.requests) == 1
@@ -479,7 +481,7 @@ async def test_pausing_a_working_desk_ends_its_turn_at_a_safe_point(
         await _send(client, "alpha", "Look at BTC.")
         await scripted_server.wait_for_requests(1)
         response = await client.post("/api/desks/alpha/pause",
-                                     json={"operator": "ann", "reason": "stop thinking"})
+                                     json={"reason": "stop thinking"})
         assert response.json()["changed"] is True
         release.set()
         await wait_until(lambda: running.daemon.supervisor.desk("alpha").state == "paused",
@@ -493,11 +495,11 @@ async def test_pausing_a_working_desk_ends_its_turn_at_a_safe_point(
         rows = await wait_until(transcript_with_the_notice, "the notice in the transcript")
         status = await _status(client, "alpha")
     assert [r["kind"] for r in rows] == ["operator", "assistant", "tool_results", "notice"]
-    assert status["last_turn_text"] == "Stopped at a safe point: the desk was paused by ann."
+    assert status["last_turn_text"] == f"Stopped at a safe point: the desk was paused by {OS_USER}."
     # The desk reads why its turn ended, so it does not take the silence for a finished task.
     assert message_text(rows[3]).startswith("[notice] Your previous turn was ended early. "
                                             "Stopped at a safe point: the desk was paused "
-                                            "by ann.")
+                                            f"by {OS_USER}.")
     assert len(scripted_server.requests) == 1
     scripted_server.assert_complete()
 
@@ -517,13 +519,13 @@ async def test_cancel_ends_the_turn_at_its_safe_point_with_every_call_answered(
             uds_client(running.endpoints.socket_path) as client:
         await _send(client, "alpha", "Look at BTC.")
         await scripted_server.wait_for_requests(1)
-        response = await client.post("/api/desks/alpha/cancel", json={"operator": "ann"})
+        response = await client.post("/api/desks/alpha/cancel", json={})
         assert response.json() == {"desk": "alpha", "cancelled": True, "now": False}
         release.set()
         [ended] = await _turns_done(client, "alpha", 1)
-        assert ended == "Stopped at a safe point: an operator (ann) cancelled the turn."
+        assert ended == f"Stopped at a safe point: an operator ({OS_USER}) cancelled the turn."
         assert (await _status(client, "alpha"))["state"] == "idle"
-        idle = await client.post("/api/desks/alpha/cancel", json={"operator": "ann"})
+        idle = await client.post("/api/desks/alpha/cancel", json={})
         assert idle.json()["cancelled"] is False
         await _send(client, "alpha", "Anything else?")
         await _turns_done(client, "alpha", 2)
@@ -540,7 +542,7 @@ async def test_cancel_ends_the_turn_at_its_safe_point_with_every_call_answered(
     assert message_text(scripted_server.requests[1].messages[-1]).endswith("Anything else?")
     assert RESUME_TEXT not in str(scripted_server.requests[1].messages)
     cancelled = next(e for e in events if e.type == "turn_cancelled")
-    assert cancelled.data["by"] == "ann" and cancelled.data["now"] is False
+    assert cancelled.data["by"] == OS_USER and cancelled.data["now"] is False
     scripted_server.assert_complete()
 
 
@@ -565,7 +567,7 @@ async def test_cancel_now_cuts_the_turn_and_the_desk_takes_its_next_trigger(
             await _send(client, "alpha", "Research BTC.")
             await wait_until(asked.is_set, "the subagent's request")
             response = await client.post("/api/desks/alpha/cancel",
-                                         json={"operator": "ann", "now": True})
+                                         json={"now": True})
             assert response.json()["cancelled"] is True
             await wait_until(lambda: running.daemon.supervisor.desk("alpha").state == "idle",
                              "the desk to be free")
@@ -588,7 +590,7 @@ async def test_cancel_now_cuts_the_turn_and_the_desk_takes_its_next_trigger(
     rows = [r for r in rows if r["subagent"] is None]
     assert [r["kind"] for r in rows] == ["operator", "assistant", "tool_results", "notice",
                                          "operator", "assistant"]
-    assert rows[3]["text"].endswith("Why it stopped: an operator (ann) cancelled it at once")
+    assert rows[3]["text"].endswith(f"Why it stopped: an operator ({OS_USER}) cancelled it at once")
     interrupted = rows[2]["content"][0]
     assert interrupted["type"] == "tool_result" and interrupted["is_error"]
     assert "interrupted" in str(interrupted["content"])

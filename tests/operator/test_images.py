@@ -27,6 +27,7 @@ from tests.agent.test_image_preparer import chart, noise
 from tests.agent.test_randomized_conversations import wire_images
 from tests.daemon_config import write_daemon_config
 from tests.operator.harness import InProcessDaemon, in_process_daemon, uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, ToolCall
 from trading_agent.operator.client import ImageAttachment, OperatorClient
 
@@ -89,7 +90,7 @@ async def test_an_operators_picture_reaches_the_model_at_the_desks_limits(
     async with _running(state_dir, scripted_server.base_url) as running, \
             OperatorClient(socket_path=running.endpoints.socket_path) as client:
         sent = await client.send_message(
-            "alpha", "What do you make of this?", source="carol",
+            "alpha", "What do you make of this?",
             images=[ImageAttachment(_png(1600, 900), "image/png", "btc 4h.png")])
         assert sent["delivery"] == "turn"
         await _wait_turn_end(client)
@@ -100,11 +101,11 @@ async def test_an_operators_picture_reaches_the_model_at_the_desks_limits(
     assert picture.size == (MAX_SIDE, 180)  # 1600 × 900, scaled to the longest side
     operator_message = request.messages[-1]
     text = operator_message["content"][0]["text"]
-    assert text == "[Message from carol, a human operator]\nWhat do you make of this?"
+    assert text == f"[Message from {OS_USER}, a human operator]\nWhat do you make of this?"
     # The store keeps the sized picture, named for the placeholder that will replace it.
     [stored] = [m for m in transcript if m["kind"] == "operator"]
     [block] = [b for b in stored["content"] if b["type"] == "image"]
-    assert block["description"] == "picture from carol (btc 4h.png)"
+    assert block["description"] == f"picture from {OS_USER} (btc 4h.png)"
     assert block["size"] <= MAX_BYTES
     scripted_server.assert_complete()
 
@@ -189,7 +190,7 @@ async def test_only_the_four_newest_pictures_are_sent_operator_pictures_and_char
                 ImageAttachment(_png(600, 900, 2), "image/png", "second.png")]
     async with _running(state_dir, scripted_server.base_url) as running, \
             OperatorClient(socket_path=running.endpoints.socket_path) as client:
-        await client.send_message("alpha", "Compare with your charts.", source="carol",
+        await client.send_message("alpha", "Compare with your charts.",
                                   images=pictures)
         await _wait_turn_end(client)
 
@@ -201,8 +202,8 @@ async def test_only_the_four_newest_pictures_are_sent_operator_pictures_and_char
     assert sizes[3][1:] == [(MAX_SIDE, 187)] * 3
     # The oldest picture, the operator's first, is a placeholder naming it in the last call.
     last = json.dumps(requests[3].json)
-    assert "[image removed to save space: picture from carol (first.png)]" in last
-    assert "picture from carol (second.png)" not in last  # still sent as a picture
+    assert f"[image removed to save space: picture from {OS_USER} (first.png)]" in last
+    assert f"picture from {OS_USER} (second.png)" not in last  # still sent as a picture
     assert sizes[3][0] == (213, MAX_SIDE)
     scripted_server.assert_complete()
 
@@ -235,7 +236,7 @@ async def test_chat_sends_a_picture_with_image_and_prints_refusals(
     async with _running(state_dir, scripted_server.base_url) as running:
         process = await anyio.open_process(
             [sys.executable, "-m", "trading_agent.cli", "chat", "alpha", "--socket",
-             str(running.endpoints.socket_path), "--operator", "carol"],
+             str(running.endpoints.socket_path)],
             env={**os.environ, "NO_COLOR": "1"})
         seen: list[str] = []
         assert process.stdout is not None

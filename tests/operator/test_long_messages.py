@@ -19,6 +19,7 @@ import pytest
 from tests.daemon_config import write_daemon_config
 from tests.operator.harness import in_process_daemon
 from tests.operator.test_images import _read_until, _type, _wait_turn_end
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.operator.client import OperatorClient
 from trading_agent.operator.server import OperatorEndpoints
@@ -42,7 +43,7 @@ async def test_a_message_too_long_for_the_window_is_shortened_and_the_api_says_s
     text = "Closes: " + " ".join(["16751.3"] * (size // 8))
     async with _running(state_dir, scripted_server.base_url) as endpoints, \
             OperatorClient(socket_path=endpoints.socket_path) as client:
-        sent = await client.send_message("alpha", text, source="carol")
+        sent = await client.send_message("alpha", text)
         await _wait_turn_end(client)
         transcript = await client.transcript("alpha")
 
@@ -61,7 +62,7 @@ async def test_a_message_too_long_for_the_window_is_shortened_and_the_api_says_s
     assert "the middle was cut" in shortened["note"] and "stored" in shortened["note"]
     # What the model read: the head and the tail, saying how much was cut.
     assert len(read) <= shortened["limit_chars"] + 200
-    assert read.startswith("[Message from carol, a human operator]\nCloses: 16751.3")
+    assert read.startswith(f"[Message from {OS_USER}, a human operator]\nCloses: 16751.3")
     assert "characters of this message were cut here" in read
 
 
@@ -72,7 +73,7 @@ async def test_chat_says_when_a_message_was_shortened(
     async with _running(state_dir, scripted_server.base_url) as endpoints:
         process = await anyio.open_process(
             [sys.executable, "-m", "trading_agent.cli", "chat", "alpha", "--socket",
-             str(endpoints.socket_path), "--operator", "carol"],
+             str(endpoints.socket_path)],
             env={**os.environ, "NO_COLOR": "1"})
         seen: list[str] = []
         assert process.stdout is not None

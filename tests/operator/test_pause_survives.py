@@ -9,6 +9,7 @@ import anyio
 
 from tests.operator.harness import in_process_daemon, uds_client
 from tests.operator.test_reload import _config
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer
 from tests.waiting import wait_until
 
@@ -20,7 +21,7 @@ async def test_a_pause_outlives_a_restart_and_a_message_waits_for_the_resume(
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         paused = await client.post("/api/desks/alpha/pause",
-                                   json={"operator": "alice", "reason": "FOMC at 18:00"})
+                                   json={"reason": "FOMC at 18:00"})
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         after_restart = (await client.get("/api/desks/alpha")).json()
@@ -32,14 +33,14 @@ async def test_a_pause_outlives_a_restart_and_a_message_waits_for_the_resume(
 
         waiting = await wait_until(held, "the message held by the paused desk")
         asked_while_paused = len(scripted_server.requests)
-        resumed = await client.post("/api/desks/alpha/resume", json={"operator": "bob"})
+        resumed = await client.post("/api/desks/alpha/resume", json={})
         with anyio.fail_after(10):
             while not scripted_server.requests:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
 
     assert paused.status_code == 200 and paused.json()["changed"] is True
     assert after_restart["state"] == "paused"
-    assert after_restart["paused_reason"].startswith("paused by alice at ")
+    assert after_restart["paused_reason"].startswith(f"paused by {OS_USER} at ")
     assert after_restart["paused_reason"].endswith(
         ": FOMC at 18:00 (until an operator resumes it)")
     assert waiting["state"] == "paused" and waiting["queued_triggers"] == 1

@@ -21,6 +21,7 @@ from tests.operator.harness import (
     running_api,
     uds_client,
 )
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.cli import main
 from trading_agent.daemon.pins import PIN_BLOCK_END, PIN_BLOCK_START
@@ -43,7 +44,7 @@ def _system(server: ScriptedServer, request: int) -> str:
 
 async def _ask(client: Any, text: str) -> str:
     response = await client.post("/api/desks/alpha/messages",
-                                 json={"text": text, "source": "ann", "wait": True,
+                                 json={"text": text, "wait": True,
                                        "timeout": 10})
     assert response.status_code == 200, response.text
     return str(response.json()["reply"]["text"])
@@ -64,10 +65,10 @@ async def test_a_pin_is_in_every_request_through_a_compaction_and_a_restart_unti
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         response = await client.post("/api/desks/alpha/pins",
-                                     json={"text": f"  {_RULE}\n", "operator": "ann"})
+                                     json={"text": f"  {_RULE}\n"})
         assert response.status_code == 201, response.text
         pin = response.json()["pin"]
-        assert (pin["text"], pin["by"], pin["desk"]) == (_RULE, "ann", "alpha")
+        assert (pin["text"], pin["by"], pin["desk"]) == (_RULE, OS_USER, "alpha")
         await _ask(client, "Message one")
         assert f"{PIN_BLOCK_START}\n[1] {_RULE}\n" in _system(scripted_server, 0)
         assert _system(scripted_server, 0).startswith("You are the trading desk alpha.")
@@ -83,19 +84,19 @@ async def test_a_pin_is_in_every_request_through_a_compaction_and_a_restart_unti
                                       until=lambda es: any(e.type == "pins_changed"
                                                            for e in es))
         changed = next(e for e in events if e.type == "pins_changed")
-        assert changed.data["action"] == "pinned" and changed.data["by"] == "ann"
+        assert changed.data["action"] == "pinned" and changed.data["by"] == OS_USER
         assert _RULE in changed.data["text"]
 
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         listed = (await client.get("/api/desks/alpha/pins")).json()
         assert [(p["id"], p["by"], p["text"]) for p in listed["pins"]] == [
-            (pin["id"], "ann", _RULE)]
+            (pin["id"], OS_USER, _RULE)]
         assert listed["pins"][0]["at"] == pin["at"]
         await _ask(client, "Message four")
         assert _RULE in _system(scripted_server, 4)
         removed = await client.request("DELETE", f"/api/desks/alpha/pins/{pin['id']}",
-                                       json={"operator": "bob"})
+                                       json={})
         assert removed.status_code == 200, removed.text
         assert removed.json()["pins"] == []
         await _ask(client, "Message five")
@@ -163,26 +164,25 @@ async def test_pin_pins_and_unpin_from_the_chat_and_the_command_line(
             return code, out, err
 
         out = io.StringIO()
-        chat = _Chat(client, "alpha", "ann", out)
+        chat = _Chat(client, "alpha", OS_USER, out)
         await chat.handle(f"/pin {_RULE}", group)
         await chat.handle("/pin", group)
         await chat.handle("/pins", group)
         said = out.getvalue()
         assert "Pinned #1: it is in every request from the next." in said
         assert "Usage: /pin TEXT" in said
-        assert "#1 by ann at " in said and f"UTC: {_RULE}" in said
+        assert f"#1 by {OS_USER} at " in said and f"UTC: {_RULE}" in said
 
-        code, printed, _ = await cli("pin", "alpha", "Close every position by Friday.",
-                                     "--operator", "bob")
+        code, printed, _ = await cli("pin", "alpha", "Close every position by Friday.")
         assert code == 0 and "Pinned #2 to alpha" in printed
         code, printed, _ = await cli("pins", "alpha", "--json")
         assert code == 0
-        assert [(p["id"], p["by"]) for p in json.loads(printed)["pins"]] == [(1, "ann"),
-                                                                             (2, "bob")]
-        code, printed, _ = await cli("unpin", "alpha", "1", "--operator", "bob")
+        assert [(p["id"], p["by"]) for p in json.loads(printed)["pins"]] == [(1, OS_USER),
+                                                                             (2, OS_USER)]
+        code, printed, _ = await cli("unpin", "alpha", "1")
         assert code == 0 and "Unpinned #1 from alpha" in printed
         code, printed, _ = await cli("pins", "alpha")
-        assert code == 0 and printed.startswith("#2 by bob at ")
+        assert code == 0 and printed.startswith(f"#2 by {OS_USER} at ")
         assert printed.splitlines()[0].endswith("UTC: Close every position by Friday.")
         assert printed.splitlines()[1:] == ["(config) Trade only BTC."]
         code, _, err = await cli("unpin", "alpha", "1")
@@ -225,7 +225,7 @@ async def test_a_pin_made_mid_turn_is_in_the_turns_next_request_and_outlives_a_r
 
         write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS,
                             desks={"alpha": {**_DESK, "system_prompt": "You are alpha, v2."}})
-        reloaded = await client.post("/api/reload", json={"operator": "ann"})
+        reloaded = await client.post("/api/reload", json={})
         assert reloaded.status_code == 200, reloaded.text
         assert await _ask(client, "And now?") == "After the reload."
     assert _system(scripted_server, 2) == f"You are alpha, v2.\n\n{PIN_BLOCK_START}\n" \

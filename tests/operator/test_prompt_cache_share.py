@@ -88,7 +88,7 @@ async def test_each_desk_keeps_its_prefix_and_key_and_shows_its_cache_share(
                 beta["cache_share_today"]) == (3000, 0, 0.0)
 
         code, out, err = await _cli("chat", "alpha", "--socket", str(daemon.socket_path),
-                                    "--operator", "erin", stdin=b"/status\n/quit\n")
+                                    stdin=b"/status\n/quit\n")
         assert code == 0, err
         status_lines = [line for line in out.splitlines() if "tokens today" in line]
         assert len(status_lines) == 2  # on connecting, and for /status

@@ -20,12 +20,13 @@ from tests.operator.command_line import run_cli
 from tests.operator.harness import collect_events, in_process_daemon, uds_client
 from tests.operator.test_control_cli import _chat, _order_turn
 from tests.operator.test_controls import OrderModel, positions
+from tests.os_user import OS_USER
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step
 from trading_agent.errors import ConfigError
 from trading_agent.settings import load_settings
 
 REFUSED_BY_ANN = re.compile(
-    r"Refused \(reduce_only, set by ann\): FOMC at 18:00\. This desk may only reduce its "
+    rf"Refused \(reduce_only, set by {OS_USER}\): FOMC at 18:00\. This desk may only reduce its "
     r"positions until an operator switches it off: this buy of 0\.01 BTC would take the "
     r"BTC/USDT position from 0\.02 to 0\.03 \(open orders counted\); a sell of at most 0\.02 "
     r"BTC still passes\.")
@@ -53,15 +54,16 @@ async def test_reduce_only_from_the_command_line_refuses_new_exposure_and_surviv
         [bought] = await _order_turn(client, scripted_server, "alpha", "market buy 0.02")
         assert "filled: bought 0.02 BTC" in bought
         code, out, err = await run_cli(socket, "reduce-only", "on", "alpha", "--reason",
-                                       "FOMC at 18:00", "--operator", "ann")
+                                       "FOMC at 18:00")
         assert code == 0, err
-        assert re.match(r"alpha is in reduce-only: reduce-only by ann at \S+ \S+ UTC: FOMC at "
-                        r"18:00 \(until an operator switches it off\)\. Orders that would open, "
-                        r"grow or reverse a position are refused; orders that shrink one pass\.",
+        assert re.match(rf"alpha is in reduce-only: reduce-only by {OS_USER} at \S+ \S+ UTC: "
+                        r"FOMC at 18:00 \(until an operator switches it off\)\. Orders that would "
+                        r"open, grow or reverse a position are refused; orders that shrink one "
+                        r"pass\.",
                         out), out
         code, out, _ = await run_cli(socket, "desks")
-        assert code == 0 and "alpha: REDUCE-ONLY, new exposure refused: reduce-only by ann at " \
-            in out, out
+        assert code == 0 and (f"alpha: REDUCE-ONLY, new exposure refused: reduce-only by "
+                              f"{OS_USER} at ") in out, out
         assert "beta: REDUCE-ONLY" not in out
 
         refused, reduced = await _order_turn(client, scripted_server, "alpha",
@@ -71,13 +73,14 @@ async def test_reduce_only_from_the_command_line_refuses_new_exposure_and_surviv
         [other] = await _order_turn(client, scripted_server, "beta", "market buy 0.01")
         assert "filled: bought 0.01 BTC" in other  # another desk is not held back
         status = await _status(client)
-        assert status["reduce_only"]["by"] == "ann"
+        assert status["reduce_only"]["by"] == OS_USER
         assert status["reduce_only"]["reason"] == "FOMC at 18:00"
         assert status["reduce_only"]["until"] is None
         assert status["state"] == "idle"  # it still thinks
         [event] = await _events_of(client, "reduce_only")
         assert event.data["desk"] == "alpha" and event.data["on"] is True
-        assert event.data["text"].startswith("REDUCE-ONLY ON (alpha): reduce-only by ann at ")
+        assert event.data["text"].startswith(
+            f"REDUCE-ONLY ON (alpha): reduce-only by {OS_USER} at ")
         metrics = (await client.get("/metrics")).text
         assert 'trading_agent_desk_reduce_only{desk="alpha"} 1.0' in metrics
         assert 'trading_agent_desk_reduce_only{desk="beta"} 0.0' in metrics
@@ -88,21 +91,21 @@ async def test_reduce_only_from_the_command_line_refuses_new_exposure_and_surviv
             uds_client(running.endpoints.socket_path) as client:
         socket = running.endpoints.socket_path
         after_restart = await _status(client)
-        assert after_restart["reduce_only"]["by"] == "ann"
+        assert after_restart["reduce_only"]["by"] == OS_USER
         assert after_restart["reduce_only"]["text"] == status["reduce_only"]["text"]
         [refused] = await _order_turn(client, scripted_server, "alpha", "market buy 0.01")
-        assert "Refused (reduce_only, set by ann): FOMC at 18:00." in refused
-        code, out, err = await run_cli(socket, "reduce-only", "off", "alpha",
-                                       "--operator", "bob")
+        assert f"Refused (reduce_only, set by {OS_USER}): FOMC at 18:00." in refused
+        code, out, err = await run_cli(socket, "reduce-only", "off", "alpha")
         assert code == 0, err
-        assert out.startswith("alpha is no longer in reduce-only (it was reduce-only by ann at ")
+        assert out.startswith(
+            f"alpha is no longer in reduce-only (it was reduce-only by {OS_USER} at ")
         code, out, _ = await run_cli(socket, "reduce-only", "off", "alpha")
         assert out.strip() == "alpha was not in reduce-only."
         [bought] = await _order_turn(client, scripted_server, "alpha", "market buy 0.01")
         assert "filled: bought 0.01 BTC" in bought
         assert (await _status(client))["reduce_only"] is None
         off = (await _events_of(client, "reduce_only", 2))[-1]
-        assert off.data["on"] is False and off.data["by"] == "bob"
+        assert off.data["on"] is False and off.data["by"] == OS_USER
         code, _, err = await run_cli(socket, "reduce-only", "on", "gamma")
         assert code == 2 and "gamma" in err
     assert await positions(state_dir, "alpha") == {"BTC/USDT": pytest.approx(0.02)}
@@ -117,33 +120,33 @@ async def test_chat_and_the_api_switch_reduce_only(
         async with _chat(running.endpoints.socket_path, "alpha") as chat:
             await chat.expect("Connected to alpha")
             await chat.type("/reduce_only on the desk is overtrading")
-            await chat.expect(re.compile(r"alpha is in reduce-only: reduce-only by carol at \S+ "
-                                         r"\S+ UTC: the desk is overtrading"))
-            await chat.expect("⇲ REDUCE-ONLY ON (alpha): reduce-only by carol")  # the event
+            await chat.expect(re.compile(rf"alpha is in reduce-only: reduce-only by {OS_USER} "
+                                         r"at \S+ \S+ UTC: the desk is overtrading"))
+            await chat.expect(f"⇲ REDUCE-ONLY ON (alpha): reduce-only by {OS_USER}")  # the event
             await chat.type("/status")
-            await chat.expect("REDUCE-ONLY: reduce-only by carol")
+            await chat.expect(f"REDUCE-ONLY: reduce-only by {OS_USER}")
             [refused] = await _order_turn(client, scripted_server, "alpha", "market buy 0.01")
-            assert refused.startswith("Error: Refused (reduce_only, set by carol): the desk is "
-                                      "overtrading."), refused
+            assert refused.startswith(f"Error: Refused (reduce_only, set by {OS_USER}): the "
+                                      "desk is overtrading."), refused
             assert refused.endswith("it holds no position to reduce.")
             await chat.type("/reduce_only maybe")
             await chat.expect("Usage: /reduce_only on REASON, or /reduce_only off")
             await chat.type("/reduce_only off")
-            await chat.expect("alpha is no longer in reduce-only (it was reduce-only by carol")
-            await chat.expect("⇲ reduce-only off (alpha) by carol")
+            await chat.expect(f"alpha is no longer in reduce-only (it was reduce-only by {OS_USER}")
+            await chat.expect(f"⇲ reduce-only off (alpha) by {OS_USER}")
 
         response = await client.post("/api/desks/alpha/reduce_only",
-                                     json={"on": True, "operator": "dan", "reason": "audit"})
+                                     json={"on": True, "reason": "audit"})
         assert response.status_code == 200, response.text
         answer = response.json()
-        assert answer["on"] is True and answer["state"]["by"] == "dan"
+        assert answer["on"] is True and answer["state"]["by"] == OS_USER
         assert answer["status"]["reduce_only"]["reason"] == "audit"
         response = await client.post("/api/desks/alpha/reduce_only", json={"on": "yes"})
         assert response.status_code == 400
         response = await client.post("/api/desks/gamma/reduce_only", json={"on": True})
         assert response.status_code == 404
         response = await client.post("/api/desks/alpha/reduce_only",
-                                     json={"on": False, "operator": "dan"})
+                                     json={"on": False})
         assert response.json()["was"]["reason"] == "audit"
         assert response.json()["status"]["reduce_only"] is None
 

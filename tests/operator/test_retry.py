@@ -12,6 +12,7 @@ import anyio
 
 from tests.daemon_config import FAST_RESTARTS, write_daemon_config
 from tests.operator.harness import in_process_daemon, uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from trading_agent.operator.client import OperatorClient, OperatorRequestError
 
@@ -22,7 +23,7 @@ def _contents(server: ScriptedServer, request: int) -> list[str]:
 
 async def _ask(client: object, text: str) -> dict[str, object]:
     response = await client.post("/api/desks/alpha/messages",  # type: ignore[attr-defined]
-                                 json={"text": text, "source": "ann", "wait": True,
+                                 json={"text": text, "wait": True,
                                        "timeout": 10})
     assert response.status_code == 200, response.text
     reply: dict[str, object] = response.json()["reply"]
@@ -41,7 +42,7 @@ async def test_a_retry_drops_the_last_answer_and_runs_its_turn_again_once(
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         assert (await _ask(client, "How is BTC?"))["text"] == "Buy everything now!"
-        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        response = await client.post("/api/desks/alpha/retry", json={})
         assert response.status_code == 200, response.text
         assert response.json() == {"desk": "alpha", "retried": True, "dropped": 3}
         with anyio.fail_after(10):
@@ -82,17 +83,17 @@ async def test_a_retry_is_refused_with_a_reason_when_there_is_nothing_to_retry_o
         client = OperatorClient(socket_path=running.endpoints.socket_path)
         try:
             try:
-                await client.retry("alpha", "ann")
+                await client.retry("alpha", OS_USER)
             except OperatorRequestError as exc:
                 assert exc.status == 409 and exc.code == "cannot_retry"
                 assert "no turn to run again" in exc.message
             else:
                 raise AssertionError("a retry with no turn yet was not refused")
-            await client.send_message("alpha", "How is BTC?", source="ann")
+            await client.send_message("alpha", "How is BTC?")
             with anyio.fail_after(10):
                 await scripted_server.wait_for_requests(1)
             try:
-                await client.retry("alpha", "ann")
+                await client.retry("alpha", OS_USER)
             except OperatorRequestError as exc:
                 assert exc.status == 409 and "cancel it first" in exc.message
             else:
@@ -106,8 +107,7 @@ async def test_retry_from_the_command_line_says_what_left_and_refuses_with_the_r
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
     scripted_server.add(Reply("Buy everything now!"), Reply("Holding."))
     config = write_daemon_config(tmp_path, scripted_server.base_url, daemon=FAST_RESTARTS)
-    command = [sys.executable, "-m", "trading_agent.cli", "retry", "alpha", "--operator",
-               "ann"]
+    command = [sys.executable, "-m", "trading_agent.cli", "retry", "alpha"]
 
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
@@ -140,7 +140,7 @@ async def test_a_turn_that_placed_an_order_is_not_retried_so_the_model_never_los
     async with in_process_daemon(config) as running, \
             uds_client(running.endpoints.socket_path) as client:
         assert (await _ask(client, "Buy a little."))["text"] == "Bought 0.01 BTC."
-        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        response = await client.post("/api/desks/alpha/retry", json={})
         assert response.status_code == 409, response.text
         message = response.json()["error"]["message"]
         assert message.startswith("nothing was retried: the last turn placed an order (Order P1 "
@@ -152,7 +152,7 @@ async def test_a_turn_that_placed_an_order_is_not_retried_so_the_model_never_los
 
         # An order the risk limits refused never left: that turn may run again.
         assert (await _ask(client, "Buy a lot."))["text"] == "The limits refused it."
-        response = await client.post("/api/desks/alpha/retry", json={"operator": "ann"})
+        response = await client.post("/api/desks/alpha/retry", json={})
         assert response.status_code == 200, response.text
         with anyio.fail_after(10):
             await scripted_server.wait_for_requests(5)

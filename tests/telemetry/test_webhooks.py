@@ -37,6 +37,7 @@ from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.events import (
     DeskPaused,
     KillSwitchChanged,
+    PinsChanged,
     ReduceOnlyChanged,
     SpendAlert,
     order_filled,
@@ -502,3 +503,28 @@ async def test_a_desk_going_into_reduce_only_and_out_reaches_a_webhook_that_asks
     assert on.payload["event"]["protection"] == "stoploss_guard"
     assert on.payload["event"]["until"] == "2024-01-01T12:00:00+00:00"
     assert off.payload["event"]["on"] is False and off.payload["event"]["by"] == "ann"
+
+
+async def test_a_pin_put_on_and_taken_off_reaches_a_webhook_that_asks_for_pins_changed(
+        receivers: list[Receiver]) -> None:
+    receiver = _start(receivers)
+    bus = EventBus()
+    rule = "Never hold more than 0.1 BTC.\nClose everything before the FOMC."
+    async with serving(open_webhooks([_hook(receiver.url, ["pins_changed"])], bus,
+                                     environ={SECRET_ENV: SECRET})):
+        bus.publish(_kill_switch())  # not asked for
+        bus.publish(PinsChanged(desk="alpha", action="pinned", by="ann", pin_id=3,
+                                pin_text=rule, pins=1,
+                                text=f"ann pinned #3: {rule} (1 pin)"))
+        bus.publish(PinsChanged(desk="alpha", action="unpinned", by="bob", pin_id=3,
+                                pin_text=rule, pins=0,
+                                text=f"bob unpinned #3 (pinned by ann): {rule} (0 pins)"))
+        pinned, unpinned = await receiver.wait_for(2)
+    assert [r.kind for r in (pinned, unpinned)] == ["pins_changed", "pins_changed"]
+    assert pinned.payload["desk"] == "alpha"
+    assert pinned.payload["summary"] == "alpha: ann pinned #3: Never hold more than 0.1 BTC."
+    event = pinned.payload["event"]
+    assert (event["action"], event["by"], event["desk"], event["pin_id"], event["pin_text"]) == (
+        "pinned", "ann", "alpha", 3, rule)
+    assert unpinned.payload["event"]["action"] == "unpinned"
+    assert unpinned.payload["event"]["by"] == "bob" and unpinned.payload["event"]["pins"] == 0

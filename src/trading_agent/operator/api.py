@@ -116,9 +116,10 @@ Roles: every route needs one, from
 :data:`~trading_agent.operator.route_roles.ROUTE_ROLES` (``viewer`` reads, ``trader`` steers
 and decides, ``owner`` holds the kill switch, reload and the spend caps); a request above
 the operator's role gets 403 ``forbidden_role`` with ``needed_role`` and changes nothing.
-The name recorded for an action is the credential's (:mod:`.identity`): on TCP a body's
-``operator`` or ``source`` is ignored; on the Unix socket (the machine's own user, an owner)
-it names who acts, as the CLI's ``--operator`` does. Every action (each POST but the
+The name recorded for an action is the credential's (:mod:`.identity`): on TCP the token's
+operator, on the Unix socket the OS user at the other end (its peer credentials; an owner).
+A body's ``operator`` or ``source`` is accepted, so older clients keep working, and ignored.
+Every action (each POST but the
 ticket) is recorded in the audit once answered, with its outcome.
 
 Statuses: 400 for a malformed, too deeply nested or non-object JSON body, an unknown field,
@@ -222,7 +223,8 @@ from trading_agent.operator.metrics import METRICS_CONTENT_TYPE, DaemonMetrics
 from trading_agent.operator.route_roles import ROUTE_ROLES
 from trading_agent.operator.tickets import TICKET_SECONDS, StreamTickets
 
-__all__ = ["WEB_DIR", "ApiError", "OperatorService", "create_app", "json_response"]
+__all__ = ["SOCKET_PEER_KEY", "WEB_DIR", "ApiError", "OperatorService", "create_app",
+           "json_response"]
 
 _log = structlog.get_logger(__name__)
 
@@ -421,6 +423,11 @@ def _service(request: Request) -> OperatorService:
 _OPERATOR_KEY = "trading_agent.operator"
 """Where :class:`_Authorize` leaves the request's :class:`Operator` in the ASGI scope."""
 
+SOCKET_PEER_KEY = "trading_agent.socket_peer"
+"""Where the Unix socket's server leaves its connection's peer (an :class:`Operator` from
+:func:`~trading_agent.operator.identity.peer_operator`) in the ASGI scope; a request on the
+socket without it (an app served in-process) is the daemon's own user."""
+
 _LISTENER_KEY = "trading_agent.listener"
 """Where it leaves the listener's kind (``socket`` or ``tcp``)."""
 
@@ -439,13 +446,10 @@ def _operator(request: Request) -> Operator:
     return operator if operator is not None else socket_operator()
 
 
-def _actor(request: Request, given: str) -> str:
-    """The name recorded for the request's action: the credential's. On the Unix socket
-    (the machine's own user, an owner who holds the state directory anyway) the name the
-    client gives (the CLI's ``--operator``, the login name by default); on TCP a name in
-    the body is ignored."""
-    operator = _operator(request)
-    name = given if operator.socket else operator.name
+def _actor(request: Request) -> str:
+    """The name recorded for the request's action: the credential's (on the Unix socket,
+    the peer's OS user), never one the body gives."""
+    name = _operator(request).name
     request.scope[_ACTOR_KEY] = name
     return name
 
@@ -663,12 +667,12 @@ async def _post_message(request: Request) -> Response:
         raise ApiError(400, "message_too_long",
                        f"the message is {len(body.text)} characters; the limit is {limit} "
                        "(operator.max_message_chars)")
-    images = await _images(body, service.config.max_image_bytes, _actor(request, body.source))
+    images = await _images(body, service.config.max_image_bytes, _actor(request))
     key = _idempotency_key(request, body)
     message_id = message_id_for(desk, key)
     try:
         message_id = await service.control.send_message(desk, body.text,
-                                                        _actor(request, body.source), images,
+                                                        _actor(request), images,
                                                         message_id=message_id)
     except MessageNotKeptError as exc:
         return _not_kept(desk, message_id, key, exc)
@@ -806,7 +810,7 @@ async def _pause(request: Request) -> Response:
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
     _utf8_text("reason", body.reason)
-    paused = await service.control.pause(desk, _actor(request, body.operator),
+    paused = await service.control.pause(desk, _actor(request),
                                          body.reason.strip() or "no reason given")
     status = await service.control.desk_status(desk)
     return json_response({"desk": desk, "changed": paused, "status": status.model_dump()})
@@ -816,11 +820,11 @@ async def _pause(request: Request) -> Response:
 async def _resume(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
-    body = await _json_body(request, _ControlBody, 16_384)
+    await _json_body(request, _ControlBody, 16_384)  # checked; its operator is not used
     before = await service.control.desk_status(desk)
     if before.paused_reason.startswith(f"paused by {SPEND_CAP} "):
         _require(request, "owner", "resuming a desk a spend cap paused (lifting the cap)")
-    waiting = await service.control.resume(desk, _actor(request, body.operator))
+    waiting = await service.control.resume(desk, _actor(request))
     status = await service.control.desk_status(desk)
     return json_response({"desk": desk, "changed": waiting is not None,
                           "waiting": waiting or 0, "status": status.model_dump()})
@@ -831,7 +835,7 @@ async def _cancel(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     body = await _json_body(request, _ControlBody, 16_384)
-    cancelled = service.control.cancel_turn(desk, _actor(request, body.operator), now=body.now)
+    cancelled = service.control.cancel_turn(desk, _actor(request), now=body.now)
     return json_response({"desk": desk, "cancelled": cancelled, "now": body.now})
 
 
@@ -839,8 +843,8 @@ async def _cancel(request: Request) -> Response:
 async def _retry(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
-    body = await _json_body(request, _ControlBody, 16_384)
-    dropped = await service.control.retry(desk, _actor(request, body.operator))
+    await _json_body(request, _ControlBody, 16_384)  # checked; its operator is not used
+    dropped = await service.control.retry(desk, _actor(request))
     return json_response({"desk": desk, "retried": True, "dropped": dropped})
 
 
@@ -858,7 +862,7 @@ async def _kill_switch(request: Request) -> Response:
     if not body.on and (body.cancel_orders or body.flatten):
         raise ApiError(400, "bad_request", "cancel_orders and flatten go with on: true")
     result = await service.control.set_kill_switch(
-        body.on, desk=body.desk, by=_actor(request, body.operator),
+        body.on, desk=body.desk, by=_actor(request),
         reason=redact_secrets(body.reason.strip()),
         cancel_orders=body.cancel_orders, flatten=body.flatten)
     return json_response(result)
@@ -875,7 +879,7 @@ async def _reduce_only(request: Request) -> Response:
         if held is not None and held.get("by") == SPEND_CAP:
             _require(request, "owner", "lifting reduce-only a spend cap set")
     result = await service.control.set_reduce_only(
-        body.on, desk=desk, by=_actor(request, body.operator),
+        body.on, desk=desk, by=_actor(request),
         reason=redact_secrets(body.reason.strip()))
     status = await service.control.desk_status(desk)
     return json_response({**result, "status": status.model_dump()})
@@ -884,9 +888,9 @@ async def _reduce_only(request: Request) -> Response:
 @_endpoint
 async def _reload(request: Request) -> Response:
     service = _service(request)
-    body = await _json_body(request, _ControlBody, 16_384)
+    await _json_body(request, _ControlBody, 16_384)  # checked; its operator is not used
     try:
-        changes = await service.control.reload(_actor(request, body.operator))
+        changes = await service.control.reload(_actor(request))
     except ConfigError as exc:
         raise ApiError(400, "config_invalid", f"nothing changed: {exc}") from None
     return json_response({"ok": True, "changes": changes})
@@ -920,7 +924,7 @@ async def _pin(request: Request) -> Response:
     body = await _json_body(request, _PinBody, 64_000)
     _utf8_text("text", body.text)
     _audit_desk(request, desk)
-    by = _actor(request, body.operator)
+    by = _actor(request)
     try:
         return json_response(await control.pin(desk, redact_secrets(body.text), by), 201)
     except PinRefusedError as exc:
@@ -932,9 +936,9 @@ async def _unpin(request: Request) -> Response:
     control = _pin_control(_service(request))
     desk = _desk(request)
     pin_id = _bounded_int("pin id", request.path_params["pin_id"], 1, _MAX_ID)
-    body = await _json_body(request, _ControlBody, 16_384)
+    await _json_body(request, _ControlBody, 16_384)  # checked; its operator is not used
     _audit_desk(request, desk)
-    by = _actor(request, body.operator)
+    by = _actor(request)
     try:
         return json_response(await control.unpin(desk, pin_id, by))
     except UnknownPinError as exc:
@@ -1033,9 +1037,9 @@ async def _cancel_order(request: Request) -> Response:
     service = _service(request)
     desk = _desk(request)
     order_id = request.path_params["order_id"]
-    body = await _json_body(request, _DecisionBody, 16_384)
+    await _json_body(request, _DecisionBody, 16_384)  # checked; its operator is not used
     return json_response(await service.control.cancel_order(desk, order_id,
-                                                             _actor(request, body.operator)))
+                                                             _actor(request)))
 
 
 @_endpoint
@@ -1063,7 +1067,7 @@ async def _decide(request: Request, decision: Decision) -> Response:
     body = await _json_body(request, _DecisionBody, 16_384)
     _utf8_text("reason", body.reason)
     approval = await service.approvals.decide(approval_id, decision,
-                                              _actor(request, body.operator),
+                                              _actor(request),
                                               redact_secrets(body.reason))
     if isinstance(approval.get("desk"), str):
         _audit_desk(request, approval["desk"])
@@ -1206,7 +1210,8 @@ class _Authorize:
     """Decides who each request is (:class:`Operator`) and leaves it in the ASGI scope for
     the routes' roles (:func:`_guarded`); sets the page's security headers on every answer.
 
-    The Unix socket's peer is the machine's own user, an owner. On TCP every ``/api`` and
+    The Unix socket's peer is an owner named after its OS user (:data:`SOCKET_PEER_KEY`,
+    which the server sets per connection). On TCP every ``/api`` and
     ``/metrics`` request needs a bearer token (``Authorization: Bearer``) of a known
     operator, or, on ``GET /api/events`` alone, a stream ticket (``?ticket=``); a token in
     a URL (``?token=``) opens nothing (401 saying so).
@@ -1226,7 +1231,7 @@ class _Authorize:
         send = _with_page_headers(send)
         if self._credentials is None:
             scope[_LISTENER_KEY] = "socket"
-            scope[_OPERATOR_KEY] = self._socket_owner
+            scope[_OPERATOR_KEY] = scope.get(SOCKET_PEER_KEY, self._socket_owner)
         else:
             scope[_LISTENER_KEY] = "tcp"
             path = scope["path"]

@@ -24,7 +24,11 @@ from collections.abc import Awaitable, Callable
 from datetime import date
 from typing import Any
 
-from trading_agent.operator.cli import add_connection_options, run_with_client
+from trading_agent.operator.cli import (
+    OPERATOR_IGNORED_HELP,
+    add_connection_options,
+    run_with_client,
+)
 from trading_agent.operator.client import OperatorClient, OperatorRequestError
 from trading_agent.operator.render import Style, format_money, format_table, printable
 
@@ -111,7 +115,7 @@ def add_books_subcommands(subparsers: Any) -> None:
     cancel.add_argument("desk", metavar="DESK")
     cancel.add_argument("order_id", metavar="ORDER_ID")
     cancel.add_argument("--operator", default=None, metavar="NAME",
-                        help="your name, as the records show it (default: your login name)")
+                        help=OPERATOR_IGNORED_HELP)
     cancel.add_argument("--json", action="store_true",
                         help="print {desk, order {order_id, client_order_id, symbol, side, "
                              "type, amount, price, filled, status}}")

@@ -55,8 +55,8 @@ from trading_agent.operator.render import (
     printable,
 )
 
-__all__ = ["EXIT_UNREACHABLE", "add_connection_options", "add_subcommands", "resolve_client",
-           "run_with_client"]
+__all__ = ["EXIT_UNREACHABLE", "OPERATOR_IGNORED_HELP", "add_connection_options",
+           "add_subcommands", "resolve_client", "run_with_client"]
 
 EXIT_UNREACHABLE = 1
 """The exit code when the daemon cannot be reached or refuses."""
@@ -97,8 +97,7 @@ def add_subcommands(subparsers: Any) -> None:
     chat.add_argument("desk", metavar="DESK", help="the desk's name")
     add_connection_options(chat)
     chat.add_argument("--operator", default=None, metavar="NAME",
-                      help="your name, as the desk and the records see it (default: your "
-                           "login name)")
+                      help=OPERATOR_IGNORED_HELP)
     chat.set_defaults(handler=_run_chat)
 
     events = subparsers.add_parser(
@@ -180,6 +179,8 @@ def run_with_client(args: argparse.Namespace,
 
     async def main() -> int:
         async with client:
+            if getattr(args, "operator", None):
+                await _say_operator_ignored(client, str(args.operator))
             return await body(client, args)
 
     try:
@@ -190,6 +191,24 @@ def run_with_client(args: argparse.Namespace,
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+OPERATOR_IGNORED_HELP = ("ignored, kept so older scripts run: the daemon records the name "
+                         "your credential gives (on the socket, your OS user; on TCP, the "
+                         "token's operator)")
+"""The help of ``--operator``, which every command taking it shares."""
+
+
+async def _say_operator_ignored(client: OperatorClient, given: str) -> None:
+    """Tells on stderr that ``--operator`` no longer names who acts, and who does: a script
+    that passes it keeps working, and its user learns which name the records carry."""
+    try:
+        name = str((await client.me())["name"])
+    except (OperatorRequestError, KeyError):
+        name = "the one your credential gives"
+    if name != given:
+        print(printable(f"trading-agent: --operator {given!r} is ignored; the records name "
+                        f"{name!r}, who your credential says you are"), file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- desks

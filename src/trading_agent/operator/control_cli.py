@@ -17,7 +17,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from trading_agent.operator.cli import add_connection_options, run_with_client
+from trading_agent.operator.cli import (
+    OPERATOR_IGNORED_HELP,
+    add_connection_options,
+    run_with_client,
+)
 from trading_agent.operator.client import OperatorClient, OperatorRequestError
 from trading_agent.operator.render import (
     describe_kill_switch,
@@ -154,7 +158,7 @@ def _talks_to_the_daemon(parser: argparse.ArgumentParser, body: _Body) -> None:
     """What every control command shares: ``--operator``, where the daemon is, and its body
     run with a client."""
     parser.add_argument("--operator", default=None, metavar="NAME",
-                        help="your name, as the records show it (default: your login name)")
+                        help=OPERATOR_IGNORED_HELP)
     add_connection_options(parser)
     parser.set_defaults(handler=lambda args: run_with_client(args, body))
 

@@ -2,9 +2,10 @@
 
 A credential is a bearer token (the TCP listener; each ``[[operator.operators]]`` holds one,
 the single token of ``operator.token_env`` is an owner named ``owner``), the Unix socket
-(its mode lets in the machine's own user alone: an owner), or a stream ticket
-(:mod:`.tickets`, which opens the event stream and nothing else). The name recorded for an
-action is the credential's (:attr:`Operator.name`).
+(its mode lets in the machine's own user alone: an owner named after the OS user the kernel
+says is at the other end, :func:`peer_operator`), or a stream ticket (:mod:`.tickets`, which
+opens the event stream and nothing else). The name recorded for an action is the
+credential's (:attr:`Operator.name`), never one a request gives.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import getpass
 import hmac
 import os
+import pwd
 import secrets
+import socket
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +30,7 @@ __all__ = [
     "Operator",
     "allows",
     "load_credentials",
+    "peer_operator",
     "socket_operator",
 ]
 
@@ -64,22 +69,55 @@ def allows(role: Role, needed: Role) -> bool:
     return ROLES.index(role) >= ROLES.index(needed)
 
 
-def socket_operator(name: str | None = None) -> Operator:
-    """The Unix socket's peer: the machine's own user, an owner.
+def socket_operator(uid: int | None = None) -> Operator:
+    """An owner on the Unix socket, named after an OS user.
 
     Args:
-        name: The name a client on the socket gives (the CLI's ``--operator``, the login
-            name by default); the login name of the daemon's user when None.
+        uid: The user at the other end of the connection (its peer credentials); the
+            daemon's own user when None (the socket's mode lets in no other).
 
     Returns:
-        The owner.
+        The owner, named after the user's login name (``uid N`` for a user without an entry
+        in the password database, as in some containers).
     """
-    if name is None:
-        try:
-            name = getpass.getuser()
-        except (KeyError, OSError):
-            name = "owner"
+    if uid is None:
+        uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = _login_name() if uid == os.geteuid() else f"uid {uid}"
     return Operator(name, "owner", socket=True)
+
+
+def peer_operator(sock: socket.socket) -> Operator:
+    """The Unix socket's peer as an operator: the OS user the kernel says is connected.
+
+    Reads the connection's peer credentials (``SO_PEERCRED``, Linux); where they cannot be
+    read (another system, or the peer gone) the daemon's own user, whom the socket's mode
+    0600 leaves as the only one who can connect.
+
+    Args:
+        sock: An accepted connection on the Unix socket.
+
+    Returns:
+        The owner, named after that user.
+    """
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return socket_operator()
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+        uid = int(struct.unpack("3i", credentials)[1])
+    except OSError:
+        return socket_operator()
+    return socket_operator(uid)
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return LEGACY_OWNER
 
 
 @dataclass

@@ -19,7 +19,9 @@ the daemon:
 - ``TCP_NODELAY`` on accepted TCP sockets: without it Nagle's algorithm and delayed ACKs
   held every answer on a reused connection for about 40 ms.
 
-Who may use the Unix socket: its mode (0600) lets in the daemon's user alone, and with
+Who may use the Unix socket: its mode (0600) lets in the daemon's user alone, each connection
+acts as the OS user its peer credentials name (the name every record of its actions carries,
+:func:`~trading_agent.operator.identity.peer_operator`), and with
 ``refuse_descendants`` (``trading-agent run`` sets it) the peer's process (``SO_PEERCRED``)
 is refused with a 403 when the daemon is among its ancestors (its parent chain in
 ``/proc``): a stdio MCP server, or anything it starts, runs as the same user but must not
@@ -45,18 +47,24 @@ import anyio
 import structlog
 import uvicorn
 from anyio.abc import TaskStatus
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from trading_agent.daemon.control import DeskControl
 from trading_agent.errors import ConfigError
 from trading_agent.jsontext import json_bytes
-from trading_agent.operator.api import OperatorService, create_app
+from trading_agent.operator.api import SOCKET_PEER_KEY, OperatorService, create_app
 from trading_agent.operator.approvals import Approvals
 from trading_agent.operator.audit import AuditLog
 from trading_agent.operator.config import OperatorConfig, format_tcp_address, parse_tcp_address
 from trading_agent.operator.equity import EquitySamples
-from trading_agent.operator.identity import MIN_TOKEN_CHARS, load_credentials
+from trading_agent.operator.identity import (
+    MIN_TOKEN_CHARS,
+    Operator,
+    load_credentials,
+    peer_operator,
+)
 from trading_agent.operator.metrics import DaemonMetrics
 
 __all__ = [
@@ -220,6 +228,8 @@ class _GuardedH11Protocol(H11Protocol):
             return
         self._limits.at_limit = False
         super().connection_made(transport)
+        if sock is not None and sock.family == socket.AF_UNIX:
+            self.app = _WithPeer(self.app, peer_operator(sock))
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -296,6 +306,18 @@ class _GuardedH11Protocol(H11Protocol):
             408, "Request Timeout", "request_timeout",
             f"no complete request headers within {self._limits.header_timeout:g} s"))
         self.transport.close()
+
+
+class _WithPeer:
+    """The app, with each request of one Unix-socket connection carrying its peer."""
+
+    def __init__(self, app: ASGIApp, peer: Operator) -> None:
+        self._app = app
+        self._peer = peer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SOCKET_PEER_KEY] = self._peer
+        await self._app(scope, receive, send)
 
 
 def _descendant_peer(sock: socket.socket) -> int | None:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 __all__ = ["WEBHOOK_EVENTS", "TelemetrySettings", "WebhookEvent", "WebhookSettings"]
 
 WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused", "error",
-                       "spend_alert", "reduce_only", "storage"]
+                       "spend_alert", "reduce_only", "storage", "pins_changed"]
 """What a webhook can ask for:
 
 - ``fill``: an order filled (``place_order`` answered that it filled, or an ``order_filled``
@@ -40,11 +40,14 @@ WebhookEvent = Literal["fill", "approval_requested", "kill_switch", "desk_paused
 - ``reduce_only``: a desk went into reduce-only (an operator, a protection, a spend cap) or
   out of it;
 - ``storage``: the disk holding the store became full (nothing more is stored until space
-  is freed), or writes got through again.
+  is freed), or writes got through again;
+- ``pins_changed``: an operator pinned a standing instruction to a desk, or took one off
+  (the event names who, the desk, the pin's id and its text).
 """
 
 WEBHOOK_EVENTS: tuple[str, ...] = ("fill", "approval_requested", "kill_switch", "desk_paused",
-                                   "error", "spend_alert", "reduce_only", "storage")
+                                   "error", "spend_alert", "reduce_only", "storage",
+                                   "pins_changed")
 """Every :data:`WebhookEvent`, in a fixed order."""
 
 

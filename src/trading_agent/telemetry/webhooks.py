@@ -57,6 +57,7 @@ from trading_agent.agent.events import ErrorEvent, Event, EventsDropped
 from trading_agent.daemon.events import (
     DeskPaused,
     KillSwitchChanged,
+    PinsChanged,
     ReduceOnlyChanged,
     SpendAlert,
     StorageChanged,
@@ -155,6 +156,8 @@ def webhook_kind(event: Event) -> WebhookEvent | None:
         return "reduce_only"
     if isinstance(event, StorageChanged):
         return "storage"
+    if isinstance(event, PinsChanged):
+        return "pins_changed"
     return None
 
 
