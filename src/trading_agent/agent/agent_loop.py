@@ -66,6 +66,7 @@ from trading_agent.agent.events import (
 from trading_agent.agent.fixed_part import FixedPart, answer_reserve, measure_fixed_part
 from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
+from trading_agent.agent.pacing import pace
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.sent_window import SentWindow
 from trading_agent.agent.steering_inbox import Steering
@@ -208,6 +209,7 @@ class AgentLoop:
         """
         self._stop_requested = False
         self._stop_reason = ""
+        await pace()  # 500 desks triggered at once take their turns in slices of the loop
         await self._compact_if_full(conversation, trigger)
         return await self._run_rounds(conversation, TurnState(trigger, id=self.new_turn_id()))
 
@@ -287,6 +289,7 @@ class AgentLoop:
         turn.rounds += 1
         replays = 0
         while True:
+            await pace()
             request, estimate, images = self._prepared_request(conversation)
             if self.hooks:
                 decided = await self.hooks.before_request(request, turn.id, self._event_bus)

@@ -51,6 +51,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
+from trading_agent.agent.pacing import pace
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.owned_socket import OwnedUnixSocket
 from trading_agent.backends.sse_transport import (
@@ -644,6 +645,7 @@ class OpenAICompatibleBackend:
         except _TRANSPORT_ERRORS as exc:
             raise self._translate(exc) from self._cause(exc)
         with contextlib.closing(stream):
+            await pace()  # 500 answers arriving in one poll are read in slices of the loop
             await self._read(stream, builder)
         if builder.finish_reason is None:
             raise self._unfinished(request, builder)
