@@ -244,6 +244,7 @@ class AgentLoop:
                 desk=self.desk_name, text=trigger.text, queued_at=trigger.at, after_round=0,
                 message_id=trigger.id, started_turn=True))
         while turn.rounds < self._round_limit(turn):
+            await pace()  # the store's writes end for hundreds of desks at once
             await self._before_model_call(conversation, turn)
             try:
                 reply = await self._ask_model(conversation, turn)
@@ -251,6 +252,7 @@ class AgentLoop:
                 return self._finish(turn, f"The model was not asked: {refused.reason}",
                                     stopped=True)
             await conversation.append(Message(role="assistant", content=reply.content))
+            await pace()
             if not reply.tool_calls:
                 return self._finish(turn, reply.text)
             await self._run_tools(conversation, turn, reply.tool_calls)
@@ -289,7 +291,8 @@ class AgentLoop:
         turn.rounds += 1
         replays = 0
         while True:
-            await pace()
+            if replays:
+                await pace()
             request, estimate, images = self._prepared_request(conversation)
             if self.hooks:
                 decided = await self.hooks.before_request(request, turn.id, self._event_bus)

@@ -9,12 +9,12 @@ its own (taking a trigger, building a request, reading an answer); while the cur
 has run less than :data:`SLICE_SECONDS` it returns at once, else the desk waits in line.
 
 Once per pass of the loop a tick begins a new slice and lets the next few desks of the line
-go, in order; how many is learnt from how long the last slice ran (doubled while a slice
-stays under half its length, halved when one runs over). The line costs nothing while it
-waits (a future each, no re-polling), and between two slices the loop polls its sockets and
-runs its due timers. Nothing is dropped or reordered: a desk that waits goes on, in its
-turn, exactly where it stopped. On an event loop that is not asyncio's, :func:`pace`
-returns at once.
+go, in order; how many is learnt from what the desks let go cost (as many as fit in a slice
+at the dearest cost per desk seen lately, at most twice as many as last time). The line
+costs nothing while it waits (a future each, no re-polling), and between two slices the loop
+polls its sockets and runs its due timers. Nothing is dropped or reordered: a desk that
+waits goes on, in its turn, exactly where it stopped. On an event loop that is not
+asyncio's, :func:`pace` returns at once.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ import weakref
 
 __all__ = ["SLICE_SECONDS", "pace"]
 
-SLICE_SECONDS = 0.01
+SLICE_SECONDS = 0.005
 """How long one pass of the event loop runs desks' steps before the loop polls again."""
 _MOST_AT_ONCE = 1024
 """The most waiting desks let go in one slice."""
+_COST_MEMORY = 0.9
+"""How much of the dearest step cost seen is kept at each tick (so it is forgotten in some
+tens of slices)."""
 
 
 class _Pacer:
@@ -43,6 +46,10 @@ class _Pacer:
         self._tick_pending = False
         self._batch = 1
         """How many waiting desks the next tick lets go."""
+        self._let_go = 0
+        """How many the last tick let go."""
+        self._step_cost = 0.0
+        """The dearest a desk's step was lately (seconds), the slice's rest included."""
 
     async def pace(self) -> None:
         now = time.perf_counter()
@@ -72,22 +79,23 @@ class _Pacer:
         """A new pass of the loop: a new slice, and the next desks of the line go."""
         self._tick_pending = False
         now = time.perf_counter()
-        if self._started is not None:
-            ran = now - self._started
-            if ran > SLICE_SECONDS:
-                self._batch = max(1, self._batch // 2)
-            elif ran < SLICE_SECONDS / 2:
-                self._batch = min(_MOST_AT_ONCE, self._batch * 2)
+        if self._started is not None and self._let_go:
+            # What a desk's step costs: the dearest seen lately (steps differ: a request
+            # built costs more than a trigger taken), so a batch of dear ones still fits.
+            cost = (now - self._started) / self._let_go
+            self._step_cost = max(cost, self._step_cost * _COST_MEMORY)
+            fits = int(SLICE_SECONDS / self._step_cost)
+            self._batch = max(1, min(fits, 2 * self._batch, _MOST_AT_ONCE))
         if not self._waiting:
-            self._started = None
+            self._started, self._let_go = None, 0
             return
         self._started = now  # what the desks let go now do counts against this slice
-        let_go = 0
-        while self._waiting and let_go < self._batch:
+        self._let_go = 0
+        while self._waiting and self._let_go < self._batch:
             future = self._waiting.popleft()
             if not future.done():
                 future.set_result(None)
-                let_go += 1
+                self._let_go += 1
         self._schedule_tick()
 
 
