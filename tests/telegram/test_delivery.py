@@ -105,3 +105,22 @@ async def test_an_answer_longer_than_a_telegram_message_comes_in_several(
     texts = telegram.texts(ANN.id)
     assert len(texts) == 3 and all(len(t) <= 4096 for t in texts)
     assert all(t.endswith("\n") for t in texts[:-1]), "cut at line breaks"
+
+
+async def test_a_chart_a_tool_drew_comes_as_a_photo(scripted_server: ScriptedServer,
+                                                    tmp_path: Path) -> None:
+    scripted_server.add(Reply(tool_calls=[ToolCall("render_chart", {"symbol": "BTC/USDT"})]),
+                        Reply("Here is the chart."))
+    async with telegram_daemon(tmp_path, scripted_server.base_url,
+                               desks={"alpha": {"tools": ["render_chart"]}}) as run:
+        telegram = run.telegram
+        telegram.say(ANN, "Show me a chart of BTC.")
+        [photo] = await until(lambda: [m for m in telegram.messages(ANN.id) if m.photo],
+                              "the chart as a photo")
+        await until(lambda: any(t.endswith("Here is the chart.") for t in telegram.texts(ANN.id)),
+                    "the answer")
+    assert photo.photo is not None and photo.photo.startswith(b"\x89PNG")
+    assert photo.text.startswith("alpha: ")
+    assert telegram.methods("sendPhoto")[0].params["photo"]["file"] == photo.photo
+    assert telegram.messages(VIV.id) == [], "only the chat that asked"
+    scripted_server.assert_complete()

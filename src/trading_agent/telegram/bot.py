@@ -59,7 +59,7 @@ from trading_agent.telegram.actions import ActionRefusedError, Asked, DeskAction
 from trading_agent.telegram.commands import APPROVE, COMMANDS, DENY, SEND, command_rule
 from trading_agent.telegram.config import TelegramSettings
 from trading_agent.telegram.outbox import AnswerCallback, Outbox, SendMessage
-from trading_agent.telegram.watcher import APPROVE_PREFIX, DENY_PREFIX, EventWatcher
+from trading_agent.telegram.watcher import APPROVE_PREFIX, DENY_PREFIX, EventWatcher, Pictures
 
 __all__ = ["SURFACE", "TELEGRAM_API", "TelegramBot", "quiet_library_logs"]
 
@@ -97,12 +97,14 @@ class TelegramBot:
         audit: Where actions are recorded.
         subscription: The bus's events, subscribed before the desks run.
         sleep: How retries wait.
+        pictures: Where a tool's pictures (charts) are read, to send them as photos.
     """
 
     def __init__(self, settings: TelegramSettings, operators: OperatorConfig, token: str,
                  control: DeskControl, approvals: Approvals, audit: AuditLog,
                  subscription: Subscription, *,
-                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+                 pictures: Pictures | None = None) -> None:
         self._settings = settings
         self._token = token
         self._control = control
@@ -127,7 +129,8 @@ class TelegramBot:
         self.outbox = Outbox(self.application.bot, token,
                              edit_interval=settings.edit_interval_seconds,
                              max_queued=settings.max_queued, sleep=sleep)
-        self.watcher = EventWatcher(settings, control, self.outbox, list(self._operators))
+        self.watcher = EventWatcher(settings, control, self.outbox, list(self._operators),
+                                    pictures=pictures)
         self.connected = anyio.Event()
         """Set once Telegram answered and polling started."""
 
