@@ -315,6 +315,7 @@ class TelegramBot:
             self._reply(chat, self._refusal(operator, needed, "Sending a message to a desk"))
             await self._record(operator, action, desk, "refused", "forbidden_role")
             return
+        self.watcher.expect(chat, desk)
         try:
             # Telegram may hand an update over twice (a poll answered but not confirmed):
             # its id keeps the message to one delivery.
@@ -323,10 +324,12 @@ class TelegramBot:
                 message_id=message_id_for(desk, f"telegram:{update_id}"))
             delivery = self._control.message_delivery(desk, message_id)
         except MessageNotKeptError as exc:
+            self.watcher.follow(chat, desk, steering=None)
             self._reply(chat, f"Not sent to {desk}: {exc}. Send it again.")
             await self._record(operator, action, desk, "error", str(exc))
             return
         except TradingAgentError as exc:
+            self.watcher.follow(chat, desk, steering=None)
             self._reply(chat, f"Not sent to {desk}: {exc}")
             await self._record(operator, action, desk, "refused", str(exc))
             return

@@ -192,19 +192,31 @@ class EventWatcher:
         self._photo_requests: deque[tuple[str, str, set[str], list[int]]] = deque()
         self._photo_wakeup = anyio.Event()
 
-    def follow(self, chat: int, desk: str, steering: bool) -> None:
-        """A chat sent the desk a message: it reads the answer of the turn that reads it.
+    def expect(self, chat: int, desk: str) -> None:
+        """A chat is sending the desk a message: it reads the next turn's answer (called
+        before the message is handed over, so a turn that starts at once is not missed).
 
         Args:
             chat: The chat.
             desk: The desk.
-            steering: The message steers the running turn (else it starts the next).
+        """
+        self._waiting.setdefault(desk, set()).add(chat)
+
+    def follow(self, chat: int, desk: str, steering: bool | None) -> None:
+        """The desk took a chat's message: the chat reads the answer of the turn that reads
+        it.
+
+        Args:
+            chat: The chat.
+            desk: The desk.
+            steering: The message steers the running turn; False: it starts the next turn
+                (as :meth:`expect` said); None: it was not taken.
         """
         turn = self._running.get(desk)
+        if steering is None or (steering and turn is not None):
+            self._waiting.get(desk, set()).discard(chat)
         if steering and turn is not None:
             self._stream(turn, desk, chat)
-        else:
-            self._waiting.setdefault(desk, set()).add(chat)
 
     def _stream(self, turn: str, desk: str, chat: int) -> StreamMessage:
         streams = self._streams.setdefault(turn, {})
