@@ -80,7 +80,8 @@ _ACTIONS = {command.name: command for command in COMMANDS}
 def quiet_library_logs() -> None:
     """Keeps python-telegram-bot's and httpx's request lines (each URL carries the token)
     out of the log: their warnings and errors pass, cleaned by the log's redactor."""
-    for name in ("httpx", "telegram", "telegram.ext", "apscheduler"):
+    for name in ("httpx", "telegram", "telegram.ext", "telegram.ext.ExtBot", "telegram.Bot",
+                 "apscheduler"):
         logger = logging.getLogger(name)
         logger.setLevel(max(logger.level, logging.WARNING))
 
@@ -118,6 +119,7 @@ class TelegramBot:
         self._strangers: set[int] = set()
         self._logged_errors: set[str] = set()
         self._desk_of: dict[int, str] = {}
+        quiet_library_logs()  # before the bot is built: it logs its URLs, token and all
         base = settings.base_url or TELEGRAM_API
         self.application: Application = (  # type: ignore[type-arg]
             ApplicationBuilder().token(token).base_url(f"{base}/bot")
@@ -139,7 +141,6 @@ class TelegramBot:
     async def run(self) -> None:
         """Runs the bot until cancelled: the sender, the event watcher, the daily summary and
         long polling (reached again and again while Telegram cannot be reached)."""
-        quiet_library_logs()
         async with anyio.create_task_group() as group:
             group.start_soon(self._send_once_connected)
             group.start_soon(self.watcher.run, self._subscription)
@@ -153,20 +154,8 @@ class TelegramBot:
 
     async def _poll(self) -> None:
         application = self.application
-        backoff = _FIRST_BACKOFF_SECONDS
-        failing = False
-        while True:
-            try:
-                await application.initialize()
-                break
-            except TelegramError as exc:
-                if not failing:
-                    failing = True
-                    _log.warning("telegram_unreachable_at_start", error=self._clean(exc),
-                                 note="trying again in the background; desks run meanwhile")
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
         try:
+            await self._initialize()
             await self._set_commands()
             await application.start()
             assert application.updater is not None
@@ -185,6 +174,23 @@ class TelegramBot:
                 if application.running:
                     await application.stop()
                 await application.shutdown()
+                await application.bot.shutdown()  # its connections, even if never answered
+
+    async def _initialize(self) -> None:
+        """Reaches Telegram (``getMe``), again and again until it answers."""
+        backoff = _FIRST_BACKOFF_SECONDS
+        failing = False
+        while True:
+            try:
+                await self.application.initialize()
+                return
+            except TelegramError as exc:
+                if not failing:
+                    failing = True
+                    _log.warning("telegram_unreachable_at_start", error=self._clean(exc),
+                                 note="trying again in the background; desks run meanwhile")
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
 
     async def _set_commands(self) -> None:
         try:
