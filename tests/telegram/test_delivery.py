@@ -12,7 +12,7 @@ import structlog
 
 from tests.operator.harness import uds_client
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
-from tests.telegram.harness import ANN, BOT_TOKEN, OWEN, VIV, TelegramRun, telegram_daemon
+from tests.telegram.harness import ANN, BOT_TOKEN, ENVIRON, OWEN, VIV, TelegramRun, telegram_daemon
 from tests.telegram_standin import until
 
 SMALL_ORDER = {"symbol": "BTC/USDT", "side": "buy", "type": "market", "amount": "0.01"}
@@ -105,3 +105,41 @@ async def test_an_answer_longer_than_a_telegram_message_comes_in_several(
     texts = telegram.texts(ANN.id)
     assert len(texts) == 3 and all(len(t) <= 4096 for t in texts)
     assert all(t.endswith("\n") for t in texts[:-1]), "cut at line breaks"
+
+
+async def test_a_chart_a_tool_drew_comes_as_a_photo(scripted_server: ScriptedServer,
+                                                    tmp_path: Path) -> None:
+    scripted_server.add(Reply(tool_calls=[ToolCall("render_chart", {"symbol": "BTC/USDT"})]),
+                        Reply("Here is the chart."))
+    async with telegram_daemon(tmp_path, scripted_server.base_url,
+                               desks={"alpha": {"tools": ["render_chart"]}}) as run:
+        telegram = run.telegram
+        telegram.say(ANN, "Show me a chart of BTC.")
+        [photo] = await until(lambda: [m for m in telegram.messages(ANN.id) if m.photo],
+                              "the chart as a photo")
+        await until(lambda: any(t.endswith("Here is the chart.") for t in telegram.texts(ANN.id)),
+                    "the answer")
+    assert photo.photo is not None and photo.photo.startswith(b"\x89PNG")
+    assert photo.text.startswith("alpha: ")
+    assert telegram.methods("sendPhoto")[0].params["photo"]["file"] == photo.photo
+    assert telegram.messages(VIV.id) == [], "only the chat that asked"
+    scripted_server.assert_complete()
+
+
+async def test_a_token_telegram_refuses_is_logged_once_without_the_token_and_desks_run(
+        scripted_server: ScriptedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    scripted_server.add(Reply(tool_calls=[ToolCall("place_order", SMALL_ORDER)]),
+                        Reply("Bought 0.01 BTC."))
+    caplog.set_level(logging.DEBUG)
+    wrong = "7000001:AAH-a-revoked-token-9876543210zyxw"
+    monkeypatch.setitem(ENVIRON, "TELEGRAM_BOT_TOKEN", wrong)
+    with structlog.testing.capture_logs() as logs:
+        async with telegram_daemon(tmp_path, scripted_server.base_url, connected=False) as run:
+            await until(lambda: len(run.telegram.methods("getMe", answered=False)) >= 2,
+                        "getMe tried again")
+            assert await _trade_through_the_api(run) < 5
+    refused = [line for line in logs if line["event"] == "telegram_unreachable_at_start"]
+    assert len(refused) == 1 and "InvalidToken" in refused[0]["error"]
+    everything = "\n".join(str(line) for line in logs) + caplog.text
+    assert wrong not in everything and wrong.split(":")[1] not in everything

@@ -293,7 +293,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
         if settings.telegram is not None:
             # Subscribed now, before the desks run; run beside them, and stopped with them.
             bot = _telegram(settings.telegram, settings, control, api_approvals, audit, bus,
-                            environ)
+                            store, environ)
             supervisor.services.append(("telegram", bot.run))
 
         async def serve_api(*, refuse_descendants: bool = False,
@@ -367,7 +367,7 @@ async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
 
 
 def _telegram(telegram: TelegramSettings, settings: Settings, control: DeskControl,
-              approvals: Approvals, audit: StoredAudit, bus: EventBus,
+              approvals: Approvals, audit: StoredAudit, bus: EventBus, store: Store,
               environ: Mapping[str, str] | None) -> TelegramBot:
     """The Telegram bot, its token read from the environment; it reaches Telegram once run
     (again and again in the background while it cannot: the desks never wait for it)."""
@@ -378,7 +378,7 @@ def _telegram(telegram: TelegramSettings, settings: Settings, control: DeskContr
                           "in that variable, or no [telegram] table (no bot)")
     subscription = bus.subscribe("telegram", max_buffer=_TELEGRAM_BUFFER)
     return TelegramBot(telegram, settings.operator, token, control, approvals, audit,
-                       subscription)
+                       subscription, pictures=store.images.image)
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,

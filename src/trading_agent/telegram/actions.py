@@ -240,12 +240,11 @@ class DeskActions:
         return describe_reduce_only(result)
 
     async def _kill(self, asked: Asked) -> str:
-        words = asked.arguments.split(maxsplit=2)
+        words = asked.arguments.split(maxsplit=1)
         scope: str | None = asked.desk
         if words and words[0].lower() == "all":
             scope = None
-            words = asked.arguments.split(maxsplit=1)[1:]
-            words = words[0].split(maxsplit=1) if words else []
+            words = words[1].split(maxsplit=1) if len(words) > 1 else []
         if not words or words[0].lower() not in ("on", "off"):
             halts = self._control.kill_switch_halts()
             return ("\n".join(f"Kill switch on for {h.get('scope')}: {h.get('text')}"

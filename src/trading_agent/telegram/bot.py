@@ -59,7 +59,7 @@ from trading_agent.telegram.actions import ActionRefusedError, Asked, DeskAction
 from trading_agent.telegram.commands import APPROVE, COMMANDS, DENY, SEND, command_rule
 from trading_agent.telegram.config import TelegramSettings
 from trading_agent.telegram.outbox import AnswerCallback, Outbox, SendMessage
-from trading_agent.telegram.watcher import APPROVE_PREFIX, DENY_PREFIX, EventWatcher
+from trading_agent.telegram.watcher import APPROVE_PREFIX, DENY_PREFIX, EventWatcher, Pictures
 
 __all__ = ["SURFACE", "TELEGRAM_API", "TelegramBot", "quiet_library_logs"]
 
@@ -80,7 +80,8 @@ _ACTIONS = {command.name: command for command in COMMANDS}
 def quiet_library_logs() -> None:
     """Keeps python-telegram-bot's and httpx's request lines (each URL carries the token)
     out of the log: their warnings and errors pass, cleaned by the log's redactor."""
-    for name in ("httpx", "telegram", "telegram.ext", "apscheduler"):
+    for name in ("httpx", "telegram", "telegram.ext", "telegram.ext.ExtBot", "telegram.Bot",
+                 "apscheduler"):
         logger = logging.getLogger(name)
         logger.setLevel(max(logger.level, logging.WARNING))
 
@@ -97,12 +98,14 @@ class TelegramBot:
         audit: Where actions are recorded.
         subscription: The bus's events, subscribed before the desks run.
         sleep: How retries wait.
+        pictures: Where a tool's pictures (charts) are read, to send them as photos.
     """
 
     def __init__(self, settings: TelegramSettings, operators: OperatorConfig, token: str,
                  control: DeskControl, approvals: Approvals, audit: AuditLog,
                  subscription: Subscription, *,
-                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+                 pictures: Pictures | None = None) -> None:
         self._settings = settings
         self._token = token
         self._control = control
@@ -116,6 +119,7 @@ class TelegramBot:
         self._strangers: set[int] = set()
         self._logged_errors: set[str] = set()
         self._desk_of: dict[int, str] = {}
+        quiet_library_logs()  # before the bot is built: it logs its URLs, token and all
         base = settings.base_url or TELEGRAM_API
         self.application: Application = (  # type: ignore[type-arg]
             ApplicationBuilder().token(token).base_url(f"{base}/bot")
@@ -127,7 +131,8 @@ class TelegramBot:
         self.outbox = Outbox(self.application.bot, token,
                              edit_interval=settings.edit_interval_seconds,
                              max_queued=settings.max_queued, sleep=sleep)
-        self.watcher = EventWatcher(settings, control, self.outbox, list(self._operators))
+        self.watcher = EventWatcher(settings, control, self.outbox, list(self._operators),
+                                    pictures=pictures)
         self.connected = anyio.Event()
         """Set once Telegram answered and polling started."""
 
@@ -136,7 +141,6 @@ class TelegramBot:
     async def run(self) -> None:
         """Runs the bot until cancelled: the sender, the event watcher, the daily summary and
         long polling (reached again and again while Telegram cannot be reached)."""
-        quiet_library_logs()
         async with anyio.create_task_group() as group:
             group.start_soon(self._send_once_connected)
             group.start_soon(self.watcher.run, self._subscription)
@@ -150,20 +154,8 @@ class TelegramBot:
 
     async def _poll(self) -> None:
         application = self.application
-        backoff = _FIRST_BACKOFF_SECONDS
-        failing = False
-        while True:
-            try:
-                await application.initialize()
-                break
-            except TelegramError as exc:
-                if not failing:
-                    failing = True
-                    _log.warning("telegram_unreachable_at_start", error=self._clean(exc),
-                                 note="trying again in the background; desks run meanwhile")
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
         try:
+            await self._initialize()
             await self._set_commands()
             await application.start()
             assert application.updater is not None
@@ -182,6 +174,23 @@ class TelegramBot:
                 if application.running:
                     await application.stop()
                 await application.shutdown()
+                await application.bot.shutdown()  # its connections, even if never answered
+
+    async def _initialize(self) -> None:
+        """Reaches Telegram (``getMe``), again and again until it answers."""
+        backoff = _FIRST_BACKOFF_SECONDS
+        failing = False
+        while True:
+            try:
+                await self.application.initialize()
+                return
+            except TelegramError as exc:
+                if not failing:
+                    failing = True
+                    _log.warning("telegram_unreachable_at_start", error=self._clean(exc),
+                                 note="trying again in the background; desks run meanwhile")
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
 
     async def _set_commands(self) -> None:
         try:
@@ -312,6 +321,7 @@ class TelegramBot:
             self._reply(chat, self._refusal(operator, needed, "Sending a message to a desk"))
             await self._record(operator, action, desk, "refused", "forbidden_role")
             return
+        self.watcher.expect(chat, desk)
         try:
             # Telegram may hand an update over twice (a poll answered but not confirmed):
             # its id keeps the message to one delivery.
@@ -320,10 +330,12 @@ class TelegramBot:
                 message_id=message_id_for(desk, f"telegram:{update_id}"))
             delivery = self._control.message_delivery(desk, message_id)
         except MessageNotKeptError as exc:
+            self.watcher.follow(chat, desk, steering=None)
             self._reply(chat, f"Not sent to {desk}: {exc}. Send it again.")
             await self._record(operator, action, desk, "error", str(exc))
             return
         except TradingAgentError as exc:
+            self.watcher.follow(chat, desk, steering=None)
             self._reply(chat, f"Not sent to {desk}: {exc}")
             await self._record(operator, action, desk, "refused", str(exc))
             return

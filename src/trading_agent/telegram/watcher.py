@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from trading_agent.agent.events import (
     Event,
     TextDelta,
     ToolCallStarted,
+    ToolResultReady,
     TurnEnded,
     TurnStarted,
 )
@@ -49,11 +51,12 @@ from trading_agent.telegram.outbox import (
     EditMessage,
     Outbox,
     SendMessage,
+    SendPhoto,
     SentMessages,
     StreamMessage,
 )
 
-__all__ = ["APPROVE_PREFIX", "DENY_PREFIX", "EventWatcher", "notification_kind"]
+__all__ = ["APPROVE_PREFIX", "DENY_PREFIX", "EventWatcher", "Pictures", "notification_kind"]
 
 _log = structlog.get_logger(__name__)
 
@@ -69,6 +72,14 @@ _OUTCOMES = {"approved": "✅ approved", "denied": "❌ denied",
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+Pictures = Callable[[str], Awaitable["tuple[str, bytes] | None"]]
+"""``sha256 -> (media type, bytes)``: a stored picture (the store's images), or None."""
+
+_PHOTO_TYPES = ("image/png", "image/jpeg")
+"""What Telegram shows as a photo."""
+
+_PHOTO_REQUESTS = 100
+"""Turns whose pictures wait to be read at once; beyond it a turn's are not sent."""
 
 
 def notification_kind(event: Event) -> NotificationKind | None:
@@ -155,11 +166,13 @@ class EventWatcher:
         chats: Every operator's chat id.
         clock: Seconds since the epoch (injectable for the daily summary).
         sleep: How the daily summary waits.
+        pictures: Where a tool's pictures (charts) are read, to send them as photos; None:
+            none are sent.
     """
 
     def __init__(self, settings: TelegramSettings, control: DeskControl, outbox: Outbox,
                  chats: Sequence[int], *, clock: Clock = time.time,
-                 sleep: Sleep = anyio.sleep) -> None:
+                 sleep: Sleep = anyio.sleep, pictures: Pictures | None = None) -> None:
         self._settings = settings
         self._control = control
         self._outbox = outbox
@@ -173,20 +186,37 @@ class EventWatcher:
         self._streams: dict[str, dict[int, StreamMessage]] = {}
         """Each followed turn's streamed message in each chat."""
         self._approvals: dict[str, _Approval] = {}
+        self._pictures = pictures
+        self._with_pictures: dict[str, set[str]] = {}
+        """Each followed turn's tool calls whose results hold pictures."""
+        self._photo_requests: deque[tuple[str, str, set[str], list[int]]] = deque()
+        self._photo_wakeup = anyio.Event()
 
-    def follow(self, chat: int, desk: str, steering: bool) -> None:
-        """A chat sent the desk a message: it reads the answer of the turn that reads it.
+    def expect(self, chat: int, desk: str) -> None:
+        """A chat is sending the desk a message: it reads the next turn's answer (called
+        before the message is handed over, so a turn that starts at once is not missed).
 
         Args:
             chat: The chat.
             desk: The desk.
-            steering: The message steers the running turn (else it starts the next).
+        """
+        self._waiting.setdefault(desk, set()).add(chat)
+
+    def follow(self, chat: int, desk: str, steering: bool | None) -> None:
+        """The desk took a chat's message: the chat reads the answer of the turn that reads
+        it.
+
+        Args:
+            chat: The chat.
+            desk: The desk.
+            steering: The message steers the running turn; False: it starts the next turn
+                (as :meth:`expect` said); None: it was not taken.
         """
         turn = self._running.get(desk)
+        if steering is None or (steering and turn is not None):
+            self._waiting.get(desk, set()).discard(chat)
         if steering and turn is not None:
             self._stream(turn, desk, chat)
-        else:
-            self._waiting.setdefault(desk, set()).add(chat)
 
     def _stream(self, turn: str, desk: str, chat: int) -> StreamMessage:
         streams = self._streams.setdefault(turn, {})
@@ -200,11 +230,15 @@ class EventWatcher:
         Args:
             subscription: The bus's events.
         """
-        async for event in subscription:
-            try:
-                self.on_event(event)
-            except Exception as exc:  # one bad event must not end what operators read
-                _log.exception("telegram_event_failed", event_type=event.type, error=repr(exc))
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._send_photos)
+            async for event in subscription:
+                try:
+                    self.on_event(event)
+                except Exception as exc:  # one bad event must not end what operators read
+                    _log.exception("telegram_event_failed", event_type=event.type,
+                                   error=repr(exc))
+            group.cancel_scope.cancel()
 
     def on_event(self, event: Event) -> None:
         """Handles one event (never waits).
@@ -223,9 +257,20 @@ class EventWatcher:
             self._grow(event.turn, event.text)
         elif isinstance(event, ToolCallStarted):
             self._grow(event.turn, f"\n▸ {event.name} {_short(event.arguments, 80)}\n")
+        elif isinstance(event, ToolResultReady):
+            if event.image_count and event.turn in self._streams:
+                self._with_pictures.setdefault(event.turn, set()).add(event.call_id)
         elif isinstance(event, TurnEnded):
             if self._running.get(event.desk) == event.turn:
                 del self._running[event.desk]
+            calls = self._with_pictures.pop(event.turn or "", set())
+            if calls and event.turn is not None:
+                chats = list(self._streams.get(event.turn, {}))
+                if len(self._photo_requests) < _PHOTO_REQUESTS:
+                    self._photo_requests.append((event.desk, event.turn, calls, chats))
+                    self._photo_wakeup.set()
+                else:
+                    _log.warning("telegram_photos_dropped", desk=event.desk, turn=event.turn)
             for stream in self._streams.pop(event.turn or "", {}).values():
                 if event.final_text.strip() and not stream.text.strip():
                     stream.text = event.final_text
@@ -239,6 +284,39 @@ class EventWatcher:
             kind = notification_kind(event)
             if kind is not None:
                 self.notify(kind, _notice(event))
+
+    async def _send_photos(self) -> None:
+        """Sends the pictures of each followed turn's tools (charts) as photos, once the
+        turn ended (its tool results are stored by then)."""
+        while True:
+            if not self._photo_requests:
+                self._photo_wakeup = anyio.Event()
+                await self._photo_wakeup.wait()
+                continue
+            desk, turn, calls, chats = self._photo_requests.popleft()
+            try:
+                await self._photos_of(desk, turn, calls, chats)
+            except Exception as exc:  # the answer is there; its pictures failing is logged
+                _log.warning("telegram_photos_failed", desk=desk, error=repr(exc))
+
+    async def _photos_of(self, desk: str, turn: str, calls: set[str],
+                         chats: Sequence[int]) -> None:
+        if self._pictures is None:
+            return
+        for message in await self._control.transcript(desk, limit=50):
+            for block in message.get("content") or []:
+                if block.get("type") != "tool_result" or block.get("tool_use_id") not in calls:
+                    continue
+                for inner in block.get("content") or []:
+                    digest = inner.get("sha256") if inner.get("type") == "image" else None
+                    if not digest:
+                        continue
+                    picture = await self._pictures(str(digest))
+                    if picture is None or picture[0] not in _PHOTO_TYPES:
+                        continue
+                    caption = printable(f"{desk}: {inner.get('description') or 'a chart'}")
+                    for chat in chats:
+                        self._outbox.post(SendPhoto(chat, picture[1], caption))
 
     def _grow(self, turn: str | None, text: str) -> None:
         for stream in self._streams.get(turn or "", {}).values():
