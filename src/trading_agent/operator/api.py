@@ -916,7 +916,7 @@ def _pin_control(service: OperatorService) -> PinControl:
 @_endpoint
 async def _pins(request: Request) -> Response:
     desk = _desk(request)
-    return json_response(_pin_control(_service(request)).pinned(desk))
+    return json_response(await _pin_control(_service(request)).pinned(desk))
 
 
 @_endpoint
