@@ -11,6 +11,7 @@ show the order placed and the order refused.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -192,9 +193,10 @@ async def test_a_message_to_a_working_desk_elsewhere_steers_as_its_daemon_says(
 async def test_a_pin_made_through_the_daemon_not_running_the_desk_is_in_its_next_request(
         scripted_server: ScriptedServer, folder: Path, fleet_database: str,
         nats_prefix: str) -> None:
-    """Standing instructions in a fleet: pinned, listed and taken off through either
-    daemon; the daemon running the desk keeps the pin in the shared store and sends it from
-    the desk's next request, and a refusal reads as on one daemon."""
+    """Standing instructions in a fleet: pinned and listed through either daemon; the
+    daemon running the desk keeps the pin in the shared store and sends it from the desk's
+    next request; the daemon taking the desk over sends it too; a refusal reads as on one
+    daemon; taken off, it is sent no more."""
     scripted_server.responder = lambda request: Reply("Noted.")
     rule = "Never hold more than 0.1 BTC."
     # 30 s leases: the desk stays where it started however loaded the machine (it is the
@@ -212,6 +214,16 @@ async def test_a_pin_made_through_the_daemon_not_running_the_desk_is_in_its_next
 
         await client.send_and_wait("alpha", "How is BTC?", wait_seconds=30)
         assert rule in _system_prompt(scripted_server.requests[-1])
+
+        # The daemon that ran the desk stops; the other takes it over and reads its pins
+        # from the store (it was not the one that made the pin).
+        asked = elsewhere["alpha"]
+        holder = {"d1": "d2", "d2": "d1"}[asked]
+        fleet.daemons[holder].signal(signal.SIGTERM)
+        assert await fleet.daemons[holder].wait_exit(15) == 0, fleet.logs()
+        await fleet.wait_held(asked, [asked], within=90)
+        await client.send_and_wait("alpha", "Still there?", wait_seconds=30)
+        assert rule in _system_prompt(scripted_server.requests[-1]), fleet.logs()
 
         with pytest.raises(OperatorRequestError) as unknown:
             await client.unpin("alpha", pinned["pin"]["id"] + 100, "ignored")
