@@ -8,7 +8,9 @@ NATS to the daemon that holds it:
   as the message id, so that it is kept, reaches whoever holds the desk (now, or after a
   take-over), and is taken once (:class:`DeskService` acknowledges it once stored);
 - a request that needs an answer (status, pause, retry, the kill switch, a reply to wait
-  for) is asked of the holder and answered by it (:class:`DeskService`).
+  for, the standing instructions) is asked of the holder and answered by it
+  (:class:`DeskService`); a daemon that starts serving a desk reads its pins from the
+  shared store, so the pins made while another daemon held it are sent.
 
 Transcripts come from the shared store. The live events come from the fleet's one event
 stream, so every daemon shows every desk's events with the same ids (the stream's
