@@ -69,6 +69,7 @@ from trading_agent.agent.agent_loop import AgentLoop
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.events import Event
+from trading_agent.agent.pacing import SLICE_SECONDS
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
@@ -284,7 +285,8 @@ def main() -> None:
     print(f"model latency {MODEL_LATENCY * 1000:.0f} ms (scripted server in its own process); "
           f"{args.rounds} rounds of all desks triggered at once; store in "
           f"{args.state_dir or tempfile.gettempdir()}; {args.history} messages per desk; heap "
-          f"keeper {args.keeper}; gc thresholds {gc.get_threshold()}")
+          f"keeper {args.keeper}; gc thresholds {gc.get_threshold()}; desks' steps paced in "
+          f"{SLICE_SECONDS * 1000:g} ms slices of the event loop")
     keeper = args.keeper == "on"
     with scripted_model() as base_url, \
             tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:

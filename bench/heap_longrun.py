@@ -2,9 +2,11 @@
 compactions, with the keeper and without.
 
 In-process, no network: ``--desks`` conversations each get ``--turns`` turns of four messages
-(tick, tool call, tool result, answer; each message's OpenAI wire encoding made, as a request
-makes it), and every ``--compact-every`` turns a desk compacts (the oldest messages replaced by
-a summary, dropped from memory), after which the keeper runs as the daemon runs it
+(tick, tool call, tool result, answer), after each of which the desk's request body is built
+by one OpenAI backend that all desks share, as a request builds it (each message's wire
+encoding made once, the desk's joined history kept in pieces until its next compaction).
+Every ``--compact-every`` turns a desk compacts (the oldest messages replaced by a summary,
+dropped from memory), after which the keeper runs as the daemon runs it
 (``HeapKeeper.compacted``: a freeze, or an hourly refresh; here the refresh period is scaled
 down to ``--refresh-every`` compactions). One message in fifty holds a reference cycle, so
 that garbage only a collection can reclaim is made too. The keeper's run and the run without
@@ -30,6 +32,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probes import machine
+from trading_agent.agent.backend import ModelRequestSpec
 from trading_agent.agent.conversation import (
     Conversation,
     Message,
@@ -37,7 +40,8 @@ from trading_agent.agent.conversation import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from trading_agent.backends.openai_compatible import encode_message
+from trading_agent.backends.config import OpenAIBackendConfig
+from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.heap import HeapKeeper
 
 
@@ -70,11 +74,14 @@ async def run(desks: int, turns: int, compact_every: int, refresh_every: int,
     if keeper_on:
         keeper.freeze()
     compactions = 0
+    backend = OpenAICompatibleBackend(OpenAIBackendConfig(  # never connects: bodies only
+        base_url="http://127.0.0.1:9/v1", model="bench", context_window=1_000_000))
     for turn in range(turns):
-        for conversation in conversations:
-            for message in _turn(turn):
-                conversation.messages.append(message)
-                encode_message(message)
+        for number, conversation in enumerate(conversations):
+            conversation.messages.extend(_turn(turn))
+            backend.request_body(ModelRequestSpec(conversation.system_prompt,
+                                                  conversation.window(), [],
+                                                  cache_key=f"desk-{number}"))
             if (turn + 1) % compact_every == 0:
                 await conversation.compact(Message.user_text("Summary.", kind="summary"),
                                            len(conversation.messages) - 40)

@@ -65,7 +65,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
 """Imports of ours inside a function: (importer, imported) without the ``trading_agent.``
 prefix, and why each waits. No other is allowed, least of all one dodging a circle."""
 
-SETTINGS_SCHEMAS = {"fleet.config", "operator.config", "telemetry.config"}
+SETTINGS_SCHEMAS = {"fleet.config", "operator.config", "telegram.config", "telemetry.config"}
 """Parts' settings that the settings embed; each imports nothing else of its package, so a
 backtest reading its settings loads no fleet, operator API or telemetry code."""
 
@@ -243,7 +243,7 @@ def test_the_agent_core_imports_nothing_of_ours_but_errors(imports: Imports) -> 
 @pytest.mark.parametrize("package", ["daemon", "trading"])
 def test_the_runtime_never_climbs_to_the_services(imports: Imports, package: str) -> None:
     assert _package_graph(imports)[package] & {"app", "operator", "fleet", "telemetry",
-                                               "cli", "desks", "settings"} == set()
+                                               "telegram", "cli", "desks", "settings"} == set()
 
 
 def test_only_the_command_line_imports_the_application_layer(imports: Imports) -> None:
@@ -257,7 +257,8 @@ def test_only_the_command_line_imports_the_application_layer(imports: Imports) -
 def test_a_backtest_loads_no_fleet_operator_api_or_telemetry(imports: Imports) -> None:
     loaded = imports.reached_from("backtest.engine") - SETTINGS_SCHEMAS
     assert sorted(m for m in loaded
-                  if _package(m) in {"app", "fleet", "operator", "telemetry"}) == []
+                  if _package(m) in {"app", "fleet", "operator", "telegram",
+                                     "telemetry"}) == []
 
 
 @pytest.mark.parametrize("schema", sorted(SETTINGS_SCHEMAS))

@@ -135,6 +135,15 @@ def _summary(settings: Settings) -> str:
             f"  {name}: {desk.exchange.mode} on {desk.exchange.feed}, "
             f"{', '.join(desk.symbols)}; model {model.provider}:{model_name}; "
             f"wakes on {', '.join(wakes) or 'operator messages only'}")
+    telegram = settings.telegram
+    if telegram is not None:
+        operators = [o.name for o in settings.operator.operators
+                     if o.telegram_user_id is not None]
+        summary = (f" daily summary at {telegram.daily_summary_at} UTC;"
+                   if telegram.daily_summary_at else "")
+        lines.append(f"  telegram: token from {telegram.token_env}, chats start on desk "
+                     f"{telegram.default_desk};{summary} operators "
+                     f"{', '.join(operators) or 'none (give one a telegram_user_id)'}")
     return "\n".join(lines)
 
 

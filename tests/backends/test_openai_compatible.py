@@ -41,6 +41,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
+from trading_agent.agent.image_preparer import ImagePreparer
 from trading_agent.backends import openai_compatible
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import (
@@ -561,6 +562,31 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
 
         assert remembering.request_body(request) == (
             OpenAICompatibleBackend(config).request_body(request))
+
+
+async def test_the_bodies_a_desk_sends_are_byte_identical_to_ones_built_afresh(
+        backend: OpenAICompatibleBackend, scripted_server: ScriptedServer) -> None:
+    """The desk's joined history (kept in pieces, joined into one past a few dozen) changes
+    no byte of what the server receives: across many appends, a compaction and the pruning
+    of old pictures."""
+    preparer = ImagePreparer()
+    conversation: list[Message] = [Message.user_text("first")]
+    sent: list[bytes] = []
+    for number in range(60):
+        conversation.append(Message.user_text(f"tick {number}"))
+        if number % 5 == 0:  # a picture: the older ones are pruned once past the newest four
+            conversation.append(Message(role="user", content=(
+                TextBlock(f"chart {number}"), ImageBlock(b"\x89PNG-%d" % number))))
+        if number == 40:  # a compaction: a summary and the recent messages
+            conversation = [Message.user_text("summary of the first 40 ticks"),
+                            *conversation[-6:]]
+        request = ModelRequestSpec("system", preparer.prune(conversation), TOOLS,
+                                   cache_key="trading-agent:desk")
+        scripted_server.add(Reply("ok"))
+        await backend.complete(request)
+        sent.append(OpenAICompatibleBackend(make_config(scripted_server)).request_body(request))
+
+    assert [recorded.body for recorded in scripted_server.requests] == sent
 
 
 async def test_a_new_message_is_encoded_alone(

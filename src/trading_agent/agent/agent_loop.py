@@ -66,6 +66,7 @@ from trading_agent.agent.events import (
 from trading_agent.agent.fixed_part import FixedPart, answer_reserve, measure_fixed_part
 from trading_agent.agent.hooks import HookRunner, ModelCallReport, Refuse
 from trading_agent.agent.image_preparer import ImagePreparer
+from trading_agent.agent.pacing import pace
 from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.sent_window import SentWindow
 from trading_agent.agent.steering_inbox import Steering
@@ -208,6 +209,7 @@ class AgentLoop:
         """
         self._stop_requested = False
         self._stop_reason = ""
+        await pace()  # 500 desks triggered at once take their turns in slices of the loop
         await self._compact_if_full(conversation, trigger)
         return await self._run_rounds(conversation, TurnState(trigger, id=self.new_turn_id()))
 
@@ -242,6 +244,7 @@ class AgentLoop:
                 desk=self.desk_name, text=trigger.text, queued_at=trigger.at, after_round=0,
                 message_id=trigger.id, started_turn=True))
         while turn.rounds < self._round_limit(turn):
+            await pace()  # the store's writes end for hundreds of desks at once
             await self._before_model_call(conversation, turn)
             try:
                 reply = await self._ask_model(conversation, turn)
@@ -249,6 +252,7 @@ class AgentLoop:
                 return self._finish(turn, f"The model was not asked: {refused.reason}",
                                     stopped=True)
             await conversation.append(Message(role="assistant", content=reply.content))
+            await pace()
             if not reply.tool_calls:
                 return self._finish(turn, reply.text)
             await self._run_tools(conversation, turn, reply.tool_calls)
@@ -287,6 +291,8 @@ class AgentLoop:
         turn.rounds += 1
         replays = 0
         while True:
+            if replays:
+                await pace()
             request, estimate, images = self._prepared_request(conversation)
             if self.hooks:
                 decided = await self.hooks.before_request(request, turn.id, self._event_bus)

@@ -70,6 +70,8 @@ from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
+from trading_agent.telegram.bot import TelegramBot
+from trading_agent.telegram.config import TelegramSettings
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
 from trading_agent.trading.factory import SharedFeeds, TradingVenue, open_exchange
@@ -89,6 +91,9 @@ _STORE_BUFFER = 50_000
 """Events the store's subscription holds while a batch is written."""
 
 _LOG_BUFFER = 10_000
+
+_TELEGRAM_BUFFER = 10_000
+"""Events the Telegram bot's subscription holds (text deltas included) while it catches up."""
 
 _EVENT_ID_MARGIN = 1_000_000
 """How far past the store's highest event id a restarted daemon's bus starts.
@@ -119,6 +124,8 @@ class Daemon:
         fleet: This daemon's part of its fleet; None when it runs alone.
         stop_budget: The shutdown's countdown (``run`` starts it at SIGTERM): the sinks
             closing with the daemon get what is left of its ten seconds.
+        telegram: The Telegram bot (run by the supervisor as a service); None without
+            ``[telegram]``.
     """
 
     store: Store
@@ -130,6 +137,7 @@ class Daemon:
     venues: Mapping[str, TradingVenue] = field(default_factory=dict)
     fleet: FleetNode | None = None
     stop_budget: StopBudget = field(default_factory=StopBudget)
+    telegram: TelegramBot | None = None
 
 
 @asynccontextmanager
@@ -281,6 +289,13 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                       environ)
             supervisor.reloader = reloader
 
+        bot = None
+        if settings.telegram is not None:
+            # Subscribed now, before the desks run; run beside them, and stopped with them.
+            bot = _telegram(settings.telegram, settings, control, api_approvals, audit, bus,
+                            environ)
+            supervisor.services.append(("telegram", bot.run))
+
         async def serve_api(*, refuse_descendants: bool = False,
                             task_status: TaskStatus[OperatorEndpoints]
                             = anyio.TASK_STATUS_IGNORED) -> None:
@@ -291,7 +306,7 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
                                      task_status=task_status)
 
         yield Daemon(store, bus, supervisor, store_subscription, log_subscription, serve_api,
-                     venues, node, stop_budget)
+                     venues, node, stop_budget, bot)
 
 
 async def _recorded(backend: ModelBackend, state_dir: Path, name: str,
@@ -349,6 +364,21 @@ async def _telemetry(settings: Settings, supervisor: Supervisor, bus: EventBus,
     if closers:
         # Together, within what is left of the ten seconds a SIGTERM allows.
         stack.push_async_callback(close_sinks, closers, budget, _SINK_SECONDS)
+
+
+def _telegram(telegram: TelegramSettings, settings: Settings, control: DeskControl,
+              approvals: Approvals, audit: StoredAudit, bus: EventBus,
+              environ: Mapping[str, str] | None) -> TelegramBot:
+    """The Telegram bot, its token read from the environment; it reaches Telegram once run
+    (again and again in the background while it cannot: the desks never wait for it)."""
+    token = (os.environ if environ is None else environ).get(telegram.token_env, "").strip()
+    if not token:
+        raise ConfigError(f"telegram.token_env names {telegram.token_env}, which is not set in "
+                          "the daemon's environment; allowed: the bot's token from BotFather "
+                          "in that variable, or no [telegram] table (no bot)")
+    subscription = bus.subscribe("telegram", max_buffer=_TELEGRAM_BUFFER)
+    return TelegramBot(telegram, settings.operator, token, control, approvals, audit,
+                       subscription)
 
 
 async def _spend_guard(settings: Settings, supervisor: Supervisor, bus: EventBus,

@@ -76,6 +76,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
+from trading_agent.agent.pacing import pace
 from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
@@ -753,6 +754,7 @@ class AnthropicBackend:
         except (RequestTimeout, ConnectionFailed) as exc:
             raise self._translate(exc) from self._cause(exc)
         with contextlib.closing(stream):
+            await pace()  # 500 answers arriving in one poll are read in slices of the loop
             await self._read(stream, builder)
         if builder.error is not None:
             raise self._stream_error(builder.error)

@@ -51,6 +51,7 @@ from trading_agent.agent.conversation import (
     ToolUseBlock,
     estimate_tokens,
 )
+from trading_agent.agent.pacing import pace
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.owned_socket import OwnedUnixSocket
 from trading_agent.backends.sse_transport import (
@@ -97,6 +98,10 @@ _JOINED_DESKS = 1024
 desks than this every desk's is kept: 500 desks woken at once each joined their whole history
 again when it was 16 (a desk's memo holds a copy of its encoded window, some 200 KB at 1,000
 short messages)."""
+_JOINED_PIECES = 32
+"""How many pieces a desk's joined messages are kept in before they are joined into one
+(each request adds one: the messages added since the last)."""
+_NO_PIECES: tuple[bytes, ...] = ()
 _PREPARE_CHUNK = 100
 """Messages encoded between two yields to the event loop while a request is prepared."""
 _STREAM_RUNTIME = "async:asyncio"
@@ -449,7 +454,8 @@ class OpenAICompatibleBackend:
         self._head = _dumps(head)[:-1]  # an open object: per-request fields follow
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
-        self._joined: collections.OrderedDict[str | None, tuple[list[Message], bytes]] = (
+        self._joined: collections.OrderedDict[str | None,
+                                              tuple[list[Message], tuple[bytes, ...]]] = (
             collections.OrderedDict())
         """Per desk (the request's cache key), the messages last sent and their wire JSON
         joined: the next request of that desk joins only the messages added since."""
@@ -558,9 +564,9 @@ class OpenAICompatibleBackend:
             body += (b',"tools":', self._tools(request.tools))
         system = self._system_message(request.system_prompt) if request.system_prompt else b""
         messages = self._messages_json(request)
-        body += (b',"messages":[', system, b"," if system and messages else b"", messages,
+        body += (b',"messages":[', system, b"," if system and messages else b"", *messages,
                  b"]}")
-        return b"".join(body)
+        return b"".join(body)  # the one copy of the history a request makes
 
     async def prepare(self, request: ModelRequestSpec) -> None:
         """Encodes a request's messages ahead of time (a desk restored with a long history),
@@ -576,25 +582,33 @@ class OpenAICompatibleBackend:
             await anyio.lowlevel.checkpoint()
         self._messages_json(request)
 
-    def _messages_json(self, request: ModelRequestSpec) -> bytes:
-        """The messages' wire JSON, comma-joined; for a desk whose last request's messages
-        begin this one's (between compactions, the window only grows at its end), only the
-        new ones are joined to what was sent last time."""
+    def _messages_json(self, request: ModelRequestSpec) -> tuple[bytes, ...]:
+        """The messages' wire JSON, comma-joined, in pieces to be joined into the body (each
+        piece after the first begins with its comma); for a desk whose last request's
+        messages begin this one's (between compactions, the window only grows at its end),
+        only the new ones are encoded and joined, into one more piece.
+
+        The history is not copied here: the body's join is its one copy per request (a
+        request at 1,000 messages is some 200 KB). Past :data:`_JOINED_PIECES` pieces they
+        are joined into one, so a desk's memo stays a few pieces, however long it runs
+        between compactions."""
         messages = list(request.messages)
         key = request.cache_key
         memo = self._joined.get(key)
-        start, joined = 0, b""
+        start, pieces = 0, _NO_PIECES
         if memo is not None and len(messages) >= len(memo[0]) and (
                 messages[:len(memo[0])] == memo[0]):  # identity, element by element, in C
-            start, joined = len(memo[0]), memo[1]
+            start, pieces = len(memo[0]), memo[1]
         if start < len(messages):
             tail = b",".join(encode_message(message) for message in messages[start:])
-            joined = joined + b"," + tail if joined else tail
-        self._joined[key] = (messages, joined)
+            pieces = (*pieces, b"," + tail) if pieces else (tail,)
+            if len(pieces) > _JOINED_PIECES:
+                pieces = (b"".join(pieces),)
+        self._joined[key] = (messages, pieces)
         self._joined.move_to_end(key)
         if len(self._joined) > _JOINED_DESKS:
             self._joined.popitem(last=False)
-        return joined
+        return pieces
 
     def _system_message(self, prompt: str) -> bytes:
         cached = self._system_cache
@@ -644,6 +658,7 @@ class OpenAICompatibleBackend:
         except _TRANSPORT_ERRORS as exc:
             raise self._translate(exc) from self._cause(exc)
         with contextlib.closing(stream):
+            await pace()  # 500 answers arriving in one poll are read in slices of the loop
             await self._read(stream, builder)
         if builder.finish_reason is None:
             raise self._unfinished(request, builder)

@@ -20,6 +20,7 @@ from trading_agent.settings.daemon import DaemonSettings
 from trading_agent.settings.defaults import apply_desk_defaults
 from trading_agent.settings.desk import DeskSettings
 from trading_agent.settings.model import ModelSettings, priced
+from trading_agent.telegram.config import TelegramSettings
 from trading_agent.telemetry.config import TelemetrySettings, WebhookSettings
 from trading_agent.trading.config import ExchangeConfig
 
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
         operator: The operator API.
         telemetry: OpenTelemetry traces of the desks' turns, model and tool calls.
         webhooks: Signed POSTs of the events chosen (fills, approvals waiting, ...).
+        telegram: The Telegram bot; None (no ``[telegram]`` table): no bot.
         store: Where the state lives: SQLite in the state directory, or PostgreSQL shared by
             a fleet of daemons.
         fleet: How the daemons of a fleet meet (NATS) and hold their desks (leases).
@@ -85,6 +87,7 @@ class Settings(BaseSettings):
     operator: OperatorConfig = Field(default_factory=OperatorConfig)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     webhooks: list[WebhookSettings] = Field(default_factory=list)
+    telegram: TelegramSettings | None = None
     store: StoreSettings = Field(default_factory=StoreSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     desks: dict[DeskName, DeskSettings] = Field(min_length=1)
@@ -118,6 +121,15 @@ class Settings(BaseSettings):
                 f"{', '.join(unpriced)} has none (set model.price_input_per_million and "
                 "model.price_output_per_million), or cap tokens with "
                 "daemon.spend.max_tokens_per_day")
+        return self
+
+    @model_validator(mode="after")
+    def _telegram_desk(self) -> Settings:
+        telegram = self.telegram
+        if telegram is not None and telegram.default_desk not in self.desks:
+            raise ValueError(
+                f"telegram.default_desk {telegram.default_desk!r} is not a desk; allowed: "
+                f"{', '.join(self.desks)}")
         return self
 
     @model_validator(mode="after")
@@ -200,6 +212,8 @@ class Settings(BaseSettings):
                    self.telemetry.otlp_endpoint is not None)
         for index, hook in enumerate(self.webhooks):
             yield f"webhooks[{index}].secret_env", hook.secret_env, True
+        if self.telegram is not None:
+            yield "telegram.token_env", self.telegram.token_env, True
         if self.store.password_env:
             yield "store.password_env", self.store.password_env, self.store.url is not None
         for key in ("nats_password_env", "nats_token_env", "key_env"):

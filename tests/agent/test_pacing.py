@@ -1,0 +1,68 @@
+"""Many desks stepping at once share the event loop in slices: timers run between them, every
+desk goes on in its turn, and one cancelled while it waits holds no one up."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.lowlevel
+
+from trading_agent.agent.pacing import SLICE_SECONDS, pace
+
+_STEPS = 200
+_STEP_SECONDS = 0.001
+
+
+def _work(seconds: float) -> None:
+    """Busy CPU work on the loop's thread, as a desk's step is."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+async def test_a_timer_fires_between_slices_while_hundreds_of_desks_step_at_once() -> None:
+    done: list[int] = []
+    seen_by_timer: list[int] = []
+
+    async def desk(number: int) -> None:
+        await pace()
+        _work(_STEP_SECONDS)
+        done.append(number)
+
+    async def timer() -> None:
+        await anyio.sleep(SLICE_SECONDS / 10)
+        seen_by_timer.append(len(done))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(timer)
+        for number in range(_STEPS):
+            group.start_soon(desk, number)
+    assert seen_by_timer and seen_by_timer[0] < _STEPS, (
+        f"the timer ran only after {seen_by_timer} of {_STEPS} steps: the loop never polled "
+        "between slices")
+    assert sorted(done) == list(range(_STEPS)), "a desk never went on"
+    assert done == list(range(_STEPS)), "desks went on out of the order they waited in"
+
+
+async def test_a_desk_cancelled_while_it_waits_holds_no_one_up() -> None:
+    done: list[int] = []
+
+    async def desk(number: int) -> None:
+        await pace()
+        _work(_STEP_SECONDS)
+        done.append(number)
+
+    async with anyio.create_task_group() as group:
+        for number in range(50):
+            group.start_soon(desk, number)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await pace()  # cancelled wherever it stands: waiting or not
+        async with anyio.create_task_group() as doomed:
+            doomed.start_soon(desk, -1)
+            await anyio.lowlevel.checkpoint()
+            doomed.cancel_scope.cancel()
+    assert sorted(done) == list(range(50))
+    with anyio.fail_after(5):
+        await pace()  # the line is empty again: no stale waiter left in it
