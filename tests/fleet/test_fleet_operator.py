@@ -11,6 +11,7 @@ show the order placed and the order refused.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from tests.daemon.careful_trading import text_of
 from tests.daemon.process import short_dir
 from tests.fleet.books import read_fleet_books
 from tests.fleet.daemons import Fleet, fleet_config
+from tests.os_user import OS_USER
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step, ToolCall
 from trading_agent.operator.client import OperatorRequestError
 
@@ -116,17 +118,17 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         async with fleet.daemons[elsewhere[approved_desk]].client() as client:
             approved = await client.approve(ids[approved_desk], "ann", "sized right")
             assert (approved["outcome"], approved["operator"], approved["desk"]) == (
-                "approved", "ann", approved_desk)
+                "approved", OS_USER, approved_desk)
             # Answered once: a second click hears who answered, as on one daemon.
             with pytest.raises(OperatorRequestError) as again:
                 await client.deny(ids[approved_desk], "bob", "too late")
-            assert again.value.status == 409 and "approved by ann" in str(again.value)
+            assert again.value.status == 409 and f"approved by {OS_USER}" in str(again.value)
             with pytest.raises(OperatorRequestError) as unknown:
                 await client.approve("0000beef", "ann")
             assert unknown.value.status == 404
         async with fleet.daemons[elsewhere[denied_desk]].client() as client:
             denied = await client.deny(ids[denied_desk], "bob", "not today")
-            assert (denied["outcome"], denied["operator"]) == ("denied", "bob")
+            assert (denied["outcome"], denied["operator"]) == ("denied", OS_USER)
 
         with anyio.fail_after(30):
             waiting = list(DESKS)
@@ -135,7 +137,7 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
                 await anyio.sleep(0.1)
         assert "NEVER SENT" not in _answer(fleet, approved_desk)
         assert read_fleet_books(fleet.store_url, approved_desk).orders, fleet.logs()
-        assert "Denied by operator bob: not today" in _answer(fleet, denied_desk)
+        assert f"Denied by operator {OS_USER}: not today" in _answer(fleet, denied_desk)
         assert not read_fleet_books(fleet.store_url, denied_desk).orders
         for via in ("d1", "d2"):
             async with fleet.daemons[via].client() as client:
@@ -185,3 +187,54 @@ async def test_a_message_to_a_working_desk_elsewhere_steers_as_its_daemon_says(
         finally:
             release.set()
     assert (first["delivery"], second["delivery"]) == ("turn", "steering")
+
+
+@pytest.mark.timeout(120)
+async def test_a_pin_made_through_the_daemon_not_running_the_desk_is_in_its_next_request(
+        scripted_server: ScriptedServer, folder: Path, fleet_database: str,
+        nats_prefix: str) -> None:
+    """Standing instructions in a fleet: pinned and listed through either daemon; the
+    daemon running the desk keeps the pin in the shared store and sends it from the desk's
+    next request; the daemon taking the desk over sends it too; a refusal reads as on one
+    daemon; taken off, it is sent no more."""
+    scripted_server.responder = lambda request: Reply("Noted.")
+    rule = "Never hold more than 0.1 BTC."
+    # 30 s leases: the desk stays where it started however loaded the machine (it is the
+    # daemon not running it that is asked, throughout).
+    config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
+                          ["alpha"], lease_seconds=30)
+    async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere), \
+            fleet.daemons[elsewhere["alpha"]].client() as client:
+        pinned = await client.pin("alpha", rule, "ignored")
+        assert (pinned["pin"]["text"], pinned["pin"]["by"]) == (rule, OS_USER)
+        for via in ("d1", "d2"):
+            async with fleet.daemons[via].client() as either:
+                listed = await either.pins("alpha")
+            assert [p["text"] for p in listed["pins"]] == [rule], (via, listed)
+
+        await client.send_and_wait("alpha", "How is BTC?", wait_seconds=30)
+        assert rule in _system_prompt(scripted_server.requests[-1])
+
+        # The daemon that ran the desk stops; the other takes it over and reads its pins
+        # from the store (it was not the one that made the pin).
+        asked = elsewhere["alpha"]
+        holder = {"d1": "d2", "d2": "d1"}[asked]
+        fleet.daemons[holder].signal(signal.SIGTERM)
+        assert await fleet.daemons[holder].wait_exit(15) == 0, fleet.logs()
+        await fleet.wait_held(asked, [asked], within=90)
+        await client.send_and_wait("alpha", "Still there?", wait_seconds=30)
+        assert rule in _system_prompt(scripted_server.requests[-1]), fleet.logs()
+
+        with pytest.raises(OperatorRequestError) as unknown:
+            await client.unpin("alpha", pinned["pin"]["id"] + 100, "ignored")
+        assert (unknown.value.status, unknown.value.code) == (404, "unknown_pin")
+        assert f"its pins: {pinned['pin']['id']}" in unknown.value.message
+
+        unpinned = await client.unpin("alpha", pinned["pin"]["id"], "ignored")
+        assert unpinned["unpinned"]["text"] == rule and unpinned["pins"] == []
+        await client.send_and_wait("alpha", "And now?", wait_seconds=30)
+        assert rule not in _system_prompt(scripted_server.requests[-1])
+
+
+def _system_prompt(request: RecordedRequest) -> str:
+    return str(next(m["content"] for m in request.messages if m["role"] == "system"))

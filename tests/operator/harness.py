@@ -49,6 +49,7 @@ from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.client import StreamEvent, parse_sse
 from trading_agent.operator.config import OperatorConfig
 from trading_agent.operator.server import OperatorEndpoints, serve_operator_api
+from trading_agent.operator.tickets import TICKET_SECONDS
 from trading_agent.settings import load_settings
 from trading_agent.trading.desk_books import DeskBooks
 from trading_agent.trading.exchange import Exchange
@@ -346,13 +347,14 @@ async def _no_sleep(delay: float) -> None:
 @contextlib.asynccontextmanager
 async def running_api(control: LoopDeskControl, approvals: ApprovalBook, config: OperatorConfig,
                       state_dir: Path, *, environ: dict[str, str] | None = None,
-                      keepalive_seconds: float | None = None
+                      keepalive_seconds: float | None = None,
+                      ticket_seconds: float = TICKET_SECONDS,
                       ) -> AsyncIterator[tuple[OperatorEndpoints, TaskGroup]]:
     """Runs the desks and the API; yields where it listens, and stops both on exit."""
     async with anyio.create_task_group() as group:
         group.start_soon(control.run)
         endpoints = await group.start(_serve, control, approvals, config, state_dir,
-                                      environ or {})
+                                      environ or {}, ticket_seconds)
         try:
             yield endpoints, group
         finally:
@@ -362,10 +364,10 @@ async def running_api(control: LoopDeskControl, approvals: ApprovalBook, config:
 
 
 async def _serve(control: LoopDeskControl, approvals: ApprovalBook, config: OperatorConfig,
-                 state_dir: Path, environ: dict[str, str], *,
+                 state_dir: Path, environ: dict[str, str], ticket_seconds: float, *,
                  task_status: anyio.abc.TaskStatus[OperatorEndpoints]) -> None:
     await serve_operator_api(control, approvals, config, state_dir=state_dir, environ=environ,
-                             task_status=task_status)
+                             ticket_seconds=ticket_seconds, task_status=task_status)
 
 
 def uds_client(socket_path: Path, **kwargs: Any) -> httpx.AsyncClient:

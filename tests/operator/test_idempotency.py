@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.operator.harness import build_control, running_api, uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer
 from trading_agent.daemon.control import MessageNotKeptError, message_id_for
 from trading_agent.operator.approvals import ApprovalBook
@@ -46,8 +47,8 @@ async def test_a_message_sent_again_with_its_key_is_taken_once_and_answered_alik
     assert first.json()["id"] == again.json()["id"] == in_body.json()["id"] \
         == message_id_for("alpha", "order-7")
     assert other_desk.json()["id"] != first.json()["id"]  # a key is a desk's own
-    assert control.sent == [("alpha", "Buy 0.01 BTC.", "operator"),
-                            ("beta", "Buy 0.01 BTC.", "operator")]
+    assert control.sent == [("alpha", "Buy 0.01 BTC.", OS_USER),
+                            ("beta", "Buy 0.01 BTC.", OS_USER)]
     assert (differ.status_code, bad.status_code) == (400, 400)
 
 
@@ -75,7 +76,7 @@ async def test_a_message_that_may_not_be_kept_is_answered_503_with_the_truth(
     assert says in error["message"] and error["idempotency_key"] in error["message"]
     assert error["id"] == message_id_for("alpha", error["idempotency_key"])
     assert resent.status_code == 202 and resent.json()["id"] == error["id"]
-    assert control.sent == [("alpha", "Sell half.", "operator")]
+    assert control.sent == [("alpha", "Sell half.", OS_USER)]
 
 
 async def test_the_client_sends_a_message_again_under_its_key_until_it_is_kept(
@@ -86,11 +87,11 @@ async def test_the_client_sends_a_message_again_under_its_key_until_it_is_kept(
                                 MessageNotKeptError("not confirmed", None)]
     async with running_api(control, ApprovalBook(), CONFIG, state_dir) as (endpoints, _), \
             OperatorClient(socket_path=endpoints.socket_path) as client:
-        sent = await client.send_message("alpha", "Flatten BTC.", "ann",
+        sent = await client.send_message("alpha", "Flatten BTC.",
                                          idempotency_key="flatten-1")
-        own_key = await client.send_message("beta", "Hello.", "ann")
+        own_key = await client.send_message("beta", "Hello.")
 
     assert sent["id"] == message_id_for("alpha", "flatten-1")
     assert own_key["id"].startswith("k")  # a key of the client's own, every message
-    assert control.sent == [("alpha", "Flatten BTC.", "ann"), ("beta", "Hello.", "ann")]
+    assert control.sent == [("alpha", "Flatten BTC.", OS_USER), ("beta", "Hello.", OS_USER)]
     assert not control.refuse_messages

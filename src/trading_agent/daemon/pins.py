@@ -78,9 +78,9 @@ class UnknownPinError(TradingAgentError):
 @runtime_checkable
 class PinControl(Protocol):
     """What the operator side may ask about pins (the supervisor answers; a fleet's control
-    does not yet)."""
+    asks the daemon holding the desk)."""
 
-    def pinned(self, desk: str) -> dict[str, Any]:
+    async def pinned(self, desk: str) -> dict[str, Any]:
         """A desk's pins (``pins``) and its config's (``configured``)."""
         ...
 
@@ -174,6 +174,17 @@ class DeskPins:
         for pin in await records.load():
             pins._pins.setdefault(pin.desk, []).append(pin)
         return pins
+
+    async def reload(self, desk: Desk) -> None:
+        """Reads the desk's pins from the store again and applies them: a daemon of a fleet
+        taking a desk over sends the pins made on the daemon that held it before.
+        """
+        if self._records is None:
+            return
+        async with self._changing:
+            self._pins[desk.name] = [pin for pin in await self._records.load()
+                                     if pin.desk == desk.name]
+            desk.set_pinned(self.texts(desk.name))
 
     def of(self, desk: str) -> list[Pin]:
         """The desk's pins, oldest first."""

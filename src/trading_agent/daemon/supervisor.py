@@ -412,7 +412,7 @@ class Supervisor:
             desk, by, reason.strip() or "no reason given", now, until))
         return {"on": True, "desk": desk, "state": state.to_dict()}
 
-    def pinned(self, desk: str) -> dict[str, Any]:
+    async def pinned(self, desk: str) -> dict[str, Any]:
         """A desk's standing instructions: ``pins`` (its operators', with who and when) and
         ``configured`` (its config's).
 
@@ -434,7 +434,7 @@ class Supervisor:
             PinRefusedError: Empty, too long, or too large for the desk's window.
         """
         pin = await self.pins.pin(self._runtime(desk).desk, text, by)
-        return {"pin": pin.to_dict(), **self.pinned(desk)}
+        return {"pin": pin.to_dict(), **await self.pinned(desk)}
 
     async def unpin(self, desk: str, pin_id: int, by: str) -> dict[str, Any]:
         """Takes a pin off a desk: its next request goes without it.
@@ -444,7 +444,7 @@ class Supervisor:
             UnknownPinError: It has no pin of that id.
         """
         pin = await self.pins.unpin(self._runtime(desk).desk, pin_id, by)
-        return {"unpinned": pin.to_dict(), **self.pinned(desk)}
+        return {"unpinned": pin.to_dict(), **await self.pinned(desk)}
 
     async def pause(self, desk: str, by: str, reason: str) -> bool:
         """Holds a desk until it is resumed (a running turn ends at its next safe point).

@@ -8,7 +8,9 @@ NATS to the daemon that holds it:
   as the message id, so that it is kept, reaches whoever holds the desk (now, or after a
   take-over), and is taken once (:class:`DeskService` acknowledges it once stored);
 - a request that needs an answer (status, pause, retry, the kill switch, a reply to wait
-  for) is asked of the holder and answered by it (:class:`DeskService`).
+  for, the standing instructions) is asked of the holder and answered by it
+  (:class:`DeskService`); a daemon that starts serving a desk reads its pins from the
+  shared store, so the pins made while another daemon held it are sent.
 
 Transcripts come from the shared store. The live events come from the fleet's one event
 stream, so every daemon shows every desk's events with the same ids (the stream's
@@ -42,6 +44,7 @@ from trading_agent.daemon.control import (
     UnknownDeskError,
 )
 from trading_agent.daemon.mailbox import Delivery
+from trading_agent.daemon.pins import PinRefusedError, UnknownPinError
 from trading_agent.fleet.approvals import answer_approval
 from trading_agent.fleet.checks import check_inbox_message, check_request
 from trading_agent.fleet.sealing import SealRefused
@@ -333,6 +336,34 @@ class FleetControl:
             "op": "books", "view": view, "since": since.isoformat() if since else None,
             "open_only": open_only, "period": period}))
 
+    async def pinned(self, desk: str) -> dict[str, Any]:
+        """The desk's standing instructions, from the daemon that runs it."""
+        if self.holds(desk):
+            return await self.local.pinned(desk)
+        return dict(await self.ask(desk, {"op": "pins"}))
+
+    async def pin(self, desk: str, text: str, by: str) -> dict[str, Any]:
+        """Pins an instruction on the daemon that runs the desk: it keeps the pin in the
+        shared store, measures it against the desk's window and sends it from the desk's
+        next request.
+
+        Raises:
+            PinRefusedError: Empty, too long, or too large for the desk's window.
+        """
+        if self.holds(desk):
+            return await self.local.pin(desk, text, by)
+        return _pin_answer(await self.ask(desk, {"op": "pin", "text": text, "by": by}))
+
+    async def unpin(self, desk: str, pin_id: int, by: str) -> dict[str, Any]:
+        """Takes a pin off, on the daemon that runs the desk.
+
+        Raises:
+            UnknownPinError: The desk has no pin of that id.
+        """
+        if self.holds(desk):
+            return await self.local.unpin(desk, pin_id, by)
+        return _pin_answer(await self.ask(desk, {"op": "unpin", "pin_id": pin_id, "by": by}))
+
     async def cancel_order(self, desk: str, order_id: str, by: str) -> dict[str, Any]:
         """Cancels one of the desk's open orders, on the daemon that runs it."""
         if self.holds(desk):
@@ -372,6 +403,17 @@ _EXPECTED_MAX = 1000
 """The most answers a holder waits for on behalf of senders at once (the oldest go first)."""
 
 
+def _pin_answer(result: Any) -> dict[str, Any]:
+    """The holder's answer to a pin or an unpin, its refusal raised here as it was there."""
+    answer = dict(result)
+    refused = answer.get("refused")
+    if isinstance(refused, dict):
+        if refused.get("kind") == "unknown_pin":
+            raise UnknownPinError(str(refused.get("message")))
+        raise PinRefusedError(str(refused.get("message")), str(refused.get("code")))
+    return answer
+
+
 @dataclass(eq=False)
 class _Expected:
     """The answer to a message sent from another daemon, awaited from before it was sent."""
@@ -402,6 +444,8 @@ class DeskService:
 
     async def run(self, desk: str) -> None:
         """Serves ``desk`` until cancelled (its lease lost or handed over)."""
+        # Pins made while another daemon held the desk are in the shared store, not here.
+        await self.local.pins.reload(self.local.desk(desk))
         async with anyio.create_task_group() as waiting:
             served = await self.bus.serve_control(
                 desk, lambda request: self._answer(desk, request, waiting))
@@ -461,6 +505,20 @@ class DeskService:
             _log.warning("fleet_inbox_unknown", desk=desk, op=payload.get("op"))
         await message.ack()  # stored: a holder that dies now leaves it to the store
 
+    async def _pin(self, desk: str, request: dict[str, Any]) -> dict[str, Any]:
+        """A pin or an unpin asked by another daemon; a refusal is an answer, not a failure."""
+        try:
+            if request["op"] == "pin":
+                if not isinstance(request.get("text"), str):
+                    return {"refused": {"kind": "pin_refused", "code": "invalid_pin",
+                                        "message": "text: not a string"}}
+                return await self.local.pin(desk, request["text"], str(request["by"]))
+            return await self.local.unpin(desk, int(request["pin_id"]), str(request["by"]))
+        except PinRefusedError as exc:
+            return {"refused": {"kind": "pin_refused", "code": exc.code, "message": str(exc)}}
+        except UnknownPinError as exc:
+            return {"refused": {"kind": "unknown_pin", "message": str(exc)}}
+
     async def _answer(self, desk: str, request: dict[str, Any],
                       waiting: anyio.abc.TaskGroup) -> dict[str, Any]:
         try:
@@ -510,6 +568,10 @@ class DeskService:
         elif op == "cancel_order":
             result = await local.cancel_order(desk, str(request["order_id"]),
                                               str(request["by"]))
+        elif op == "pins":
+            result = await local.pinned(desk)
+        elif op in ("pin", "unpin"):
+            result = await self._pin(desk, request)
         elif op in ("approvals", "decide") and self.approvals is not None:
             result = await answer_approval(self.approvals, request)
         else:

@@ -327,16 +327,18 @@ class OperatorService:
             the curve outlives a restart); in memory when None.
         audit: Where operator actions are recorded (the daemon's store); in memory when
             None.
+        ticket_seconds: How long a stream ticket opens the event stream.
     """
 
     def __init__(self, control: DeskControl, approvals: Approvals,
                  config: OperatorConfig, *, equity_samples: EquitySamples | None = None,
-                 audit: AuditLog | None = None) -> None:
+                 audit: AuditLog | None = None,
+                 ticket_seconds: float = TICKET_SECONDS) -> None:
         self.control = control
         self.approvals = approvals
         self.config = config
         self.audit: AuditLog = audit if audit is not None else MemoryAudit()
-        self.tickets = StreamTickets()
+        self.tickets = StreamTickets(seconds=ticket_seconds)
         # A daemon of a fleet shows every daemon's events, from the fleet's stream.
         self.hub = EventHub(control.event_bus, config.event_buffer_size,
                             feed=getattr(control, "event_feed", None))
@@ -914,7 +916,7 @@ def _pin_control(service: OperatorService) -> PinControl:
 @_endpoint
 async def _pins(request: Request) -> Response:
     desk = _desk(request)
-    return json_response(_pin_control(_service(request)).pinned(desk))
+    return json_response(await _pin_control(_service(request)).pinned(desk))
 
 
 @_endpoint
@@ -1123,7 +1125,7 @@ async def _me(request: Request) -> Response:
 async def _stream_ticket(request: Request) -> Response:
     service = _service(request)
     ticket = service.tickets.issue(_operator(request))
-    return json_response({"ticket": ticket, "expires_in": TICKET_SECONDS})
+    return json_response({"ticket": ticket, "expires_in": service.tickets.seconds})
 
 
 @_endpoint
@@ -1270,7 +1272,8 @@ class _Authorize:
             if operator is not None:
                 return operator, ""
             return None, ("the stream ticket is unknown or expired (each is valid "
-                          f"{TICKET_SECONDS:g} s): ask POST /api/stream-ticket for another")
+                          f"{self._tickets.seconds:g} s): ask POST /api/stream-ticket for "
+                          "another")
         return None, ("a valid bearer token is required (Authorization: Bearer <token>; "
                       "the event stream also takes ?ticket= from POST /api/stream-ticket)")
 

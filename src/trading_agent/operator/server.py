@@ -66,6 +66,7 @@ from trading_agent.operator.identity import (
     peer_operator,
 )
 from trading_agent.operator.metrics import DaemonMetrics
+from trading_agent.operator.tickets import TICKET_SECONDS
 
 __all__ = [
     "HEADER_TIMEOUT_SECONDS",
@@ -489,6 +490,7 @@ async def serve_operator_api(
     equity_samples: EquitySamples | None = None,
     audit: AuditLog | None = None,
     refuse_descendants: bool = False,
+    ticket_seconds: float = TICKET_SECONDS,
     task_status: TaskStatus[OperatorEndpoints] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serves the operator API until cancelled.
@@ -511,6 +513,8 @@ async def serve_operator_api(
         refuse_descendants: Refuse the Unix socket to processes this one started, and
             their descendants (``trading-agent run``; off where a test process is both the
             daemon and the parent of the CLI it runs).
+        ticket_seconds: How long a stream ticket opens the event stream (a minute; a test
+            of the page's renewal makes it seconds).
         task_status: Receives the :class:`OperatorEndpoints` once every listener is up.
 
     Raises:
@@ -520,7 +524,7 @@ async def serve_operator_api(
     socket_path = config.socket_in(state_dir)
     credentials = load_credentials(config, environ) if config.tcp_address else None
     service = OperatorService(control, approvals, config, equity_samples=equity_samples,
-                              audit=audit)
+                              audit=audit, ticket_seconds=ticket_seconds)
     listeners: list[tuple[_EmbeddedServer, socket.socket]] = []
     unix_socket = _bind_unix(socket_path)
     metrics = DaemonMetrics(control, approvals, stream=service.hub)

@@ -178,7 +178,7 @@ class DeskActions:
                 f"{s.open_orders}")
 
     async def _pins(self, asked: Asked) -> str:
-        return "\n".join(pin_lines(self._pin_control().pinned(asked.desk)))
+        return "\n".join(pin_lines(await self._pin_control().pinned(asked.desk)))
 
     async def _help(self, asked: Asked) -> str:
         role = asked.operator.role
