@@ -27,6 +27,8 @@
     ├── RetryRefusedError                an operator's retry cannot be done now (says why)
     ├── PinRefusedError ◇                a standing instruction cannot be pinned (says why)
     ├── UnknownPinError ◇                a desk has no pinned instruction of that id
+    ├── ActionRefusedError ¶             a Telegram command cannot be done as asked (says why)
+    │   └── NeedsRoleError ¶             what was asked needs a higher role than the command's
     ├── McpServerError ▲                 an MCP server could not be started, reached or read
     ├── ConfigError                      a configuration file or variable is wrong
     │   └── CacheFileError §             a backtest's response cache file is unreadable
@@ -43,7 +45,7 @@ Defined where they are raised, not here: ``†`` in :mod:`trading_agent.operator
 :mod:`trading_agent.agent.image_preparer`, ``◊`` in :mod:`trading_agent.store.fencing`, ``◆``
 in :mod:`trading_agent.fleet.bus`, ``◈`` in :mod:`trading_agent.fleet.sealing`, ``○`` in
 :mod:`trading_agent.daemon.control`, ``▲`` in :mod:`trading_agent.tools.mcp`, ``◇`` in
-:mod:`trading_agent.daemon.pins`.
+:mod:`trading_agent.daemon.pins`, ``¶`` in :mod:`trading_agent.telegram.actions`.
 
 Outside the tree on purpose: :class:`trading_agent.operator.api.ApiError` (an HTTP refusal
 the operator API turns into its JSON answer, never seen outside it) and

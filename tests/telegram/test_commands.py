@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from tests.operator.harness import uds_client
+from tests.os_user import OS_USER
 from tests.scripted_server import Reply, ScriptedServer, ToolCall
 from tests.telegram.harness import ANN, OWEN, VIV, telegram_daemon
 from tests.telegram_standin import BotApiStandIn, User, until
@@ -82,10 +83,10 @@ async def test_an_approval_decided_elsewhere_edits_the_telegram_messages(
         async with uds_client(run.running.endpoints.socket_path) as client:
             [pending] = (await client.get("/api/approvals")).json()["approvals"]
             response = await client.post(f"/api/approvals/{pending['id']}/deny",
-                                         json={"operator": "carl", "reason": "too big"})
+                                         json={"reason": "too big"})
             assert response.status_code == 200
         await until(lambda: all(
-            any(m.text.endswith("❌ denied by carl: too big") and not m.reply_markup
+            any(m.text.endswith(f"❌ denied by {OS_USER}: too big") and not m.reply_markup
                 for m in telegram.messages(chat)) for chat in (ANN.id, VIV.id, OWEN.id)),
             "every copy edited")
         release.set()

@@ -5,6 +5,7 @@ viewer is refused; a stranger gets nothing."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,14 +121,16 @@ async def _trader_conversation(scripted_server: ScriptedServer, tmp_path: Path,
     assert "realized today" in profit[0]
     assert ("ann", "send", "alpha", "telegram", "ok") in audit
     assert ("ann", "approve", "alpha", "telegram", "ok") in audit
-    TRANSCRIPT.parent.mkdir(exist_ok=True)
-    TRANSCRIPT.write_text(
-        "# A Telegram conversation with a desk\n\n"
-        "Written by `tests/telegram/test_conversation.py::"
-        "test_a_trader_steers_a_working_desk_approves_its_order_and_reads_its_profit` from "
-        "its run against the Bot API stand-in (a real daemon, a scripted model). Ann is a "
-        "trader, Viv a viewer. The bot's streamed answer is one message, edited as it grows "
-        "(each edit is shown).\n\n" + telegram.transcript() + "\n", encoding="utf-8")
+    # Written on request only, so a test run leaves the checkout as it found it (its ids vary).
+    if os.environ.get("WRITE_TELEGRAM_TRANSCRIPT"):
+        TRANSCRIPT.write_text(
+            "# A Telegram conversation with a desk\n\n"
+            "Written by `tests/telegram/test_conversation.py::"
+            "test_a_trader_steers_a_working_desk_approves_its_order_and_reads_its_profit` from "
+            "its run against the Bot API stand-in (a real daemon, a scripted model; "
+            "`WRITE_TELEGRAM_TRANSCRIPT=1` writes it again). Ann is a trader, Viv a viewer. The "
+            "bot's streamed answer is one message, edited as it grows (each edit is shown)."
+            "\n\n" + telegram.transcript() + "\n", encoding="utf-8")
     scripted_server.assert_complete()
 
 

@@ -84,6 +84,10 @@ async def test_telegram_down_at_start_and_while_a_desk_trades_never_holds_the_de
             await until(lambda: all(len(_fills(run, chat)) == 2
                                     for chat in (ANN.id, VIV.id, OWEN.id)),
                         "the second fill told once Telegram is back again", within=20)
+            # The stand-in records a call before its answer reaches the bot, which logs the
+            # outage's end once it has that answer.
+            await until(lambda: any(line["event"] == "telegram_reachable_again"
+                                    for line in logs), "the outage's end logged")
     events = [line["event"] for line in logs]
     assert events.count("telegram_unreachable_at_start") == 1
     assert events.count("telegram_unreachable") == 1
