@@ -98,7 +98,8 @@ async def test_an_order_held_on_one_daemon_is_listed_and_answered_on_the_other(
         nats_prefix: str) -> None:
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
-                          DESKS, operator={"approval_notional_threshold": 1})
+                          DESKS, operator={"approval_notional_threshold": 1},
+                          lease_seconds=30)
     async with _two_daemons(folder, config, fleet_database, DESKS) as (fleet, elsewhere):
         for desk, via in elsewhere.items():  # each asked through the daemon not running it
             async with fleet.daemons[via].client() as client:
@@ -153,7 +154,8 @@ async def test_a_message_too_long_for_a_desk_elsewhere_is_said_to_be_shortened(
     shortened, as on one daemon."""
     scripted_server.responder = _trader
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
-                          ["alpha"], context_window=2048, tools=["get_ticker"])
+                          ["alpha"], context_window=2048, tools=["get_ticker"],
+                          lease_seconds=30)
     async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere):
         text = "Closes: " + " ".join(["16751.3"] * 875)
         async with fleet.daemons[elsewhere["alpha"]].client() as client:
@@ -176,7 +178,7 @@ async def test_a_message_to_a_working_desk_elsewhere_steers_as_its_daemon_says(
     release = threading.Event()
     scripted_server.add(Reply("Thinking it over.", hold_until=release), Reply("Noted."))
     config = fleet_config(folder, scripted_server.base_url, fleet_database, nats_prefix,
-                          ["alpha"])
+                          ["alpha"], lease_seconds=30)
     async with _two_daemons(folder, config, fleet_database, ["alpha"]) as (fleet, elsewhere):
         try:
             async with fleet.daemons[elsewhere["alpha"]].client() as client:
