@@ -42,6 +42,18 @@ def test_a_default_desk_that_is_no_desk_is_named_with_the_desks_there_are(
     assert "telegram.default_desk 'gamma' is not a desk; allowed: alpha" in message
 
 
+def test_telegram_in_a_fleet_is_refused_saying_why(tmp_path: Path) -> None:
+    path = write_daemon_config(
+        tmp_path, "http://127.0.0.1:9/v1", operator={"operators": OPERATORS},
+        tables={"telegram": {"token_env": "TELEGRAM_BOT_TOKEN", "default_desk": "alpha"},
+                "store": {"url": "postgresql://fleet@127.0.0.1:5432/fleet"},
+                "fleet": {"nats_url": "nats://127.0.0.1:4222", "key_env": "FLEET_KEY",
+                          "trusted_network": True}})
+    message = _error(path)
+    assert str(path) in message
+    assert "telegram: not yet in a fleet" in message and "one poller per token" in message
+
+
 @pytest.mark.parametrize(("key", "value", "allowed"), [
     ("daily_summary_at", "25:00", "HH:MM in UTC"),
     ("base_url", "ftp://example", "http:// or https:// URL"),

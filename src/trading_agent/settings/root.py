@@ -130,6 +130,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"telegram.default_desk {telegram.default_desk!r} is not a desk; allowed: "
                 f"{', '.join(self.desks)}")
+        if telegram is not None and self.in_fleet:
+            raise ValueError(
+                "telegram: not yet in a fleet (every daemon would poll the one bot, and "
+                "Telegram lets one poller per token); leave [telegram] out of a fleet's config")
         return self
 
     @model_validator(mode="after")
