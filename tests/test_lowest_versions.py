@@ -62,6 +62,7 @@ ADAPTER_TESTS = (
     "tests/store/test_postgres.py",              # psycopg (the machine's PostgreSQL)
     "tests/fleet/test_bus.py",                   # nats-py (the machine's NATS)
     "tests/fleet/test_nats_auth.py",             # nats-py signing in (a nats-server's own)
+    "tests/telegram/test_conversation.py",       # python-telegram-bot (the Bot API stand-in)
 )
 """The tests of the code that leans on each dependency; each takes seconds."""
 
