@@ -7,7 +7,9 @@ import time
 
 import anyio
 import anyio.lowlevel
+import pytest
 
+from trading_agent.agent import pacing
 from trading_agent.agent.pacing import SLICE_SECONDS, pace
 
 _STEPS = 200
@@ -66,3 +68,22 @@ async def test_a_desk_cancelled_while_it_waits_holds_no_one_up() -> None:
     assert sorted(done) == list(range(50))
     with anyio.fail_after(5):
         await pace()  # the line is empty again: no stale waiter left in it
+
+
+async def test_a_clock_that_stands_still_between_ticks_never_stops_the_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every desk found the slice used up (the clock is far past its start), and the next tick
+    # reads the same instant as the slice's start: a step's cost of zero must not stop them.
+    instants = iter([0.0, 1.0])
+    monkeypatch.setattr(pacing.time, "perf_counter", lambda: next(instants, 1.0))
+    done: list[int] = []
+
+    async def desk(number: int) -> None:
+        await pace()
+        done.append(number)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            for number in range(20):
+                group.start_soon(desk, number)
+    assert done == list(range(20))

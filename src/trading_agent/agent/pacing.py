@@ -84,7 +84,8 @@ class _Pacer:
             # built costs more than a trigger taken), so a batch of dear ones still fits.
             cost = (now - self._started) / self._let_go
             self._step_cost = max(cost, self._step_cost * _COST_MEMORY)
-            fits = int(SLICE_SECONDS / self._step_cost)
+            # A clock that did not move between two ticks must not stop the line.
+            fits = int(SLICE_SECONDS / self._step_cost) if self._step_cost > 0 else _MOST_AT_ONCE
             self._batch = max(1, min(fits, 2 * self._batch, _MOST_AT_ONCE))
         if not self._waiting:
             self._started, self._let_go = None, 0
