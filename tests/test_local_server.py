@@ -449,3 +449,61 @@ async def test_a_squatter_that_answers_first_is_not_taken_for_the_server(
     assert ("not by the local model server this daemon started" in message
             or "another process took its socket" in message
             or "Failed to load model" in message), message
+
+
+def _desk_conversation(name: str, facts: str) -> list[dict[str, Any]]:
+    """A desk's first request: its own long system prompt (~400 tokens) and a question."""
+    return [{"role": "system", "content": f"You are the desk {name}. " + facts},
+            {"role": "user", "content": f"{name}: what changed since your last look?"}]
+
+
+async def _ask(client: httpx.AsyncClient, model: str,
+               messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Streamed, as desks ask (a whole answer's usage passes through llama-cpp-python's
+    response model, which keeps only the three counts): the text and the usage."""
+    answer = await client.post("/chat/completions", json={
+        "model": model, "max_tokens": 4, "temperature": 0, "messages": messages,
+        "stream": True})
+    assert answer.status_code == 200, answer.text
+    chunks = [json.loads(line.removeprefix("data: ")) for line in answer.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    return text, chunks[-1]["usage"]
+
+
+async def _two_desks_taking_turns(config: LocalModelConfig) -> list[dict[str, Any]]:
+    """Desk a, desk b, then each again with its conversation grown: the four usages."""
+    alpha = _desk_conversation("alpha", " ".join(
+        f"Price {i} was {16500 + i * 7}." for i in range(60)))
+    beta = _desk_conversation("beta", " ".join(
+        f"Volume {i} was {i * 13} coins." for i in range(60)))
+    usages = []
+    async with LocalModelServer(config) as server, _uds_client(server, timeout=120) as client:
+        for conversation in (alpha, beta, alpha, beta):
+            text, usage = await _ask(client, server.model, conversation)
+            usages.append(usage)
+            conversation += [{"role": "assistant", "content": text},
+                             {"role": "user", "content": "And now?"}]
+    return usages
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@needs_model
+async def test_desks_taking_turns_on_the_model_are_not_read_again_from_the_start(
+        tmp_path: Path) -> None:
+    """Two desks' conversations in turn: each desk's next request finds its own earlier
+    prompt still read (set aside while the other desk asked), and says so in the usage's
+    ``cached_tokens`` (which desks report as their cache share). With no memory for that, the
+    whole prompt is read again."""
+    config = LocalModelConfig(cache_dir=tmp_path / "models", context_window=2048, threads=2)
+    kept = await _two_desks_taking_turns(config)
+    assert all(usage["prompt_tokens"] > 300 for usage in kept), kept
+    first_alpha, first_beta, alpha, beta = kept
+    assert first_alpha["prompt_tokens_details"]["cached_tokens"] < 16  # nothing read before
+    assert alpha["prompt_tokens_details"]["cached_tokens"] >= first_alpha["prompt_tokens"] - 1
+    assert beta["prompt_tokens_details"]["cached_tokens"] >= first_beta["prompt_tokens"] - 1
+
+    forgotten = await _two_desks_taking_turns(config.model_copy(update={"kept_contexts_mb": 0}))
+    assert all(usage["prompt_tokens_details"]["cached_tokens"] < 16 for usage in forgotten), (
+        forgotten)

@@ -14,6 +14,7 @@ message may start a turn or steer one already running; either way it must be ans
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import shutil
 import signal
@@ -160,6 +161,13 @@ async def test_the_demo_daemon_answers_an_operator_with_the_local_model(
                 usages = [e for e in mine if e["type"] == "usage"]
                 assert usages and all(u["input_tokens"] > 0 and not u["estimated"]
                                       and u["output_tokens"] <= 256 + 64 for u in usages)
+                # A round repeats the round before it: the model, which the other desk also
+                # asks, read most of it already (it set this desk's context aside and brought
+                # it back), unless a compaction rewrote the conversation in between.
+                if len(usages) > 1 and not any(k.startswith("compaction") for k in kinds):
+                    assert all(later["cached_input_tokens"] >= earlier["input_tokens"] // 2
+                               for earlier, later in itertools.pairwise(usages)), (
+                        usages)
                 # A tool call the model asked for was run, and its result came back.
                 calls = {e["call_id"]: e["name"] for e in mine if e["type"] == "tool_call"}
                 results = {e["call_id"]: e["name"] for e in mine if e["type"] == "tool_result"}

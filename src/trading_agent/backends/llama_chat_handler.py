@@ -33,7 +33,9 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["PARENT_PID_VARIABLE", "SOCKET_VARIABLE", "TOOL_CHAT_FORMAT"]
+from trading_agent.backends.llama_contexts import ContextShelf
+
+__all__ = ["KEPT_CONTEXTS_OPTION", "PARENT_PID_VARIABLE", "SOCKET_VARIABLE", "TOOL_CHAT_FORMAT"]
 
 TOOL_CHAT_FORMAT = "trading-agent-tools"
 """The chat format name our handler is registered under."""
@@ -51,6 +53,10 @@ _TURN_OPEN = "<|im_start|>{role}\n"
 _TURN_CLOSE = "<|im_end|>\n"
 _TURN_MARKERS = ("<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>")
 _TURN_STOPS = ["<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>"]
+KEPT_CONTEXTS_OPTION = "--kept_contexts_mb"
+"""The server's option for :class:`~.llama_contexts.ContextShelf`'s budget, in MiB."""
+
+_SHELF = ContextShelf(0)  # given its budget by ``_serve``
 _OVERFLOW_MARGIN = 16  # room for "functions.<name>:\n" after the prompt
 _MAX_ARGUMENT_TOKENS = 512
 
@@ -170,14 +176,16 @@ def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
         offered = []
     prompt = _render_prompt(messages, offered)
     n_ctx: int = llama.n_ctx()
-    prompt_tokens = len(llama.tokenize(prompt.encode(), add_bos=True, special=True))
+    tokens = llama.tokenize(prompt.encode(), add_bos=True, special=True)
+    prompt_tokens = len(tokens)
     if prompt_tokens + _OVERFLOW_MARGIN >= n_ctx:
         if not stream:  # the server turns this exact sentence into a 400
             raise ValueError(
                 f"Requested tokens ({prompt_tokens}) exceed context window of {n_ctx}")
         return iter([{"error": _overflow_error(prompt_tokens, n_ctx)}])
     stops = ([stop] if isinstance(stop, str) else list(stop or [])) + _TURN_STOPS
-    reply = _Reply(model or str(llama.model_path), prompt_tokens)
+    reply = _Reply(model or str(llama.model_path), prompt_tokens,
+                   cached_tokens=_SHELF.prepare(llama, tokens))
 
     selected: str | None = None
     if offered:
@@ -266,17 +274,20 @@ def _stream_text(llama: Any, reply: _Reply, prompt: str, max_tokens: int | None,
 class _Reply:
     """Builds one answer's response dicts, sharing its id, time and token counts."""
 
-    def __init__(self, model: str, prompt_tokens: int) -> None:
+    def __init__(self, model: str, prompt_tokens: int, *, cached_tokens: int) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
         self.completion_tokens = 0
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                # The prompt's tokens the model had read already, in OpenAI's field.
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def message(self, message: dict[str, Any], finish_reason: str) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion", "created": self.created,
@@ -338,7 +349,9 @@ def _serve() -> None:
         TOOL_CHAT_FORMAT, _tool_chat_handler, overwrite=True)
     parser = argparse.ArgumentParser(description="the local model server of trading-agent")
     cli.add_args_from_model(parser, settings.Settings)
+    parser.add_argument(KEPT_CONTEXTS_OPTION, type=int, default=0)
     arguments = parser.parse_args()
+    _SHELF.capacity_bytes = arguments.kept_contexts_mb * 2**20
     app = application.create_app(
         server_settings=cli.parse_model_from_args(settings.ServerSettings, arguments),
         model_settings=[cli.parse_model_from_args(settings.ModelSettings, arguments)])

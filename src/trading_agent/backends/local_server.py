@@ -338,6 +338,7 @@ def _server_command(config: LocalModelConfig, model_path: Path) -> list[str]:
         # finish reason. Desks share the server: let them queue instead.
         "--interrupt_requests", "false",
         "--verbose", "true" if config.llama_verbose else "false",
+        llama_chat_handler.KEPT_CONTEXTS_OPTION, str(config.kept_contexts_mb),
     ]
 
 
