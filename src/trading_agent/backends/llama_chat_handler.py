@@ -31,9 +31,10 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trading_agent.backends.llama_contexts import ContextShelf
+if TYPE_CHECKING:  # the server's process imports it; the settings, which read names here, not
+    from trading_agent.backends.llama_contexts import ContextShelf
 
 __all__ = ["KEPT_CONTEXTS_OPTION", "PARENT_PID_VARIABLE", "SOCKET_VARIABLE", "TOOL_CHAT_FORMAT"]
 
@@ -56,7 +57,7 @@ _TURN_STOPS = ["<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>"]
 KEPT_CONTEXTS_OPTION = "--kept_contexts_mb"
 """The server's option for :class:`~.llama_contexts.ContextShelf`'s budget, in MiB."""
 
-_SHELF = ContextShelf(0)  # given its budget by ``_serve``
+_SHELF: ContextShelf | None = None  # made by ``_serve``
 _OVERFLOW_MARGIN = 16  # room for "functions.<name>:\n" after the prompt
 _MAX_ARGUMENT_TOKENS = 512
 
@@ -158,6 +159,15 @@ def _overflow_error(prompt_tokens: int, n_ctx: int) -> dict[str, Any]:
             "code": "context_length_exceeded"}
 
 
+def _prepare(llama: Any, tokens: Sequence[int]) -> int:
+    """Readies the model's context for ``tokens``; returns how many it need not read again."""
+    global _SHELF
+    if _SHELF is None:  # the handler outside ``_serve``: keep no contexts
+        from trading_agent.backends.llama_contexts import ContextShelf
+        _SHELF = ContextShelf(0)
+    return _SHELF.prepare(llama, tokens)
+
+
 def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, tool_choice: Any = None,
                        functions: list[dict[str, Any]] | None = None,
@@ -185,7 +195,7 @@ def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
         return iter([{"error": _overflow_error(prompt_tokens, n_ctx)}])
     stops = ([stop] if isinstance(stop, str) else list(stop or [])) + _TURN_STOPS
     reply = _Reply(model or str(llama.model_path), prompt_tokens,
-                   cached_tokens=_SHELF.prepare(llama, tokens))
+                   cached_tokens=_prepare(llama, tokens))
 
     selected: str | None = None
     if offered:
@@ -351,7 +361,9 @@ def _serve() -> None:
     cli.add_args_from_model(parser, settings.Settings)
     parser.add_argument(KEPT_CONTEXTS_OPTION, type=int, default=0)
     arguments = parser.parse_args()
-    _SHELF.capacity_bytes = arguments.kept_contexts_mb * 2**20
+    global _SHELF
+    from trading_agent.backends.llama_contexts import ContextShelf
+    _SHELF = ContextShelf(arguments.kept_contexts_mb * 2**20)
     app = application.create_app(
         server_settings=cli.parse_model_from_args(settings.ServerSettings, arguments),
         model_settings=[cli.parse_model_from_args(settings.ModelSettings, arguments)])
