@@ -60,6 +60,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("backends.providers.anthropic", "backends.anthropic"): "the anthropic SDK",
     ("backends.providers.local", "backends.local_server"): "llama.cpp's bindings",
     ("backends.providers.local", "backends.local_tokenizer"): "llama.cpp's bindings",
+    ("backends.llama_chat_handler", "backends.llama_contexts"): (
+        "the model server's process only: the settings read names from the handler"),
     ("fleet.control", "fleet.bus"): "the NATS client, for a request to another daemon",
 }
 """Imports of ours inside a function: (importer, imported) without the ``trading_agent.``
