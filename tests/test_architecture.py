@@ -63,6 +63,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("backends.llama_chat_handler", "backends.llama_contexts"): (
         "the model server's process only: the settings read names from the handler"),
     ("fleet.control", "fleet.bus"): "the NATS client, for a request to another daemon",
+    ("app.services", "fleet.node"): "the NATS client, for a daemon in a fleet only",
+    ("app.services", "telegram.bot"): "python-telegram-bot, with a [telegram] table only",
+    ("store.database", "store.postgres_engine"): "psycopg, for a PostgreSQL store only",
 }
 """Imports of ours inside a function: (importer, imported) without the ``trading_agent.``
 prefix, and why each waits. No other is allowed, least of all one dodging a circle."""

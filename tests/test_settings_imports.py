@@ -62,3 +62,12 @@ def test_the_provider_modules_are_found_and_stay_light() -> None:
     assert {_PROVIDER_MODULES + name for name in ("openai", "anthropic", "local")} <= found
     for backend in ("openai_compatible", "anthropic", "local_server", "sse_transport"):
         assert f"trading_agent.backends.{backend}" not in modules
+
+
+def test_a_daemon_alone_on_sqlite_loads_no_fleet_telegram_or_postgresql_client() -> None:
+    """Each is a tenth of a second or more of every daemon's start (and of every test that
+    starts one): they load with a fleet, a [telegram] table or a PostgreSQL store only."""
+    modules = _modules_after("import trading_agent.app.services, trading_agent.cli")
+    assert "trading_agent.app.services" in modules
+    loaded = sorted(name for name in ("nats", "telegram", "psycopg") if name in modules)
+    assert loaded == []

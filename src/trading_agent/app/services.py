@@ -25,7 +25,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -55,7 +55,6 @@ from trading_agent.daemon.supervisor import DeskRuntime, Service, Supervisor
 from trading_agent.desks.building import ModelBackends, backoff, build_desk
 from trading_agent.errors import ConfigError, StorageFullError
 from trading_agent.fleet.approvals import FleetApprovals
-from trading_agent.fleet.node import FleetNode, open_node
 from trading_agent.logging_setup import secret_values
 from trading_agent.operator.approvals import ApprovalBook, Approvals
 from trading_agent.operator.events import ReconciliationReported
@@ -70,7 +69,6 @@ from trading_agent.store.reduce_only import SqliteReduceOnly
 from trading_agent.store.store import Store, database_path
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 from trading_agent.store.trading_state import TradingStateFile
-from trading_agent.telegram.bot import TelegramBot
 from trading_agent.telegram.config import TelegramSettings
 from trading_agent.telemetry.traces import open_tracing
 from trading_agent.telemetry.webhooks import open_webhooks
@@ -79,6 +77,11 @@ from trading_agent.trading.kill_switch import ALL_DESKS, Halt, KillSwitch
 from trading_agent.trading.order_outcomes import OrderOutcomes
 from trading_agent.trading.reduce_only import ReduceOnly, ReduceOnlyStates
 from trading_agent.trading.replay import ReplayFeed
+
+if TYPE_CHECKING:  # imported where used: the NATS client and python-telegram-bot load only
+    # for a daemon in a fleet, or with a [telegram] table
+    from trading_agent.fleet.node import FleetNode
+    from trading_agent.telegram.bot import TelegramBot
 
 __all__ = ["Daemon", "open_daemon"]
 
@@ -166,8 +169,10 @@ async def open_daemon(settings: Settings, *, environ: Mapping[str, str] | None =
     async with AsyncExitStack() as stack:
         stack.enter_context(hold_state_lock(state_dir))  # one daemon per state directory
         database = _store_target(settings, state_dir, environ)
-        node = (await stack.enter_async_context(open_node(settings, database, environ))
-                if settings.in_fleet else None)
+        node: FleetNode | None = None
+        if settings.in_fleet:
+            from trading_agent.fleet.node import open_node
+            node = await stack.enter_async_context(open_node(settings, database, environ))
         fence = node.member if node is not None else None
         store = await Store.open(database, fence=fence)
         stack.push_async_callback(store.close)
@@ -376,6 +381,8 @@ def _telegram(telegram: TelegramSettings, settings: Settings, control: DeskContr
         raise ConfigError(f"telegram.token_env names {telegram.token_env}, which is not set in "
                           "the daemon's environment; allowed: the bot's token from BotFather "
                           "in that variable, or no [telegram] table (no bot)")
+    from trading_agent.telegram.bot import TelegramBot
+
     subscription = bus.subscribe("telegram", max_buffer=_TELEGRAM_BUFFER)
     return TelegramBot(telegram, settings.operator, token, control, approvals, audit,
                        subscription, pictures=store.images.image)

@@ -48,7 +48,6 @@ from trading_agent.errors import StorageFullError, StoreError
 from trading_agent.store.connection import Connection
 from trading_agent.store.engine import Engine, Migration, Session, migrate, run_batch
 from trading_agent.store.fencing import Fence
-from trading_agent.store.postgres_engine import PostgresEngine
 from trading_agent.store.sqlite_engine import MEMORY, SqliteEngine, prepare_state_directory
 from trading_agent.store.targets import PostgresTarget, StoreTarget
 
@@ -261,6 +260,8 @@ async def _engine_for(target: StoreTarget) -> tuple[Engine, str | None]:
     """The engine of ``target``, and what names the database among those open (None for
     a ``:memory:`` database, never shared)."""
     if isinstance(target, PostgresTarget):
+        from trading_agent.store.postgres_engine import PostgresEngine  # psycopg, only here
+
         return PostgresEngine(target), f"postgresql {target.url}"
     if str(target) == MEMORY:
         return SqliteEngine(MEMORY), None
