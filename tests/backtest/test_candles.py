@@ -211,6 +211,27 @@ def test_the_packaged_candles_load_quickly_and_match_the_replay() -> None:
     assert elapsed < 1.0, f"loading took {elapsed:.2f} s"
 
 
+def test_a_file_rewritten_at_once_with_the_same_size_is_read_anew(tmp_path: Path) -> None:
+    """Files read before are remembered by their bytes, never by name, size or time (a
+    rewrite within one tick of the file system's clock leaves those equal)."""
+    path = write(tmp_path, HEADER, row(0), row(1))
+    first = load(path)
+    write(tmp_path, HEADER, row(0), row(1, close="100"))
+
+    again = load(path)
+
+    assert [c.close for c in first] == [Decimal(101), Decimal(101)]
+    assert [c.close for c in again] == [Decimal(101), Decimal(100)]
+
+
+def test_a_caller_changing_its_candles_changes_no_one_elses(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER, row(0), row(1))
+    mine = load(path)
+    mine.clear()
+
+    assert len(load(path)) == 2
+
+
 # -- spans ---------------------------------------------------------------------------------
 
 @pytest.fixture
