@@ -159,15 +159,6 @@ def _overflow_error(prompt_tokens: int, n_ctx: int) -> dict[str, Any]:
             "code": "context_length_exceeded"}
 
 
-def _prepare(llama: Any, tokens: Sequence[int]) -> int:
-    """Readies the model's context for ``tokens``; returns how many it need not read again."""
-    global _SHELF
-    if _SHELF is None:  # the handler outside ``_serve``: keep no contexts
-        from trading_agent.backends.llama_contexts import ContextShelf
-        _SHELF = ContextShelf(0)
-    return _SHELF.prepare(llama, tokens)
-
-
 def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, tool_choice: Any = None,
                        functions: list[dict[str, Any]] | None = None,
@@ -194,8 +185,9 @@ def _tool_chat_handler(*, llama: Any, messages: list[dict[str, Any]],
                 f"Requested tokens ({prompt_tokens}) exceed context window of {n_ctx}")
         return iter([{"error": _overflow_error(prompt_tokens, n_ctx)}])
     stops = ([stop] if isinstance(stop, str) else list(stop or [])) + _TURN_STOPS
-    reply = _Reply(model or str(llama.model_path), prompt_tokens,
-                   cached_tokens=_prepare(llama, tokens))
+    # The shelf ``_serve`` made (it registers this handler) readies the model's context.
+    cached = _SHELF.prepare(llama, tokens) if _SHELF is not None else 0
+    reply = _Reply(model or str(llama.model_path), prompt_tokens, cached_tokens=cached)
 
     selected: str | None = None
     if offered:

@@ -61,9 +61,6 @@ class ContextShelf:
         """The bytes the copies take."""
         return sum(entry.size for entry in self._shelved)
 
-    def __len__(self) -> int:
-        return len(self._shelved)
-
     def prepare(self, llama: Any, prompt: Sequence[int]) -> int:
         """Readies ``llama`` for ``prompt`` (its tokens) and returns how many of them it need
         not read again."""
@@ -71,9 +68,9 @@ class ContextShelf:
         reused = _common_prefix(live, prompt)
         if self.capacity_bytes <= 0:
             return reused
-        best = max(self._shelved, key=lambda entry: _common_prefix(entry.tokens, prompt),
-                   default=None)
-        best_reused = _common_prefix(best.tokens, prompt) if best is not None else 0
+        best_reused, best = max(((_common_prefix(entry.tokens, prompt), entry)
+                                 for entry in self._shelved),
+                                key=lambda found: found[0], default=(0, None))
         if len(live) - reused >= MIN_GAIN:  # the request would overwrite most of the live one
             self._set_aside(llama, live)
         if best is not None and best_reused >= reused + MIN_GAIN:
