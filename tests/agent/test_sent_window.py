@@ -1,6 +1,9 @@
-"""The loop's incremental window is, message for message, the whole pipeline run afresh."""
+"""The loop's incremental window is, message for message, the whole pipeline run afresh; what
+an earlier request sent never changes under it, though it shares the window's list."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +21,7 @@ from trading_agent.agent.conversation import (
 )
 from trading_agent.agent.image_preparer import ImageLimits, ImagePreparer
 from trading_agent.agent.sent_window import SentWindow, prepare_window
+from trading_agent.agent.shared_messages import starts_with
 
 PICTURE = ImageBlock(chart(60, 40), description="a chart")
 
@@ -48,6 +52,7 @@ async def test_the_incremental_window_equals_the_whole_pipeline(
     window = SentWindow(compressor, preparer)
     conversation = Conversation("system")
     calls: list[ToolUseBlock] = []
+    sent: list[tuple[Sequence[Message], list[Message]]] = []
     for number, (kind, size) in enumerate(steps):
         if kind == "user":
             await conversation.append(Message.user_text("u" * int(size), kind="operator"))
@@ -88,6 +93,15 @@ async def test_the_incremental_window_equals_the_whole_pipeline(
         assert _shape(prepared.messages) == _shape(expected)
         assert prepared.tokens == sum(estimate_tokens(m) for m in expected)
         assert prepared.images == sum(m.image_count for m in expected)
+        if sent:  # what the backend's memo of the last request asks
+            last = sent[-1][0]
+            same_start = (len(last) <= len(prepared.messages) and all(
+                a is b for a, b in zip(last, prepared.messages, strict=False)))
+            assert starts_with(prepared.messages, last) is same_start
+        sent.append((prepared.messages, list(prepared.messages)))
+        for messages, as_sent in sent:  # an earlier request still holds what it sent
+            assert len(messages) == len(as_sent)
+            assert all(a is b for a, b in zip(messages, as_sent, strict=True))
 
 
 class _CountingCompressor(ContextCompressor):

@@ -9,7 +9,7 @@ import gc
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from tests.agent.test_shared_messages import shared_as_a_window_sends
 from tests.scripted_anthropic_server import (
     Answer,
     AnthropicScriptedServer,
@@ -901,13 +902,17 @@ async def test_the_agent_loop_runs_a_tool_turn_over_the_anthropic_backend(
 
 @given(st.lists(st.sampled_from(["user", "user", "assistant", "assistant", "blank", "call",
                                  "replace", "drop_first", "cut_end", "other_desk"]),
-                min_size=1, max_size=14))
+                min_size=1, max_size=14),
+       st.sampled_from([None, 0, 1]))
 def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
-        steps: list[str]) -> None:
+        steps: list[str], shared_tail: int | None) -> None:
+    """Also with the messages shared as the loop's window sends them (``shared_tail`` not
+    None: on one list grown in place, with that many after the shared part)."""
     config = AnthropicBackendConfig(base_url="http://127.0.0.1:9", model=MODEL,
                                     context_window=200_000, api_key_env=None)
     remembering = AnthropicBackend(config)
     window: list[Message] = [Message.user_text("first")]
+    base: list[Message] = []
     for number, step in enumerate(steps):
         if step == "user":
             window = [*window, Message.user_text(f"user {number}")]
@@ -929,7 +934,10 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
         elif step == "cut_end":
             window = window[:-1]
         key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
-        request = ModelRequestSpec("system", window, [], cache_key=key)
+        sent: Sequence[Message] = window
+        if shared_tail is not None:
+            sent, base = shared_as_a_window_sends(window, base, shared_tail)
+        request = ModelRequestSpec("system", sent, [], cache_key=key)
 
         assert remembering.request_body(request) == AnthropicBackend(config).request_body(
             request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.agent.test_shared_messages import shared_as_a_window_sends
 from tests.scripted_server import (
     HttpError,
     RawJSON,
@@ -539,13 +540,17 @@ async def test_each_message_is_encoded_once_and_bodies_are_identical(
 
 
 @given(st.lists(st.sampled_from(["append", "append", "replace", "drop_first", "cut_end",
-                                  "other_desk"]), min_size=1, max_size=12))
+                                  "other_desk"]), min_size=1, max_size=12),
+       st.sampled_from([None, 0, 1]))
 def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
-        steps: list[str]) -> None:
+        steps: list[str], shared_tail: int | None) -> None:
+    """Also with the messages shared as the loop's window sends them (``shared_tail`` not
+    None: on one list grown in place, with that many after the shared part)."""
     config = OpenAIBackendConfig(base_url="http://127.0.0.1:9/v1", model=MODEL,
                                  context_window=8192)
     remembering = OpenAICompatibleBackend(config)
     window = [Message.user_text("first")]
+    base: list[Message] = []
     for number, step in enumerate(steps):
         if step == "append":
             window = [*window, Message.user_text(f"new {number}")]
@@ -558,7 +563,10 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
         elif step == "cut_end":  # a replayed last message taken off
             window = window[:-1]
         key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
-        request = ModelRequestSpec("system", window, TOOLS, cache_key=key)
+        sent: Sequence[Message] = window
+        if shared_tail is not None:
+            sent, base = shared_as_a_window_sends(window, base, shared_tail)
+        request = ModelRequestSpec("system", sent, TOOLS, cache_key=key)
 
         assert remembering.request_body(request) == (
             OpenAICompatibleBackend(config).request_body(request))

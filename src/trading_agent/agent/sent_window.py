@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from trading_agent.agent.context_compressor import ContextCompressor
 from trading_agent.agent.conversation import Conversation, Message, estimate_tokens, repair
 from trading_agent.agent.image_preparer import ImagePreparer
+from trading_agent.agent.shared_messages import SharedMessages
 
 __all__ = ["Prepared", "SentWindow", "prepare_window"]
 
@@ -29,12 +30,13 @@ class Prepared:
     """A window ready to send.
 
     Attributes:
-        messages: The messages, as sent.
+        messages: The messages, as sent: the window's prepared list shared, not copied
+            (:class:`SharedMessages`), unless old pictures were pruned from it.
         tokens: Their estimated tokens (characters / 4, a fixed cost per picture).
         images: The pictures among them.
     """
 
-    messages: list[Message]
+    messages: Sequence[Message]
     tokens: int
     images: int
 
@@ -118,8 +120,10 @@ class SentWindow:
                      if compressor is not None else 0)
         key = (id(conversation), conversation.summary, conversation.window_start,
                conversation.cleared_until, max_chars)
-        messages = conversation.messages[conversation.window_start:]
-        if not self._still_prefix(messages):
+        # The window is conversation.messages from window_start: read in place, since a
+        # slice would copy the whole history for each call.
+        everything, offset = conversation.messages, conversation.window_start
+        if not self._still_prefix(everything, offset):
             self._start(key, conversation)
         elif key != self._key:
             if self._key is not None and key[:-1] == self._key[:-1]:
@@ -127,17 +131,20 @@ class SentWindow:
             else:
                 self._start(key, conversation)
         done = len(self._sources)
-        stable = done + _stable_end(messages[done:])
-        until = conversation.cleared_until - conversation.window_start
+        added = everything[offset + done:]
+        stable = done + _stable_end(added)
+        until = conversation.cleared_until - offset
         if stable > done:
-            self._add(conversation, _repaired(conversation, compressor, messages[done:stable],
+            self._add(conversation, _repaired(conversation, compressor, added[:stable - done],
                                               clearable=done < until))
-            self._sources.extend(messages[done:stable])
-        pending = _process(conversation, compressor, messages[stable:], clearable=stable < until)
+            self._sources.extend(added[:stable - done])
+        pending = _process(conversation, compressor, added[stable - done:],
+                           clearable=stable < until)
         return self._pruned(pending)
 
-    def _still_prefix(self, messages: Sequence[Message]) -> bool:
-        """Whether the messages processed are still the start of the window.
+    def _still_prefix(self, everything: list[Message], offset: int) -> bool:
+        """Whether the messages processed are still the start of the window (``everything``
+        from ``offset``).
 
         A window only changes at its end between compactions (an append; a replayed last
         message taken off and put back): the first and last processed ones are checked.
@@ -145,8 +152,8 @@ class SentWindow:
         sources = self._sources
         if not sources:
             return True
-        return (len(messages) >= len(sources) and messages[0] is sources[0]
-                and messages[len(sources) - 1] is sources[-1])
+        return (len(everything) - offset >= len(sources) and everything[offset] is sources[0]
+                and everything[offset + len(sources) - 1] is sources[-1])
 
     def _start(self, key: tuple[object, ...], conversation: Conversation) -> None:
         self._key = key
@@ -163,6 +170,9 @@ class SentWindow:
     def _cut_again(self, key: tuple[object, ...], conversation: Conversation) -> None:
         """The messages long enough to be cut, cut to the new length."""
         self._key = key
+        # A new list: what the requests before this one sent shares the old one, which only
+        # ever grows at its end (see SharedMessages).
+        self._sent = list(self._sent)
         uncut = [self._uncut[position] for position in self._long]
         for position, cut in zip(self._long, _trim(conversation, self._compressor, uncut),
                                  strict=True):
@@ -182,22 +192,24 @@ class SentWindow:
 
     def _pruned(self, pending: list[Message]) -> Prepared:
         """The whole window with only the newest pictures kept."""
-        messages = [*self._sent, *pending]
+        sent = self._sent
         tokens = self._tokens + sum(estimate_tokens(m) for m in pending)
-        base = len(self._sent)
+        base = len(sent)
         positions = [*self._pictures, *(base + i for i, m in enumerate(pending)
                                         if m.image_count)]
-        images = sum(messages[p].image_count for p in positions)
-        if images > self._preparer.limits.keep:
-            with_pictures = [messages[p] for p in positions]
-            # Pruning depends only on the order of the messages holding pictures.
-            for position, old, new in zip(positions, with_pictures,
-                                          self._preparer.prune(with_pictures), strict=True):
-                if new is not old:
-                    messages[position] = new
-                    tokens += estimate_tokens(new) - estimate_tokens(old)
-            images = min(images, self._preparer.limits.keep)
-        return Prepared(messages, tokens, images)
+        images = sum((sent[p] if p < base else pending[p - base]).image_count
+                     for p in positions)
+        if images <= self._preparer.limits.keep:
+            return Prepared(SharedMessages(sent, base, pending), tokens, images)
+        messages = [*sent, *pending]
+        with_pictures = [messages[p] for p in positions]
+        # Pruning depends only on the order of the messages holding pictures.
+        for position, old, new in zip(positions, with_pictures,
+                                      self._preparer.prune(with_pictures), strict=True):
+            if new is not old:
+                messages[position] = new
+                tokens += estimate_tokens(new) - estimate_tokens(old)
+        return Prepared(messages, tokens, min(images, self._preparer.limits.keep))
 
 
 def _stable_end(messages: Sequence[Message]) -> int:

@@ -77,6 +77,7 @@ from trading_agent.agent.conversation import (
     estimate_tokens,
 )
 from trading_agent.agent.pacing import pace
+from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
@@ -273,7 +274,7 @@ class _Joined(NamedTuple):
         last_role: The role of their last wire message.
     """
 
-    messages: list[Message]
+    messages: Sequence[Message]
     wire: bytes
     continued_without_thinking: bool
     last_role: str | None
@@ -601,7 +602,7 @@ class AnthropicBackend:
         body.append(b"]}")
         return b"".join(body)
 
-    def _window(self, key: str | None, messages: list[Message],
+    def _window(self, key: str | None, messages: Sequence[Message],
                 joined: _Joined) -> tuple[list[bytes], bool] | None:
         """The wire messages to send (the newest with its breakpoint), and whether the
         newest tool-calling answer lost its thinking; None when what was joined must be
@@ -627,7 +628,7 @@ class AnthropicBackend:
             return parts, False
         return self._merged_window(key, messages, joined, encoded)
 
-    def _merged_window(self, key: str | None, messages: list[Message], joined: _Joined,
+    def _merged_window(self, key: str | None, messages: Sequence[Message], joined: _Joined,
                        encoded: list[_Encoded]) -> tuple[list[bytes], bool] | None:
         """:meth:`_window` when messages must be merged or left out, or thinking put back."""
         start = len(joined.messages)
@@ -670,13 +671,12 @@ class AnthropicBackend:
             parts.insert(0, _OPENING)
         return parts, lost
 
-    def _resume(self, request: ModelRequestSpec) -> tuple[list[Message], _Joined]:
+    def _resume(self, request: ModelRequestSpec) -> tuple[Sequence[Message], _Joined]:
         """The request's messages, and what of them the desk's last request already joined
         (nothing when they no longer begin this one's: a compaction, a pruned picture)."""
-        messages = list(request.messages)
+        messages = frozen(request.messages)  # the window's list is shared, not copied
         joined = self._joined.get(request.cache_key)
-        if joined is None or len(messages) < len(joined.messages) or (
-                messages[:len(joined.messages)] != joined.messages):  # identity, in C
+        if joined is None or not starts_with(messages, joined.messages):
             joined = _NOTHING_JOINED
         return messages, joined
 

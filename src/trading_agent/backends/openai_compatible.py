@@ -52,6 +52,7 @@ from trading_agent.agent.conversation import (
     estimate_tokens,
 )
 from trading_agent.agent.pacing import pace
+from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.owned_socket import OwnedUnixSocket
 from trading_agent.backends.sse_transport import (
@@ -455,7 +456,7 @@ class OpenAICompatibleBackend:
         self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
         self._system_cache: tuple[str, bytes] | None = None
         self._joined: collections.OrderedDict[str | None,
-                                              tuple[list[Message], tuple[bytes, ...]]] = (
+                                              tuple[Sequence[Message], tuple[bytes, ...]]] = (
             collections.OrderedDict())
         """Per desk (the request's cache key), the messages last sent and their wire JSON
         joined: the next request of that desk joins only the messages added since."""
@@ -592,12 +593,11 @@ class OpenAICompatibleBackend:
         request at 1,000 messages is some 200 KB). Past :data:`_JOINED_PIECES` pieces they
         are joined into one, so a desk's memo stays a few pieces, however long it runs
         between compactions."""
-        messages = list(request.messages)
+        messages = frozen(request.messages)  # the window's list is shared, not copied
         key = request.cache_key
         memo = self._joined.get(key)
         start, pieces = 0, _NO_PIECES
-        if memo is not None and len(messages) >= len(memo[0]) and (
-                messages[:len(memo[0])] == memo[0]):  # identity, element by element, in C
+        if memo is not None and starts_with(messages, memo[0]):
             start, pieces = len(memo[0]), memo[1]
         if start < len(messages):
             tail = b",".join(encode_message(message) for message in messages[start:])
