@@ -87,3 +87,43 @@ async def test_a_clock_that_stands_still_between_ticks_never_stops_the_line(
             for number in range(20):
                 group.start_soon(desk, number)
     assert done == list(range(20))
+
+
+async def test_dear_steps_after_many_cheap_ones_are_not_let_go_all_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst as hundreds of desks wake: each takes its trigger (cheap), then builds and
+    sends its request (dear). The dear steps' cost, seen in the burst before, is remembered
+    through the cheap ones, so one pass of the loop does not let go many more dear steps than
+    fit in a slice. (On a clock the steps move, so that the machine's load plays no part.)"""
+    now = [0.0]
+    monkeypatch.setattr(pacing.time, "perf_counter", lambda: now[0])
+    desks, cheap, dear = 400, 0.00005, 0.001
+    passes = 0
+    dear_in_pass: dict[int, int] = {}
+    stopped = False
+
+    async def probe() -> None:  # runs once in each pass of the loop
+        nonlocal passes
+        while not stopped:
+            passes += 1
+            await anyio.lowlevel.checkpoint()
+
+    async def desk() -> None:
+        await pace()
+        now[0] += cheap
+        await anyio.lowlevel.checkpoint()  # a store write: another pass
+        await pace()
+        now[0] += dear
+        dear_in_pass[passes] = dear_in_pass.get(passes, 0) + 1
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(probe)
+        for _ in range(2):  # the first burst teaches the dear cost; the second is measured
+            dear_in_pass.clear()
+            async with anyio.create_task_group() as group:
+                for _ in range(desks):
+                    group.start_soon(desk)
+        stopped = True
+    fit = round(SLICE_SECONDS / dear)
+    assert max(dear_in_pass.values()) <= 2 * fit, (
+        f"one pass let go {max(dear_in_pass.values())} dear steps; {fit} fit in a slice")
