@@ -57,7 +57,10 @@ def _screenshot_dir(tmp_path: Path) -> Path:
 
 
 async def _type(tab: BrowserPage, text: str) -> None:
-    """Types a message into the composer and presses Enter, as a person sends one."""
+    """Types a message into the composer and presses Enter, as a person sends one: once the
+    page shows which desk it goes to (before that, Enter keeps the text in the box; on a busy
+    machine the desks' list can come after the live stream)."""
+    await expect(tab.page.locator(".desk-card.selected")).to_have_count(1)
     await tab.page.locator("#message").focus()
     await tab.page.keyboard.insert_text(text)
     await tab.page.keyboard.press("Enter")
