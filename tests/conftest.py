@@ -6,7 +6,7 @@
   ``127.0.0.1``.
 - The longest tests run first (``make test`` hands out one test at a time to each of its
   workers, ``--dist load --maxschedchunk 1``), so no long end-to-end test starts last and
-  keeps one worker busy while the other has nothing left.
+  keeps one worker busy while the others have nothing left.
 """
 
 from __future__ import annotations
