@@ -100,7 +100,9 @@ class SentWindow:
         self._sources: list[Message] = []
         """The conversation's messages processed for good (up to a stable point)."""
         self._sent: list[Message] = []
-        """What they (and the summary) are sent as, before pictures are pruned."""
+        """What they (and the summary) are sent as, before pictures are pruned. Requests
+        share it (:class:`SharedMessages`), so it only ever grows at its end: any other change
+        is made on a new list."""
         self._tokens = 0
         self._pictures: list[int] = []
         """Positions in ``_sent`` of the messages holding pictures."""
