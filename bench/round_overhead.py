@@ -19,9 +19,10 @@ history again, which a desk does after a compaction, not every turn.
 The cost is measured *at* each size (the turns after the pre-fill, once the pre-fill's
 garbage is collected), not as a mean over a growing run; the sizes and the two backends are
 measured turn by turn in turn, and each ratio is the median of side-by-side pairs of turns,
-so that the shared machine's noise weighs on both sides alike. A third line grows one
-conversation from nothing over 100 turns, as a desk's does, and gives the cost in the turns
-around 40 messages and in the last tenth (~800).
+so that the shared machine's noise weighs on both sides alike. A third line grows eight
+conversations from nothing over 100 turns each, as desks' do, started twelve turns apart so that
+young and old ones take turns side by side, and gives the cost in the turns around 40 messages
+and in the last tenth (~800).
 Bars (issue 14): at ~800 messages AgentLoop uses at most 2 ms of CPU per round
 and at most 1.2x its cost at ~40 (flat: a round costs what changed since the last one), and
 at most 1/20 of the plain loop's CPU per round. Issue 31: the same as a host pays it, the
@@ -79,8 +80,13 @@ from trading_agent.daemon.heap import HeapKeeper
 TOOL_ROUNDS = 3
 TURNS = 5
 REPEATS = 12
-GROWN_REPEATS = 3
+GROWN_REPEATS = 1
 """The grown line's runs with and without the heap keeper, taken in turn."""
+GROWN_DESKS = 8
+GROWN_TURNS = 100
+GROWN_STAGGER = 12
+"""The grown line's desks start this many turns apart, so that young and old conversations
+take turns side by side."""
 PLAIN_REPEATS = 5
 """The plain SDK loop is the reference: a few repeats give its median (it costs ~100x more)."""
 SIZES = (40, 800)
@@ -252,12 +258,27 @@ def _median(samples: list[Cpu]) -> Cpu:
                statistics.median(s.process for s in samples))
 
 
+class GrownTurn(NamedTuple):
+    """One turn of the grown line: the desk's turn number, its conversation's size before
+    the turn, CPU per round and the turn's whole process CPU."""
+
+    turn: int
+    size: int
+    cpu: Cpu
+    spent: float
+
+
 async def _grown_turns(base_url: str, watch: CollectorWatch, keeper: bool
-                      ) -> list[tuple[int, Cpu, float]]:
-    """One conversation grown over 100 turns, with no collection before timing (as a desk
-    grows in a daemon): each turn's size, CPU per round and total process CPU; ``watch``
-    counts the collections of the last ten turns. With ``keeper``, the daemon's heap keeper
-    freezes the heap once the loop is built, as the daemon's start-up does."""
+                      ) -> list[GrownTurn]:
+    """:data:`GROWN_DESKS` conversations, each grown from nothing over 100 turns with no
+    collection before timing, as desks grow in a daemon: desk ``k`` starts
+    :data:`GROWN_STAGGER` x ``k`` turns after the first, and at every step each growing desk
+    takes a turn, so that turns near ~40 messages and turns near ~800 are taken side by side
+    over the whole run (one conversation's early turns all fell in the run's first second,
+    where the machine's noise alone moved them by a third). Every turn
+    (:class:`GrownTurn`); ``watch`` counts the collections of every desk's last ten turns.
+    With ``keeper``, the daemon's heap keeper freezes the heap once the loops are built, as
+    the daemon's start-up does."""
     registry = ToolRegistry()
 
     @registry.tool(description="Last price of a market.")
@@ -266,23 +287,28 @@ async def _grown_turns(base_url: str, watch: CollectorWatch, keeper: bool
 
     config = OpenAIBackendConfig(base_url=base_url, model="scripted-model",
                                  context_window=1_000_000)
-    per_turn: list[tuple[int, Cpu, float]] = []
-    async with OpenAICompatibleBackend(config) as backend:
-        loop = AgentLoop("bench", backend, ToolCallExecutor(registry), EventBus(),
-                         maximum_rounds=10)
-        conversation = Conversation("You run a BTC desk.", [])
+    per_turn: list[GrownTurn] = []
+    async with OpenAICompatibleBackend(config) as backend:  # one model, shared by the desks
+        desks = [(AgentLoop(f"bench-{k}", backend, ToolCallExecutor(registry), EventBus(),
+                            maximum_rounds=10), Conversation("You run a BTC desk.", []))
+                 for k in range(GROWN_DESKS)]
         if keeper:
             HeapKeeper().freeze()
         try:
-            for turn in range(100):
-                size = len(conversation.messages)
-                clocks = _Clocks()
-                if turn >= 90:
-                    watch.on()
-                result = await loop.run_turn(conversation, Trigger("tick", f"move {turn}"))
-                watch.off()
-                per_turn.append((size, clocks.per_round(result.rounds),
-                                 time.process_time() - clocks.process))
+            for step in range(GROWN_TURNS + GROWN_STAGGER * (GROWN_DESKS - 1)):
+                for k, (loop, conversation) in enumerate(desks):
+                    turn = step - GROWN_STAGGER * k
+                    if not 0 <= turn < GROWN_TURNS:
+                        continue
+                    size = len(conversation.messages)
+                    clocks = _Clocks()
+                    if turn >= GROWN_TURNS - 10:
+                        watch.on()
+                    result = await loop.run_turn(conversation,
+                                                 Trigger("tick", f"move {turn}"))
+                    watch.off()
+                    per_turn.append(GrownTurn(turn, size, clocks.per_round(result.rounds),
+                                              time.process_time() - clocks.process))
         finally:
             gc.unfreeze()
     return per_turn
@@ -298,21 +324,19 @@ class Grown(NamedTuple):
 
 
 async def _grown_cpu(base_url: str, watches: dict[bool, CollectorWatch]) -> dict[bool, Grown]:
-    """The grown line :data:`GROWN_REPEATS` times without the keeper and with it, in turn;
-    each turn's figure is its median over the repeats."""
-    runs: dict[bool, list[list[tuple[int, Cpu, float]]]] = {False: [], True: []}
+    """The grown line without the keeper and with it, in turn, :data:`GROWN_REPEATS` times;
+    medians over every desk's turns of each size."""
+    runs: dict[bool, list[GrownTurn]] = {False: [], True: []}
     for _ in range(GROWN_REPEATS):
         for keeper in (False, True):
-            runs[keeper].append(await _grown_turns(base_url, watches[keeper], keeper))
+            runs[keeper] += await _grown_turns(base_url, watches[keeper], keeper)
     grown = {}
-    for keeper, repeats in runs.items():
-        per_turn = [(turns[0][0], _median([t[1] for t in turns]))
-                    for turns in zip(*repeats, strict=True)]
-        early = [cpu for size, cpu in per_turn if 30 <= size <= 60]
-        late_cpu = sum(t[2] for turns in repeats for t in turns[90:])
-        late_rounds = sum(t[2] / t[1].process for turns in repeats for t in turns[90:])
-        grown[keeper] = Grown(_median(early), _median([cpu for _, cpu in per_turn[90:]]),
-                              late_cpu / late_rounds)
+    for keeper, turns in runs.items():
+        early = [t.cpu for t in turns if 30 <= t.size <= 60]
+        late = [t for t in turns if t.turn >= GROWN_TURNS - 10]
+        rounds = sum(t.spent / t.cpu.process for t in late)
+        grown[keeper] = Grown(_median(early), _median([t.cpu for t in late]),
+                              sum(t.spent for t in late) / rounds)
     return grown
 
 
@@ -445,7 +469,7 @@ async def _main() -> None:
               f"{(figures[mode, 800].process - figures[mode, 800].thread) * 1000:.3f} ms/round")
     for keeper, watch in grown_watches.items():
         print(f"where it goes, grown line's last tenth, keeper {'on' if keeper else 'off'}: "
-              f"{_collections(watch, GROWN_REPEATS * 10 * (TOOL_ROUNDS + 1))}")
+              f"{_collections(watch, GROWN_REPEATS * GROWN_DESKS * 10 * (TOOL_ROUNDS + 1))}")
 
     at_800 = figures["collected", 800].thread * 1000
     print(f"issue 14 (thread CPU, collected): AgentLoop at ~800: {at_800:.2f} ms/round (bar: at "
