@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sqlite3
 from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import anyio
 import pytest
@@ -159,6 +161,37 @@ async def test_schedule_state_keeps_the_last_slot_per_schedule(store: Store) -> 
         "every 30m": later, "morning": slot}
     assert (await store.schedules.schedule_last_fired("alpha"))["morning"].tzinfo is not None
     assert await store.schedules.schedule_last_fired("nobody") == {}
+
+
+async def test_a_schedules_trigger_is_stored_with_its_slot(store: Store) -> None:
+    slot = datetime(2025, 6, 1, 9, 0, tzinfo=UTC)
+    trigger = Trigger(kind="schedule", text="Morning review.", source="morning",
+                      at=slot.timestamp()).to_message()
+    await store.transcripts.append_message("alpha", trigger, fired_schedule=("morning", slot))
+    assert await store.schedules.schedule_last_fired("alpha") == {"morning": slot}
+    assert [row["text"] for row in await store.transcripts.transcript("alpha")] == [
+        trigger.text]
+
+
+async def test_a_slot_that_cannot_be_stored_leaves_its_trigger_unstored_too(
+        db_path: Path) -> None:
+    """One transaction: a crash (here, a refused write) leaves both or neither, so the slot
+    fires again after a restart and no stored trigger is answered twice."""
+    store = await Store.open(db_path)
+    try:
+        with sqlite3.connect(db_path) as connection:
+            connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON schedule_state "
+                               "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        slot = datetime(2025, 6, 1, 9, 0, tzinfo=UTC)
+        trigger = Trigger(kind="schedule", text="Morning review.", source="morning",
+                          at=slot.timestamp()).to_message()
+        with pytest.raises(StoreError, match="refused"):
+            await store.transcripts.append_message("alpha", trigger,
+                                                   fired_schedule=("morning", slot))
+        assert await store.transcripts.transcript("alpha") == []
+        assert await store.schedules.schedule_last_fired("alpha") == {}
+    finally:
+        await store.close()
 
 
 class _FailingEventLog(SqliteEventLog):

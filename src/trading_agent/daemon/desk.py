@@ -75,6 +75,7 @@ from trading_agent.errors import (
 from trading_agent.logging_setup import redact_secrets
 from trading_agent.store.desk_holds import HoldFields
 from trading_agent.store.fencing import FencedError
+from trading_agent.store.transcripts import DeskConversationStore
 from trading_agent.trading.order_outcomes import CANCEL_ORDER, PLACE_ORDER
 
 __all__ = [
@@ -1036,26 +1037,34 @@ def _replayed_kind(message: Message) -> TriggerKind:
 class _ScheduleObserver:
     """Passes every change to the store; notes when the running turn's trigger reached the
     conversation (so a restore does not run it again), and for a schedule's trigger records
-    its slot as fired (so a trigger lost to a crash before that fires again)."""
+    its slot as fired with the message, in its transaction (so a trigger lost to a crash
+    fires again, and a stored one does not)."""
 
     def __init__(self, inner: ConversationObserver | None, desk: Desk) -> None:
         self._inner = inner
         self._desk = desk
 
     async def message_appended(self, conversation: Conversation, message: Message) -> None:
-        if self._inner is not None:
+        trigger = self._desk._outcome.unfinished
+        if trigger is None or message.id != trigger.id:
+            trigger = None  # not the running turn's opening message
+        fired = (None if trigger is None or trigger.kind != "schedule" else
+                 (trigger.source, datetime.fromtimestamp(trigger.at, UTC)))
+        if isinstance(self._inner, DeskConversationStore):
+            # The slot is stored with its trigger, in one transaction (one commit to wait
+            # for before the model is asked, and no crash between the two).
+            await self._inner.message_appended(conversation, message, fired_schedule=fired)
+            fired = None
+        elif self._inner is not None:
             await self._inner.message_appended(conversation, message)
         waiting = self._desk._replies.get(message.id)
         if waiting is not None:
             waiting.in_turn = True
-        outcome = self._desk._outcome
-        trigger = outcome.unfinished
-        if trigger is None or message.id != trigger.id:
+        if trigger is None:
             return
-        outcome.unfinished_appended = True  # stored: the inner observer returned
-        if trigger.kind == "schedule":
-            await self._desk.store.schedules.record_schedule_fired(
-                self._desk.name, trigger.source, datetime.fromtimestamp(trigger.at, UTC))
+        self._desk._outcome.unfinished_appended = True  # stored: the inner observer returned
+        if fired is not None:
+            await self._desk.store.schedules.record_schedule_fired(self._desk.name, *fired)
 
     async def compacted(self, conversation: Conversation, summary: Message,
                         first_kept_id: str | None) -> None:

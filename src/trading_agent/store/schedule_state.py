@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from trading_agent.store.connection import Connection
 from trading_agent.store.database import Database, Migration
 
-__all__ = ["MIGRATIONS", "TABLES", "SqliteScheduleState"]
+__all__ = ["MIGRATIONS", "TABLES", "SqliteScheduleState", "mark_fired"]
 
 TABLES = ("schedule_state",)
 """The tables this module owns."""
@@ -53,10 +53,14 @@ class SqliteScheduleState:
             slot: The slot it fired for (an aware datetime).
         """
 
-        def write(connection: Connection) -> None:
-            connection.execute(
-                "INSERT INTO schedule_state (desk, schedule, last_fired_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (desk, schedule) DO UPDATE SET last_fired_at = excluded.last_fired_at",
-                (desk, schedule, slot.timestamp()))
+        await self._db.write(lambda connection: mark_fired(connection, desk, schedule, slot),
+                             desk=desk)
 
-        await self._db.write(write, desk=desk)
+
+def mark_fired(connection: Connection, desk: str, schedule: str, slot: datetime) -> None:
+    """Records, in the caller's transaction, that a schedule fired for ``slot`` (the
+    transcripts store it with the trigger's message: both or neither)."""
+    connection.execute(
+        "INSERT INTO schedule_state (desk, schedule, last_fired_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (desk, schedule) DO UPDATE SET last_fired_at = excluded.last_fired_at",
+        (desk, schedule, slot.timestamp()))

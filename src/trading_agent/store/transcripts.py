@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import structlog
@@ -44,6 +45,7 @@ from trading_agent.store.database import Database, Migration
 from trading_agent.store.images import get_images, put_images
 from trading_agent.store.operator_inbox import mark_delivered
 from trading_agent.store.recovery import CallOutcomes, HeldCallFacts, TurnEnd, restore
+from trading_agent.store.schedule_state import mark_fired
 
 __all__ = ["MIGRATIONS", "TABLES", "DeskConversationStore", "SqliteTranscripts",
            "SubagentOrigin"]
@@ -260,7 +262,8 @@ class SqliteTranscripts:
     async def append_message(self, desk: str, message: Message, *,
                              subagent_id: str | None = None,
                              parent_call_id: str | None = None,
-                             turn: str | None = None) -> str:
+                             turn: str | None = None,
+                             fired_schedule: tuple[str, datetime] | None = None) -> str:
         """Stores one message at the end of a desk's transcript.
 
         Idempotent on the message id: storing the same message again changes nothing. A
@@ -273,6 +276,9 @@ class SqliteTranscripts:
             subagent_id: For a subagent's message, its id.
             parent_call_id: For a subagent's message, the desk's ``delegate`` call.
             turn: The turn it was made in (a fact recovery reads), if any.
+            fired_schedule: For a schedule's trigger, the schedule's name and slot, recorded
+                as fired in the same transaction: a crash leaves both or neither, so the slot
+                neither fires again beside its stored turn nor is lost.
 
         Returns:
             The id it is stored under: the message's own, unless another message of the desk
@@ -308,6 +314,8 @@ class SqliteTranscripts:
                      subagent_id, parent_call_id, turn))
             if subagent_id is None:
                 mark_delivered(connection, desk, message.id, now)
+            if fired_schedule is not None:
+                mark_fired(connection, desk, *fired_schedule)
             return stored_id
 
         stored = await self._db.write(write, desk=desk)
@@ -575,11 +583,13 @@ class DeskConversationStore:
         self.parent_call_id = parent_call_id
         self._renamed: dict[str, str] = {}
 
-    async def message_appended(self, conversation: Conversation, message: Message) -> None:
-        """Writes the message (before the conversation goes on)."""
+    async def message_appended(self, conversation: Conversation, message: Message, *,
+                               fired_schedule: tuple[str, datetime] | None = None) -> None:
+        """Writes the message (before the conversation goes on); with ``fired_schedule``,
+        the schedule's slot it opens a turn for, in the same transaction."""
         stored = await self.store.append_message(
             self.desk, message, subagent_id=self.subagent_id, parent_call_id=self.parent_call_id,
-            turn=conversation.turn_id)
+            turn=conversation.turn_id, fired_schedule=fired_schedule)
         if stored != message.id:
             self._renamed[message.id] = stored
 
