@@ -27,7 +27,9 @@ months does. Then also printed (issue 31): the longest stall of the event loop w
 desks wake (a probe task sleeping 5 ms notes how late it wakes; a collector pause is one),
 and the collector's runs over the timed rounds (``gc.callbacks``): how many full (gen-2)
 collections and the longest pause. ``--keeper off`` runs without the daemon's heap keeper
-(:mod:`trading_agent.daemon.heap`), for the figures before it.
+(:mod:`trading_agent.daemon.heap`), for the figures before it. The desks run on the
+daemon's event loop (``daemon.event_loop = "auto"``: uvloop where installed); ``--loop
+asyncio`` gives the figures on asyncio's own loop.
 
 Bars (issue 14), at 500 desks: p99 trigger-to-request at most 500 ms, and memory per idle
 desk under 50 KiB (without history); issue 31, 500 desks of 1,000 messages: the longest
@@ -38,7 +40,7 @@ Across daemons (a fleet on PostgreSQL and NATS, one daemon against two): ``bench
 which runs real daemon processes.
 
 Run: ``.venv/bin/python bench/desks_scale.py [--desks 10 100 500 1000] [--rounds 3]
-[--history 1000] [--keeper on|off]``.
+[--history 1000] [--keeper on|off] [--loop auto|uvloop|asyncio]``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from trading_agent.agent.retry import RetryPolicy
 from trading_agent.agent.tool_call_executor import ToolCallExecutor
 from trading_agent.agent.tool_registry import ToolRegistry
 from trading_agent.agent.trigger import Trigger
+from trading_agent.app import event_loop
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.desk import Desk, DeskProfile
@@ -182,6 +185,8 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
     recorded = bus.subscribe("store", max_buffer=1_000_000)
     requests = bus.subscribe("bench", max_buffer=1_000_000,
                              accept=lambda e: e.type == "model_request")
+    ends = bus.subscribe("bench-ends", max_buffer=1_000_000,
+                         accept=lambda e: e.type == "turn_end")
     before = rss_bytes()
     tracemalloc.start()
     backend = OpenAICompatibleBackend(OpenAIBackendConfig(
@@ -220,8 +225,10 @@ async def measure(count: int, rounds: int, base_url: str, folder: Path, *, histo
             for desk in desks:
                 desk.fire(fired[desk.name])
             with anyio.fail_after(120):
+                for _ in desks:  # woken by the turns' ends, not by polling 500 desks
+                    await ends.get()
                 while any(desk.turns < number for desk in desks):  # noqa: ASYNC110
-                    await anyio.sleep(0.002)
+                    await anyio.sleep(0.002)  # its end is stored before the desk counts it
             throughput.append(count / (time.perf_counter() - started))
             delays.extend(_first_request_delays(requests, fired))
         cpu_per_turn = (time.process_time() - cpu_started) / (count * rounds)
@@ -275,6 +282,8 @@ def main() -> None:
                         help="messages each desk's store holds before it starts")
     parser.add_argument("--keeper", choices=("on", "off"), default="on",
                         help="the daemon's heap keeper (off: the figures without it)")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="the event loop, as daemon.event_loop (auto: the daemon's)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where the SQLite files go (a temporary folder by default; "
                              "/dev/shm shows the figures without fsync)")
@@ -286,16 +295,17 @@ def main() -> None:
           f"{args.rounds} rounds of all desks triggered at once; store in "
           f"{args.state_dir or tempfile.gettempdir()}; {args.history} messages per desk; heap "
           f"keeper {args.keeper}; gc thresholds {gc.get_threshold()}; desks' steps paced in "
-          f"{SLICE_SECONDS * 1000:g} ms slices of the event loop")
+          f"{SLICE_SECONDS * 1000:g} ms slices of the event loop; event loop "
+          f"{'uvloop' if event_loop.uses_uvloop(args.loop) else 'asyncio'} (--loop {args.loop})")
     keeper = args.keeper == "on"
     with scripted_model() as base_url, \
             tempfile.TemporaryDirectory(prefix="desks-scale-", dir=args.state_dir) as folder:
-        reference = anyio.run(functools.partial(
+        reference = event_loop.run(functools.partial(
             measure, 1, args.rounds * 3, base_url, Path(folder), history_size=args.history,
-            keeper=keeper))
-        results = [anyio.run(functools.partial(
+            keeper=keeper), args.loop)
+        results = [event_loop.run(functools.partial(
             measure, n, args.rounds, base_url, Path(folder), history_size=args.history,
-            keeper=keeper)) for n in args.desks]
+            keeper=keeper), args.loop) for n in args.desks]
     print(f"{'desks':>7} {'memory/desk':>12} {'RSS/desk':>9} {'turns/s':>8} {'bound':>7} "
           f"{'delay p50':>10} {'delay p99':>10} {'p99 / ref':>9} {'stall':>8} {'gen2':>4} "
           f"{'gc max':>8} {'gc all':>8} {'CPU/turn':>9}")

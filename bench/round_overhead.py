@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import anyio
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
@@ -72,6 +71,7 @@ from trading_agent.agent import (
     ToolUseBlock,
     Trigger,
 )
+from trading_agent.app import event_loop
 from trading_agent.backends.anthropic import AnthropicBackend
 from trading_agent.backends.config import AnthropicBackendConfig, OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
@@ -437,7 +437,8 @@ async def _main() -> None:
     print(f"each turn: {TOOL_ROUNDS} tool rounds + answer; {TURNS} turns x {REPEATS} repeats "
           f"(half after a gc.collect(), half without); medians; reference: the plain openai "
           f"SDK loop in this run; gc thresholds {gc.get_threshold()}, "
-          f"{gc.get_freeze_count()} objects frozen")
+          f"{gc.get_freeze_count()} objects frozen; the daemon's event loop: "
+          f"{event_loop.loop_name()}")
     figures: dict[tuple[str, int], Cpu] = {}
     watches = {mode: CollectorWatch() for mode in MODES}
     grown_watches = {False: CollectorWatch(), True: CollectorWatch()}
@@ -508,4 +509,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--serve"]:
         _serve()
     else:
-        anyio.run(_main)
+        event_loop.run(_main)  # the daemon's loop (daemon.event_loop = "auto")

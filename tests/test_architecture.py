@@ -20,6 +20,7 @@ PACKAGE = "trading_agent"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The command line loads only what the command run needs.
     ("cli", "app.running"): "run: the daemon's services (NATS, telemetry, the API server)",
+    ("cli", "app.event_loop"): "run: the event loop the daemon runs on (uvloop)",
     ("cli", "desks.building"): "check-config: the tools, the agent loop, the model clients",
     ("cli", "operator.cli"): "the operator's commands: their HTTP client",
     ("cli", "operator.control_cli"): "the operator's commands: their HTTP client",

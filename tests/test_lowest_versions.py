@@ -43,6 +43,7 @@ ADAPTER_TESTS = (
     "tests/operator/test_metrics.py",            # prometheus-client
     "tests/telemetry/test_traces.py",            # opentelemetry
     "tests/trading/test_ccxt_exchange.py",       # ccxt (FakeBinance)
+    "tests/test_event_loop.py",                  # uvloop (a turn's I/O on it)
     "tests/daemon/test_schedules.py",            # croniter, tzdata
     "tests/test_logging.py",                     # structlog
     "tests/agent/test_image_preparer.py",        # pillow

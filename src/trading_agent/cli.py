@@ -159,14 +159,13 @@ def _run(args: argparse.Namespace) -> int:
                       secret_env_names=settings.secret_env_vars())
     # Imported here: check-config and the operator's commands need none of the daemon's
     # services (the fleet's NATS client, telemetry, the API server).
-    import anyio
-
+    from trading_agent.app.event_loop import run as run_on_loop
     from trading_agent.app.running import run_daemon
 
     previous_umask = os.umask(_DAEMON_UMASK)
     try:
-        anyio.run(functools.partial(run_daemon, settings, config_path=Path(args.config)),
-                  backend="asyncio")
+        run_on_loop(functools.partial(run_daemon, settings, config_path=Path(args.config)),
+                    settings.daemon.event_loop)
     except ConfigError as exc:
         print(f"{args.config}: refusing to start: {exc}", file=sys.stderr)
         return EXIT_CONFIG

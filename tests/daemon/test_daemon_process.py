@@ -330,11 +330,15 @@ async def test_systemd_hears_ready_watchdog_and_stopping(
         daemon.signal(signal.SIGTERM)
         await wait_for(lambda: heard_line("STOPPING=1"), 5, "STOPPING=1")
         assert await daemon.wait_exit(10) == 0, daemon.log()
+        log = daemon.log()
     finally:
         daemon.close()
         listener.close()
 
     ready = next(message for message in heard if "READY=1" in message.splitlines())
     assert "STATUS=1 desk (1 idle)" in ready
+    logged = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    ready_line = next(line for line in logged if line["event"] == "daemon_ready")
+    assert ready_line["event_loop"] == "uvloop"  # daemon.event_loop = "auto", on Linux
     pings = [message for message in heard if "WATCHDOG=1" in message.splitlines()]
     assert any("STATUS=1 desk" in message for message in pings)

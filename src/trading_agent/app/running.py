@@ -38,6 +38,7 @@ import anyio
 import structlog
 
 from trading_agent.agent.event_bus import Subscription
+from trading_agent.app.event_loop import loop_name
 from trading_agent.app.services import open_daemon
 from trading_agent.app.stop_budget import StopBudget
 from trading_agent.app.systemd import SystemdNotifier
@@ -117,7 +118,8 @@ async def _run(settings: Settings, environ: Mapping[str, str] | None,
                     shutdown.budget = daemon.stop_budget
                     await group.start(supervisor.run)
                     notifier.ready(supervisor.status_line())
-                    _log.info("daemon_ready", desks=list(supervisor.desk_names()))
+                    _log.info("daemon_ready", desks=list(supervisor.desk_names()),
+                              event_loop=loop_name())
                     _print_banner(supervisor.desk_names(), endpoints, environ)
                     group.start_soon(_inform_systemd, notifier, supervisor,
                                      settings.daemon.watchdog)

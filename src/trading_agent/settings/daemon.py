@@ -51,6 +51,9 @@ class DaemonSettings(Table):
         restart_backoff_max_seconds: The longest wait between restarts of a crashing desk.
         spend: Daily caps over every desk together (each desk has its own in
             ``[desks.<name>.controls]``).
+        event_loop: The event loop every desk's turns run on: ``auto`` (uvloop where it is
+            installed, else asyncio's), ``uvloop`` (refuse to start without it) or
+            ``asyncio`` (see :mod:`trading_agent.app.event_loop`).
     """
 
     state_dir: Path | None = None
@@ -61,6 +64,7 @@ class DaemonSettings(Table):
     restart_backoff_seconds: float = Field(default=1.0, gt=0, le=3600)
     restart_backoff_max_seconds: float = Field(default=300.0, gt=0, le=86400)
     spend: SpendCaps = Field(default_factory=SpendCaps)
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     @field_validator("shutdown_timeout_seconds")
     @classmethod
