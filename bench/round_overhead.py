@@ -80,8 +80,8 @@ from trading_agent.daemon.heap import HeapKeeper
 TOOL_ROUNDS = 3
 TURNS = 5
 REPEATS = 12
-GROWN_REPEATS = 1
-"""The grown line's runs with and without the heap keeper, taken in turn."""
+GROWN_REPEATS = 2
+"""The grown line's runs with and without the heap keeper, taken in turn (in either order)."""
 GROWN_DESKS = 8
 GROWN_TURNS = 100
 GROWN_STAGGER = 12
@@ -325,10 +325,12 @@ class Grown(NamedTuple):
 
 async def _grown_cpu(base_url: str, watches: dict[bool, CollectorWatch]) -> dict[bool, Grown]:
     """The grown line without the keeper and with it, in turn, :data:`GROWN_REPEATS` times;
-    medians over every desk's turns of each size."""
+    medians over every desk's turns of each size, of every repeat."""
     runs: dict[bool, list[GrownTurn]] = {False: [], True: []}
-    for _ in range(GROWN_REPEATS):
-        for keeper in (False, True):
+    for repeat in range(GROWN_REPEATS):
+        # The order swapped each repeat: the second run in a process meets the heap the
+        # first one left (its late turns measured up to a third dearer, keeper on or off).
+        for keeper in (False, True) if repeat % 2 == 0 else (True, False):
             runs[keeper] += await _grown_turns(base_url, watches[keeper], keeper)
     grown = {}
     for keeper, turns in runs.items():
