@@ -19,6 +19,7 @@ Run: ``.venv/bin/python bench/heap_longrun.py [--desks 50] [--turns 2000]``
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import os
@@ -26,7 +27,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +40,7 @@ from trading_agent.agent.conversation import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from trading_agent.app import event_loop
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 from trading_agent.daemon.heap import HeapKeeper
@@ -115,10 +116,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-        anyio.run(run, args.desks, args.turns, args.compact_every, args.refresh_every,
-                  args.child == "on")
+        event_loop.run(functools.partial(  # the daemon's loop (daemon.event_loop = "auto")
+            run, args.desks, args.turns, args.compact_every, args.refresh_every,
+            args.child == "on"))
         return
-    print("heap_longrun: RSS over a long run, the heap keeper on and off (child processes)")
+    loop = "uvloop" if event_loop.uses_uvloop("auto") else "asyncio"
+    print("heap_longrun: RSS over a long run, the heap keeper on and off (child processes), "
+          f"on the daemon's event loop ({loop})")
     print(machine())
     print(f"{args.desks} desks x {args.turns} turns (4 messages each), a compaction every "
           f"{args.compact_every} turns (all but 40 messages dropped), a refresh every "
