@@ -20,6 +20,7 @@ parts, in the tests' own process, on asyncio's loop.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
@@ -63,7 +64,5 @@ def run(func: Callable[[], Awaitable[T]], choice: EventLoopChoice = "auto") -> T
 
 def loop_name() -> str:
     """The running event loop's kind, for the start-up line: ``uvloop`` or ``asyncio``."""
-    import asyncio
-
     module = type(asyncio.get_running_loop()).__module__
     return "uvloop" if module.startswith("uvloop") else "asyncio"
