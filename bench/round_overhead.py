@@ -63,6 +63,7 @@ from trading_agent.agent import (
     Conversation,
     EventBus,
     Message,
+    ModelRequestSpec,
     TextBlock,
     ToolCallExecutor,
     ToolContext,
@@ -80,13 +81,17 @@ from trading_agent.daemon.heap import HeapKeeper
 TOOL_ROUNDS = 3
 TURNS = 5
 REPEATS = 12
-GROWN_REPEATS = 2
+GROWN_REPEATS = 1
 """The grown line's runs with and without the heap keeper, taken in turn (in either order)."""
-GROWN_DESKS = 8
+GROWN_DESKS = 10
 GROWN_TURNS = 100
-GROWN_STAGGER = 12
-"""The grown line's desks start this many turns apart, so that young and old conversations
-take turns side by side."""
+"""A grown desk's turns between two compactions (~800 messages at the last)."""
+GROWN_STAGGER = GROWN_TURNS // GROWN_DESKS
+"""The grown line's desks start this many steps apart, so that at every step their
+conversations are spread over every size."""
+GROWN_STEPS = 3 * GROWN_TURNS
+"""The grown line's steps: the first :data:`GROWN_TURNS` bring every desk in, the rest are
+measured."""
 PLAIN_REPEATS = 5
 """The plain SDK loop is the reference: a few repeats give its median (it costs ~100x more)."""
 SIZES = (40, 800)
@@ -259,26 +264,53 @@ def _median(samples: list[Cpu]) -> Cpu:
 
 
 class GrownTurn(NamedTuple):
-    """One turn of the grown line: the desk's turn number, its conversation's size before
-    the turn, CPU per round and the turn's whole process CPU."""
+    """One turn of the grown line: the step it was taken at, the desk's turn number since its
+    last compaction, its conversation's size before the turn, its model rounds and CPU per
+    round."""
 
+    step: int
     turn: int
     size: int
+    rounds: int
     cpu: Cpu
-    spent: float
 
 
-async def _grown_turns(base_url: str, watch: CollectorWatch, keeper: bool
-                      ) -> list[GrownTurn]:
-    """:data:`GROWN_DESKS` conversations, each grown from nothing over 100 turns with no
-    collection before timing, as desks grow in a daemon: desk ``k`` starts
-    :data:`GROWN_STAGGER` x ``k`` turns after the first, and at every step each growing desk
-    takes a turn, so that turns near ~40 messages and turns near ~800 are taken side by side
-    over the whole run (one conversation's early turns all fell in the run's first second,
-    where the machine's noise alone moved them by a third). Every turn
-    (:class:`GrownTurn`); ``watch`` counts the collections of every desk's last ten turns.
-    With ``keeper``, the daemon's heap keeper freezes the heap once the loops are built, as
-    the daemon's start-up does."""
+def _measured(turns: list[GrownTurn], late: bool) -> list[GrownTurn]:
+    """The grown line's measured turns (after the ramp) near ~40 messages, or in the last
+    tenth of a desk's turns between two compactions (~800)."""
+    return [t for t in turns if t.step >= GROWN_TURNS
+            and (t.turn >= GROWN_TURNS - 10 if late else 30 <= t.size <= 60)]
+
+
+class _PaddedBackend(OpenAICompatibleBackend):
+    """The grown line's control: every body padded with trailing spaces (still the same
+    JSON) to the largest body sent so far, so that young conversations send as many bytes
+    as old ones; what is left of the growth is not in the bytes a long history sends."""
+
+    largest = 0
+
+    def request_body(self, request: ModelRequestSpec) -> bytes:
+        body = super().request_body(request)
+        self.largest = max(self.largest, len(body))
+        return body + b" " * (self.largest - len(body)) if len(body) < self.largest else body
+
+
+async def _grown_turns(base_url: str, watch: CollectorWatch, keeper: bool,
+                       padded: bool = False) -> list[GrownTurn]:
+    """:data:`GROWN_DESKS` desks growing their conversations turn by turn with no collection
+    before timing, as desks grow in a daemon: each compacts after :data:`GROWN_TURNS` turns
+    (its window starts over from nothing) and grows again. Desk ``k`` starts
+    :data:`GROWN_STAGGER` x ``k`` steps after the first, and at every step each desk takes a
+    turn; after the first :data:`GROWN_TURNS` steps (the ramp: every desk brought in, not
+    measured) the desks' conversations are spread evenly over every size at every step, so
+    that turns near ~40 messages and near ~800 are taken side by side all through the
+    measured steps. (Grown once from nothing, the young turns all fell in the process's first
+    seconds and the old ones in its last: a young process's turns measured a quarter cheaper
+    than the same turns once its heap had grown and been freed, a state a daemon is in for
+    its first minutes only.) Every turn (:class:`GrownTurn`); ``watch`` counts the collections
+    of the measured last-tenth turns. With ``keeper``, the daemon's heap keeper freezes the
+    heap once the loops are built and after every compaction, as the daemon does. With
+    ``padded``, the bodies are padded (:class:`_PaddedBackend`)."""
     registry = ToolRegistry()
 
     @registry.tool(description="Last price of a market.")
@@ -288,27 +320,34 @@ async def _grown_turns(base_url: str, watch: CollectorWatch, keeper: bool
     config = OpenAIBackendConfig(base_url=base_url, model="scripted-model",
                                  context_window=1_000_000)
     per_turn: list[GrownTurn] = []
-    async with OpenAICompatibleBackend(config) as backend:  # one model, shared by the desks
-        desks = [(AgentLoop(f"bench-{k}", backend, ToolCallExecutor(registry), EventBus(),
-                            maximum_rounds=10), Conversation("You run a BTC desk.", []))
-                 for k in range(GROWN_DESKS)]
-        if keeper:
-            HeapKeeper().freeze()
+    heap = HeapKeeper() if keeper else None
+    model = _PaddedBackend if padded else OpenAICompatibleBackend
+    async with model(config) as backend:  # one model, shared by the desks
+        loops = [AgentLoop(f"bench-{k}", backend, ToolCallExecutor(registry), EventBus(),
+                           maximum_rounds=10) for k in range(GROWN_DESKS)]
+        conversations = [Conversation("You run a BTC desk.", []) for _ in loops]
+        if heap is not None:
+            heap.freeze()
         try:
-            for step in range(GROWN_TURNS + GROWN_STAGGER * (GROWN_DESKS - 1)):
-                for k, (loop, conversation) in enumerate(desks):
-                    turn = step - GROWN_STAGGER * k
-                    if not 0 <= turn < GROWN_TURNS:
+            for step in range(GROWN_STEPS):
+                for k, loop in enumerate(loops):
+                    if step < GROWN_STAGGER * k:
                         continue
+                    turn = (step - GROWN_STAGGER * k) % GROWN_TURNS
+                    if turn == 0 and step >= GROWN_TURNS:  # a compaction: starts over
+                        conversations[k] = Conversation("You run a BTC desk.", [])
+                        if heap is not None:
+                            heap.compacted()
+                    conversation = conversations[k]
                     size = len(conversation.messages)
                     clocks = _Clocks()
-                    if turn >= GROWN_TURNS - 10:
+                    timed = step >= GROWN_TURNS and turn >= GROWN_TURNS - 10
+                    if timed:
                         watch.on()
-                    result = await loop.run_turn(conversation,
-                                                 Trigger("tick", f"move {turn}"))
+                    result = await loop.run_turn(conversation, Trigger("tick", f"move {turn}"))
                     watch.off()
-                    per_turn.append(GrownTurn(turn, size, clocks.per_round(result.rounds),
-                                              time.process_time() - clocks.process))
+                    per_turn.append(GrownTurn(step, turn, size, result.rounds,
+                                              clocks.per_round(result.rounds)))
         finally:
             gc.unfreeze()
     return per_turn
@@ -321,25 +360,29 @@ class Grown(NamedTuple):
     early: Cpu
     late: Cpu
     late_mean: float
+    late_rounds: int
 
 
-async def _grown_cpu(base_url: str, watches: dict[bool, CollectorWatch]) -> dict[bool, Grown]:
-    """The grown line without the keeper and with it, in turn, :data:`GROWN_REPEATS` times;
-    medians over every desk's turns of each size, of every repeat."""
+async def _grown_cpu(base_url: str, watches: dict[bool, CollectorWatch]
+                    ) -> tuple[dict[bool, Grown], Grown]:
+    """The grown line without the keeper and with it, in turn (the order swapped each
+    repeat); medians over every desk's measured turns of each size, of every repeat. And
+    the control: a run with the keeper and padded bodies (its ratio is its own: a run's
+    figures move by up to a fifth with its place in the process, its ratio does not)."""
     runs: dict[bool, list[GrownTurn]] = {False: [], True: []}
     for repeat in range(GROWN_REPEATS):
-        # The order swapped each repeat: the second run in a process meets the heap the
-        # first one left (its late turns measured up to a third dearer, keeper on or off).
         for keeper in (False, True) if repeat % 2 == 0 else (True, False):
             runs[keeper] += await _grown_turns(base_url, watches[keeper], keeper)
-    grown = {}
-    for keeper, turns in runs.items():
-        early = [t.cpu for t in turns if 30 <= t.size <= 60]
-        late = [t for t in turns if t.turn >= GROWN_TURNS - 10]
-        rounds = sum(t.spent / t.cpu.process for t in late)
-        grown[keeper] = Grown(_median(early), _median([t.cpu for t in late]),
-                              sum(t.spent for t in late) / rounds)
-    return grown
+    control = await _grown_turns(base_url, CollectorWatch(), True, padded=True)
+    return {keeper: _grown(turns) for keeper, turns in runs.items()}, _grown(control)
+
+
+def _grown(turns: list[GrownTurn]) -> Grown:
+    late = _measured(turns, late=True)
+    rounds = sum(t.rounds for t in late)
+    return Grown(_median([t.cpu for t in _measured(turns, late=False)]),
+                 _median([t.cpu for t in late]),
+                 sum(t.cpu.process * t.rounds for t in late) / rounds, rounds)
 
 
 async def _plain_sdk_cpu(base_url: str, size: int) -> Cpu:
@@ -391,9 +434,12 @@ async def _plain_sdk_cpu(base_url: str, size: int) -> Cpu:
 
 def _forgetful(server: ScriptedServer,
                responder: Callable[[RecordedRequest], Step]) -> Callable[[RecordedRequest], Step]:
-    """``responder``, for a server that keeps none of the requests it answers."""
+    """``responder``, for a server that keeps none of the requests it answers (kept, the
+    grown line's ten thousand requests took the servers' process longer to exit than the
+    bench waits)."""
     def respond(request: RecordedRequest) -> Step:
         server.requests.clear()
+        server.answered.clear()
         return responder(request)
     return respond
 
@@ -457,10 +503,11 @@ async def _main() -> None:
                 print(f"   {mode:>11}: AgentLoop thread {agent.thread * 1000:5.2f} process "
                       f"{agent.process * 1000:5.2f} ms/round (on the Anthropic backend "
                       f"{anthropic.thread * 1000:.2f} / {anthropic.process * 1000:.2f})")
-        grown = await _grown_cpu(openai_url, grown_watches)
+        grown, padded = await _grown_cpu(openai_url, grown_watches)
         for keeper, line in grown.items():
-            print(f"grown over 100 turns, no collection, heap keeper {'on' if keeper else 'off'}:"
-                  f" AgentLoop process {line.early.process * 1000:.2f} ms/round near ~40 "
+            print(f"grown, 100 turns between compactions, no collection, heap keeper "
+                  f"{'on' if keeper else 'off'}: AgentLoop process "
+                  f"{line.early.process * 1000:.2f} ms/round near ~40 "
                   f"(thread {line.early.thread * 1000:.2f}); {line.late.process * 1000:.2f} "
                   f"in the last tenth (~800; thread {line.late.thread * 1000:.2f}), mean "
                   f"{line.late_mean * 1000:.2f}")
@@ -472,7 +519,7 @@ async def _main() -> None:
               f"{(figures[mode, 800].process - figures[mode, 800].thread) * 1000:.3f} ms/round")
     for keeper, watch in grown_watches.items():
         print(f"where it goes, grown line's last tenth, keeper {'on' if keeper else 'off'}: "
-              f"{_collections(watch, GROWN_REPEATS * GROWN_DESKS * 10 * (TOOL_ROUNDS + 1))}")
+              f"{_collections(watch, grown[keeper].late_rounds)}")
 
     at_800 = figures["collected", 800].thread * 1000
     print(f"issue 14 (thread CPU, collected): AgentLoop at ~800: {at_800:.2f} ms/round (bar: at "
@@ -492,6 +539,12 @@ async def _main() -> None:
           f"keeper (without: {grown[False].late.process / grown[False].early.process:.2f}x; "
           f"bar: "
           f"at most 1.2x) -> {_verdict(max(process_growth, grown_growth) <= 1.2)}")
+    padded_growth = padded.late.process / padded.early.process
+    print(f"where the grown line's growth goes: with every body padded to the largest sent "
+          f"(young conversations send as many bytes as ~800 messages), ~800 / ~40 = "
+          f"{padded_growth:.2f}x in that run; the bytes a long history sends are the "
+          f"difference ({grown_growth - padded_growth:+.2f}x), the collector's pauses and other "
+          f"threads are counted above")
     process_share = figures["uncollected", 800].process / figures["plain", 800].process
     grown_share = late.process / figures["plain", 800].process
     print(f"issue 31: at ~800 AgentLoop / plain = 1/{1 / process_share:.0f} side by side, "
