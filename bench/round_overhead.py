@@ -19,10 +19,13 @@ history again, which a desk does after a compaction, not every turn.
 The cost is measured *at* each size (the turns after the pre-fill, once the pre-fill's
 garbage is collected), not as a mean over a growing run; the sizes and the two backends are
 measured turn by turn in turn, and each ratio is the median of side-by-side pairs of turns,
-so that the shared machine's noise weighs on both sides alike. A third line grows eight
-conversations from nothing over 100 turns each, as desks' do, started twelve turns apart so that
-young and old ones take turns side by side, and gives the cost in the turns around 40 messages
-and in the last tenth (~800).
+so that the shared machine's noise weighs on both sides alike. A third line grows ten desks'
+conversations turn by turn, as desks' grow, each compacted after 100 turns (its window starts
+over) and the desks started ten turns apart, so that once all have started every step holds
+conversations of every size; it gives the cost in the turns around 40 messages and in the last
+tenth (~800), taken side by side in a process whose heap has settled. A control run of that
+line pads every body to the largest sent, so that what is left of its growth is not the bytes
+a long history sends.
 Bars (issue 14): at ~800 messages AgentLoop uses at most 2 ms of CPU per round
 and at most 1.2x its cost at ~40 (flat: a round costs what changed since the last one), and
 at most 1/20 of the plain loop's CPU per round. Issue 31: the same as a host pays it, the
