@@ -135,6 +135,31 @@ async def test_a_message_that_comes_during_the_final_answer_starts_the_next_turn
     scripted_server.assert_complete()
 
 
+async def test_a_sender_that_asks_after_the_turn_ended_still_gets_the_answer(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    """Another daemon of a fleet sends a message, then asks for its answer; under load its
+    ask can come after the turn that read the message ended at once (a fleet test once
+    waited its whole 20 s for an answer given before it asked)."""
+    scripted_server.add(Reply("Noted."), Reply("Noted again."))
+    bus = EventBus()
+    async with open_store(tmp_path) as store, anyio.create_task_group() as group:
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        group.start_soon(desk.run)
+        await desk.ready.wait()
+        first = await desk.send_message("Anything new?", source="ann")
+        await wait_for(lambda: desk.turns == 1 and desk.state == "idle")
+        second = await desk.send_message("And now?", source="ann")
+        await wait_for(lambda: desk.turns == 2 and desk.state == "idle")
+        with anyio.fail_after(5):
+            late = await desk.reply_to(first)
+            again = await desk.reply_to(second)
+        await stop_desk(desk, group)
+
+    assert (late.ok, late.text) == (True, "Noted.")
+    assert (again.ok, again.text) == (True, "Noted again.")
+    scripted_server.assert_complete()
+
+
 async def test_an_unavailable_model_pauses_the_desk_without_spinning(
         scripted_server: ScriptedServer, tmp_path: Path) -> None:
     scripted_server.add(server_error(503), server_error(503), Reply("Back again."))

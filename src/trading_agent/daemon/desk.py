@@ -33,6 +33,7 @@ from the store all the way into the conversation, and is taken once.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 import typing
@@ -92,6 +93,9 @@ __all__ = [
 ]
 
 _log = structlog.get_logger(__name__)
+
+_KEPT_REPLIES = 64
+"""How many answers to operator messages a desk keeps for senders that ask late."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -383,8 +387,10 @@ class Desk:
         self._cut = False
         """The running turn was cut at once (``cancel --now``): the conversation is read
         back from the store, without a resume turn."""
-        self._replies: dict[str, _Reply] = {}
-        """Operator messages whose sender waits for the desk's answer (``send --wait``)."""
+        self._replies: collections.OrderedDict[str, _Reply] = collections.OrderedDict()
+        """The answers to the latest operator messages, waited for or not: a sender that
+        asks after the turn ended (another daemon of a fleet, whose ask came late) still
+        gets it (``send --wait``)."""
         self._log = _log.bind(desk=self.name)
 
     # ------------------------------------------------------------------ what others call
@@ -434,6 +440,7 @@ class Desk:
                                   images=tuple(prepared))
         if message_id is not None:
             message = dataclasses.replace(message, id=message_id)
+        self._keep_reply(message.id)  # before the await: a restore meanwhile may read it
         await self.store.inbox.add_operator_message(self.name, message)
         # A restore during the await may have taken it already: the mailbox takes it once.
         if (self.mailbox.put_message(message) and not self.mailbox.in_turn and self._paused
@@ -606,15 +613,30 @@ class Desk:
 
     async def reply_to(self, message_id: str) -> DeskReply:
         """Waits for the answer to an operator's message: how the turn that read it (opened
-        or steered by it) ended. Call it right after :meth:`send_message`, with no await
-        between, so the desk cannot have read the message before."""
-        reply = self._replies.setdefault(message_id, _Reply())
+        or steered by it) ended. The answer is kept from :meth:`send_message` on (for the
+        latest :data:`_KEPT_REPLIES` messages), so an ask after the turn ended gets it at
+        once: another daemon of a fleet may ask late."""
+        reply = self._keep_reply(message_id)
+        reply.waiters += 1
         try:
             await reply.done.wait()
         finally:
-            self._replies.pop(message_id, None)
+            reply.waiters -= 1
         assert reply.result is not None
         return reply.result
+
+    def _keep_reply(self, message_id: str) -> _Reply:
+        """The answer to a message, kept from its sending (or its first ask) with the
+        latest :data:`_KEPT_REPLIES`; the oldest ones nobody waits for go first."""
+        reply = self._replies.get(message_id)
+        if reply is None:
+            reply = self._replies[message_id] = _Reply()
+            if len(self._replies) > _KEPT_REPLIES:
+                for old in [key for key, kept in self._replies.items()
+                            if not kept.waiters and key != message_id
+                            ][:len(self._replies) - _KEPT_REPLIES]:
+                    del self._replies[old]
+        return reply
 
     def _stop_turn(self, reason: str) -> None:
         self.loop.request_stop(reason)
@@ -1079,5 +1101,7 @@ class _Reply:
 
     in_turn: bool = False
     """The message reached the conversation: the running turn's end answers it."""
+    waiters: int = 0
+    """How many wait for it now (kept however old)."""
     result: DeskReply | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
