@@ -93,7 +93,6 @@ from trading_agent.errors import (
     TransientBackendError,
 )
 from trading_agent.jsontext import json_bytes as _dumps
-from trading_agent.jsontext import json_loads
 
 __all__ = ["THINKING_SOURCE", "AnthropicBackend", "AnthropicBackendConfig", "WireMessage",
            "encode_message"]
@@ -455,7 +454,7 @@ def _arguments_text(draft: _Draft) -> str:
 
 
 def _decode(text: str) -> dict[str, Any]:
-    value = json_loads(text)  # orjson: the stream's events are most of a read
+    value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"an event that is not a JSON object: {text[:200]}")
     return value

@@ -70,7 +70,6 @@ from trading_agent.errors import (
     TransientBackendError,
 )
 from trading_agent.jsontext import json_bytes as _dumps
-from trading_agent.jsontext import json_loads
 
 __all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatibleBackend", "encode_message", "pricing"]
 
@@ -675,7 +674,7 @@ class OpenAICompatibleBackend:
                 if event.data.startswith("[DONE]"):
                     await stream.finish()
                     return
-                chunk = json_loads(event.data)  # orjson: the stream's chunks are most of a read
+                chunk = json.loads(event.data)
             except _READ_ERRORS as exc:
                 if builder.finish_reason is not None and isinstance(exc, _CUT_ERRORS):
                     return  # the answer was whole: only the usage chunk was lost
