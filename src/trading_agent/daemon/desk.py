@@ -33,7 +33,6 @@ from the store all the way into the conversation, and is taken once.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 import typing
@@ -387,7 +386,7 @@ class Desk:
         self._cut = False
         """The running turn was cut at once (``cancel --now``): the conversation is read
         back from the store, without a resume turn."""
-        self._replies: collections.OrderedDict[str, _Reply] = collections.OrderedDict()
+        self._replies: dict[str, _Reply] = {}  # in the order sent: the oldest go first
         """The answers to the latest operator messages, waited for or not: a sender that
         asks after the turn ended (another daemon of a fleet, whose ask came late) still
         gets it (``send --wait``)."""
