@@ -20,8 +20,10 @@ import pytest
 from pydantic import BaseModel
 
 from tests.agent.test_randomized_conversations import (
+    CHART,
     RecordingStore,
     drain,
+    wire_images,
     wire_problems,
     wire_tokens,
 )
@@ -45,6 +47,7 @@ from trading_agent.agent.context_compressor import (
 )
 from trading_agent.agent.conversation import (
     Conversation,
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
@@ -479,6 +482,53 @@ async def test_an_overflow_that_compacting_cannot_cure_ends_the_turn_with_a_clea
         scripted_server.responder = None
         scripted_server.add(Reply("Fine again."))
         assert (await desk.turn("tick")).text == "Fine again."
+
+
+async def test_pictures_the_model_has_not_answered_are_pruned_harder_after_an_overflow(
+        scripted_server: ScriptedServer) -> None:
+    """A turn that ended on the round limit with three charts unread, then an operator's
+    screenshot: nothing is old enough to summarize, and four pictures do not fit a small
+    window. The replay sends fewer pictures (the oldest as placeholders), and the desk
+    answers instead of refusing this turn and every later one (found by hypothesis)."""
+    window = 3500
+    charts = [ImageBlock(CHART.data, CHART.media_type, f"chart {n} of BTC/USDT")
+              for n in (1, 2, 3)]
+    calls = tuple(ToolUseBlock(f"c{n}", "get_chart", '{"symbol": "BTC/USDT"}')
+                  for n in (1, 2, 3))
+    unread = [Message(role="assistant", content=calls),
+              Message(role="user", kind="tool_results", content=tuple(
+                  ToolResultBlock(call.id, (TextBlock("chart attached"), chart))
+                  for call, chart in zip(calls, charts, strict=True)))]
+    refused: list[int] = []
+
+    def respond(request: RecordedRequest) -> Step:
+        if kind_of(request.json) == "summary":
+            return Reply(SUMMARY_REPLY)
+        if wire_tokens(request.json) > window:
+            refused.append(wire_images(request.json))
+            return context_overflow()
+        return Reply(f"I see {wire_images(request.json)} pictures.")
+
+    scripted_server.responder = respond
+    screenshot = ImageBlock(CHART.data, CHART.media_type, "operator screenshot")
+    async with running_desk(scripted_server, window=window, messages=unread) as desk:
+        result = await desk.loop.run_turn(desk.conversation, Trigger(
+            kind="operator", text="What do you make of this? " + "z" * 1200, source="ana",
+            images=(screenshot,)))
+        assert refused == [4]
+        assert result.text == "I see 2 pictures."
+        assert len(desk.of(OverflowRecovery)) == 1
+        assert not desk.of(ErrorEvent)
+        replay = scripted_server.requests[-1]
+        sent = " ".join(text_of(m) for m in replay.messages)
+        assert "[image removed to save space: chart 1 of BTC/USDT]" in sent
+        assert "[image removed to save space: chart 2 of BTC/USDT]" in sent
+        # The operator's screenshot, the newest, is still sent; the store keeps all four.
+        assert replay.messages[-1]["content"][-1]["type"] == "image_url"
+        assert sum(m.image_count for m in desk.store.appended) == 4
+        # The next turn is answered too, with no refusal.
+        assert (await desk.turn("tick")).text == "I see 2 pictures."
+        assert refused == [4]
 
 
 async def test_without_a_compressor_an_overflow_is_an_error_at_once(

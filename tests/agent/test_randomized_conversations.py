@@ -496,6 +496,16 @@ OVER_LONG = (
              ((Call("get_chart"), Call("export_trades", 2)), Answer(40))),
 )
 
+WEDGED = (
+    # Three charts left unread by the round limit, then an operator's picture: four
+    # pictures over a small window, with nothing old enough to summarize (the replays must
+    # send fewer pictures, or every later turn is refused too).
+    Scenario(3_500, (TurnPlan("tick"), TurnPlan("operator_image")), (
+        (Call("get_ticker"),), (Call("get_ticker"),), (Call("get_ticker"),),
+        (Call("get_ticker"),), (Call("get_chart"), Call("get_chart"), Call("get_chart")))),
+)
+"""Days the property found a desk wedged on."""
+
 
 class Brain:
     """What the model answers: summaries and flushes by rule, the rest from the scenario."""
@@ -989,7 +999,7 @@ def _note(run: Run, refusals: int) -> None:
 
 
 def _with_over_long_examples(test: Any) -> Any:
-    for scenario in OVER_LONG:
+    for scenario in (*OVER_LONG, *WEDGED):
         test = example(scenario=scenario)(test)
     return test
 

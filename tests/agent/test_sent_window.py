@@ -36,6 +36,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("scale"), st.sampled_from([0.7, 1.0, 1.3, 2.5])),
     st.tuples(st.just("replay"), st.just(0)),
     st.tuples(st.just("chart"), st.integers(0, 400)),
+    st.tuples(st.just("limit"), st.integers(0, 4)),  # an overflow lowered the pictures sent
 ), min_size=1, max_size=40)
 
 
@@ -85,6 +86,8 @@ async def test_the_incremental_window_equals_the_whole_pipeline(
             compressor.clear(conversation, keep=int(size))
         elif kind == "scale":
             conversation.token_scale = float(size)
+        elif kind == "limit":
+            conversation.picture_limit = int(size)
         elif kind == "replay" and conversation.messages:
             conversation.messages.append(conversation.messages.pop())
 
@@ -93,6 +96,8 @@ async def test_the_incremental_window_equals_the_whole_pipeline(
         assert _shape(prepared.messages) == _shape(expected)
         assert prepared.tokens == sum(estimate_tokens(m) for m in expected)
         assert prepared.images == sum(m.image_count for m in expected)
+        limit = conversation.picture_limit
+        assert prepared.images <= (keep_images if limit is None else min(limit, keep_images))
         if sent:  # what the backend's memo of the last request asks
             last = sent[-1][0]
             same_start = (len(last) <= len(prepared.messages) and all(

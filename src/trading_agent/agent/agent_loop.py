@@ -322,7 +322,7 @@ class AgentLoop:
                         f"the prompt is {why} ({self.backend.context_window}-token window): "
                         f"{exc.message}", status_code=exc.status_code,
                         model=exc.model)) from None
-                await self._recover(conversation, turn, exc, replays)
+                await self._recover(conversation, turn, exc, replays, images)
                 continue
             if reply.usage.input_tokens > 0:
                 conversation.note_reported_usage(
@@ -523,14 +523,22 @@ class AgentLoop:
             trigger=trigger or (turn.trigger if turn is not None else None))
 
     async def _recover(self, conversation: Conversation, turn: TurnState,
-                       error: ContextOverflowError, replays: int) -> bool:
+                       error: ContextOverflowError, replays: int, images: int) -> bool:
         """After a context overflow: a compaction with a recent budget halved per replay
-        (the long messages are already cut shorter by the raised token scale)."""
+        (the long messages are already cut shorter by the raised token scale). When nothing
+        is old enough to summarize, what is left is what the model has not answered; its
+        texts are cut shorter, its pictures are not: half of the ``images`` sent are, the
+        oldest first (a window too small for the pictures must not refuse every turn)."""
         self._publish(turn, OverflowRecovery(desk=self.desk_name, message=error.message))
         if self._compressor is None:
             return False
-        return await self._compress(conversation, turn, "overflow",
-                                    max(1, self._compressor.keep_recent_tokens >> replays))
+        if await self._compress(conversation, turn, "overflow",
+                                max(1, self._compressor.keep_recent_tokens >> replays)):
+            return True
+        if images == 0:
+            return False
+        conversation.picture_limit = images // 2
+        return True
 
     # ------------------------------------------------------------------ events
 

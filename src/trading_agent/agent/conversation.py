@@ -377,6 +377,10 @@ class Conversation:
         """Tokens the server counts per estimated token (characters / 4): learnt from the
         usage it reports, and raised when it refuses a prompt the estimate said would fit,
         so a digit-heavy conversation is not taken for smaller than it is."""
+        self.picture_limit: int | None = None
+        """The most pictures sent (None: the image preparer's ``keep``), lowered when the
+        server refused a request that nothing could be summarized from: its pictures were
+        what did not fit. A compaction lifts it (the window it was learnt on is gone)."""
         self.turn_id: str | None = None
         """The turn running on it, or the last one that ran (the loop sets it as a turn
         starts): the observer stores it with each message, a fact recovery reads."""
@@ -417,6 +421,7 @@ class Conversation:
         self.cleared_until = max(0, self.cleared_until - first_kept)
         self.reported_input_tokens = None
         self.memory_flushed = False
+        self.picture_limit = None
         if self.observer is not None:
             await self.observer.compacted(self, summary, first_kept_id)
 
@@ -456,6 +461,7 @@ class Conversation:
         scratch = Conversation(self.system_prompt, self.messages[self.window_start:],
                                summary=self.summary)
         scratch.token_scale = self.token_scale
+        scratch.picture_limit = self.picture_limit
         scratch.cleared_until = max(0, self.cleared_until - self.window_start)
         if self.reported_input_tokens is not None:
             scratch.note_reported_usage(self.reported_input_tokens,

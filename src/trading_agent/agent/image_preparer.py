@@ -163,16 +163,18 @@ class ImagePreparer:
         return await anyio.to_thread.run_sync(
             functools.partial(self.prepare, data, description, formats=formats))
 
-    def prune(self, messages: Sequence[Message]) -> list[Message]:
+    def prune(self, messages: Sequence[Message], keep: int | None = None) -> list[Message]:
         """Keeps the newest ``keep`` images; older ones become text placeholders.
 
         Args:
             messages: What would be sent, oldest first.
+            keep: How many to keep, if fewer than the limits' ``keep`` (a conversation's
+                ``picture_limit``).
 
         Returns:
             The messages to send; messages without pruned images are the same objects.
         """
-        keep = self.limits.keep
+        keep = self.limits.keep if keep is None else min(keep, self.limits.keep)
         seen = 0
         pruned: list[Message] = []
         for message in reversed(messages):

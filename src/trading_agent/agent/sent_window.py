@@ -54,7 +54,7 @@ def prepare_window(conversation: Conversation, compressor: ContextCompressor | N
         The messages to send.
     """
     return preparer.prune(_process(conversation, compressor, conversation.window(),
-                                   clearable=True))
+                                   clearable=True), conversation.picture_limit)
 
 
 def _process(conversation: Conversation, compressor: ContextCompressor | None,
@@ -142,7 +142,7 @@ class SentWindow:
             self._sources.extend(added[:stable - done])
         pending = _process(conversation, compressor, added[stable - done:],
                            clearable=stable < until)
-        return self._pruned(pending)
+        return self._pruned(pending, conversation.picture_limit)
 
     def _still_prefix(self, everything: list[Message], offset: int) -> bool:
         """Whether the messages processed are still the start of the window (``everything``
@@ -192,8 +192,11 @@ class SentWindow:
         self._tokens += sum(estimate_tokens(m) for m in processed)
         self._pictures.extend(base + i for i, m in enumerate(processed) if m.image_count)
 
-    def _pruned(self, pending: list[Message]) -> Prepared:
-        """The whole window with only the newest pictures kept."""
+    def _pruned(self, pending: list[Message], limit: int | None) -> Prepared:
+        """The whole window with only the newest pictures kept (at most ``limit``, when
+        the conversation has one)."""
+        keep = self._preparer.limits.keep if limit is None else min(
+            limit, self._preparer.limits.keep)
         sent = self._sent
         tokens = self._tokens + sum(estimate_tokens(m) for m in pending)
         base = len(sent)
@@ -201,17 +204,17 @@ class SentWindow:
                                         if m.image_count)]
         images = sum((sent[p] if p < base else pending[p - base]).image_count
                      for p in positions)
-        if images <= self._preparer.limits.keep:
+        if images <= keep:
             return Prepared(SharedMessages(sent, base, pending), tokens, images)
         messages = [*sent, *pending]
         with_pictures = [messages[p] for p in positions]
         # Pruning depends only on the order of the messages holding pictures.
         for position, old, new in zip(positions, with_pictures,
-                                      self._preparer.prune(with_pictures), strict=True):
+                                      self._preparer.prune(with_pictures, keep), strict=True):
             if new is not old:
                 messages[position] = new
                 tokens += estimate_tokens(new) - estimate_tokens(old)
-        return Prepared(messages, tokens, min(images, self._preparer.limits.keep))
+        return Prepared(messages, tokens, min(images, keep))
 
 
 def _stable_end(messages: Sequence[Message]) -> int:
