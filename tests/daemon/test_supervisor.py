@@ -31,9 +31,10 @@ from tests.scripted_server import (
 from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.agent.trigger import Trigger
-from trading_agent.daemon.control import DeskControl, UnknownDeskError
+from trading_agent.daemon.control import DeskControl, DeskStatus, UnknownDeskError
 from trading_agent.daemon.desk import Backoff
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
+from trading_agent.store.daily_usage import DailyUsage
 from trading_agent.store.store import Store
 
 
@@ -226,6 +227,51 @@ async def test_status_adds_usage_approvals_and_the_account(
                  control.compact("nope"), control.transcript("nope")):
         with pytest.raises(UnknownDeskError):
             await call
+
+
+async def test_a_status_asked_as_the_desk_is_removed_is_still_answered(
+        scripted_server: ScriptedServer, tmp_path: Path) -> None:
+    """A fleet hands a desk over while an operator's list of desks waits on its figures:
+    the status asked before is answered, as the desk was (it failed with UnknownDeskError,
+    and the list of every desk with a 500)."""
+    bus = EventBus()
+    reading, go_on = anyio.Event(), anyio.Event()
+    statuses: list[DeskStatus] = []
+    async with open_store(tmp_path) as store:
+        usage = store.usage
+
+        class _HeldUsage:
+            """The store's usage, whose reads wait until the test lets them go on."""
+
+            async def usage_on(self, desk: str) -> DailyUsage:
+                reading.set()
+                await go_on.wait()
+                return await usage.usage_on(desk)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(usage, name)
+
+        store.usage = _HeldUsage()  # type: ignore[assignment]
+        desk = build_desk("alpha", store, scripted_server.base_url, bus)
+        supervisor = Supervisor([DeskRuntime(desk)], bus, store)
+
+        async def ask() -> None:
+            statuses.append(await supervisor.desk_status("alpha"))
+
+        async with anyio.create_task_group() as group:
+            await group.start(supervisor.run)
+            group.start_soon(ask)
+            await reading.wait()
+            await supervisor.remove_desk("alpha")
+            go_on.set()
+            await wait_for(lambda: bool(statuses))
+            supervisor.shutdown()
+            await supervisor.stopped.wait()
+        await close_backend(desk)
+
+    assert [(s.name, s.state) for s in statuses] == [("alpha", "idle")]  # when asked
+    with pytest.raises(UnknownDeskError):  # asked after: it is not this daemon's any more
+        await supervisor.desk_status("alpha")
 
 
 class _SlowRestoreStore:

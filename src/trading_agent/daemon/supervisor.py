@@ -209,7 +209,8 @@ class Supervisor:
         update["kill_switch"] = halt.describe() if halt is not None else ""
         if self.spend is not None:
             update["spend"] = self.spend.figures(desk)
-        held = self.reduce_only.state_for(desk, self.desk_clock(desk))
+        # The runtime read at the start: a fleet may hand the desk over during an await.
+        held = self.reduce_only.state_for(desk, _clock_of(runtime))
         update["reduce_only"] = held.to_dict() if held is not None else None
         if runtime.account is not None:
             with anyio.move_on_after(_STATUS_PROBE_SECONDS):
@@ -388,8 +389,7 @@ class Supervisor:
         Raises:
             UnknownDeskError: No such desk.
         """
-        risk = self._runtime(desk).risk
-        return risk.exchange.now() if risk is not None else datetime.now(UTC)
+        return _clock_of(self._runtime(desk))
 
     async def set_reduce_only(self, on: bool, *, desk: str, by: str, reason: str = "",
                               until: datetime | None = None) -> dict[str, Any]:
@@ -646,3 +646,10 @@ class Supervisor:
             when = datetime.fromtimestamp(last[0], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             line += f"; last turn: {last[1]} at {when}"
         return line
+
+
+def _clock_of(runtime: DeskRuntime) -> datetime:
+    """A desk's clock: its exchange's (replayed time on a paper replay), else the wall
+    clock."""
+    risk = runtime.risk
+    return risk.exchange.now() if risk is not None else datetime.now(UTC)
