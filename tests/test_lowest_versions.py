@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -183,9 +184,15 @@ def _pip(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
                 timeout=timeout)
 
 
+_BOUND = 420
+"""Seconds for the whole test: 83 s alone on a slow machine, and more than twice that inside
+a loaded suite (its adapter tests went past a fixed 150 s there)."""
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(_BOUND)
 def test_the_lowest_declared_versions_install_and_work(tmp_path: Path) -> None:
+    started = time.monotonic()
     requirements = _requirements()
     pins = lowest_pins(requirements)
     constraints = tmp_path / "lowest.txt"
@@ -233,6 +240,6 @@ def test_the_lowest_declared_versions_install_and_work(tmp_path: Path) -> None:
     # so the run takes half the time and hardly more of the machine.
     tests = _run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
                   "-m", "not slow", "-k", NOT_ABOUT_VERSIONS, *ADAPTER_TESTS],
-                 timeout=150, env=env)
+                 timeout=_BOUND - 15 - (time.monotonic() - started), env=env)
     assert tests.returncode == 0, (f"with {', '.join(pins)}:\n"
                                    f"{tests.stdout[-6000:]}{tests.stderr[-2000:]}")
