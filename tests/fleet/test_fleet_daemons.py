@@ -28,6 +28,7 @@ from tests.fleet.books import read_fleet_books
 from tests.fleet.daemons import DESKS, LEASE_SECONDS, Fleet, desk_of, ends_with, fleet_config
 from tests.scripted_server import RecordedRequest, Reply, ScriptedServer, Step
 from tests.waiting import wait_until
+from trading_agent.operator.client import OperatorRequestError
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +81,12 @@ async def test_a_killed_daemons_desks_are_taken_over_and_a_stopped_ones_handed_o
             # send --wait through d1 to a desk d2 runs: the answer of a turn that ends at
             # once.
             async with fleet.daemons["d1"].client() as client:
-                answered = await client.send_and_wait(elsewhere, "Anything new?", "ann",
-                                                      wait_seconds=20)
+                try:
+                    answered = await client.send_and_wait(elsewhere, "Anything new?", "ann",
+                                                          wait_seconds=20)
+                except OperatorRequestError as exc:
+                    raise AssertionError(f"{elsewhere} (on d2): {exc}\n"
+                                         f"{fleet.logs(tail=8000)}") from exc
             fleet.sent[elsewhere].append(answered["id"])
             assert answered["reply"] == {"ok": True, "text": "Noted.", "error": ""}, answered
             # Every message goes through d1: four of the six desks run elsewhere.
