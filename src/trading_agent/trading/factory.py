@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import anyio
 import structlog
 
+from trading_agent.blocking import import_module
 from trading_agent.trading.booked_exchange import BookedExchange
 from trading_agent.trading.books import BookFill, DeskBookRecords
 from trading_agent.trading.config import ExchangeConfig, ProtectionsConfig, RiskLimits
@@ -233,8 +234,9 @@ async def open_exchange(
         matcher: Callable[[], Awaitable[list[Fill]]] | None = None
         reconciler: Callable[[], Awaitable[ReconciliationReport]] | None = None
         if config.mode == "live":
-            # Imported here: ccxt takes a second to import, and paper desks on a replay
-            # never need it.
+            # Imported here: ccxt takes a second to import (off the loop), and paper desks
+            # on a replay never need it.
+            await import_module("trading_agent.trading.ccxt_exchange")
             from trading_agent.trading.ccxt_exchange import CcxtExchange
             from trading_agent.trading.ccxt_feed import CcxtPriceFeed
             from trading_agent.trading.reconciliation import reconcile
@@ -341,6 +343,7 @@ async def open_feed(config: ExchangeConfig, *, symbols: Sequence[str] = ("BTC/US
     async with AsyncExitStack() as stack:
         feed: PriceFeed
         if config.feed == "ccxt":
+            await import_module("trading_agent.trading.ccxt_exchange")  # off the loop
             from trading_agent.trading.ccxt_exchange import CcxtExchange
             from trading_agent.trading.ccxt_feed import CcxtPriceFeed
 

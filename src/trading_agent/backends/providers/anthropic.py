@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from trading_agent.backends.config import AnthropicBackendConfig
 from trading_agent.backends.providers import Provider, ProviderContext, register
+from trading_agent.blocking import import_module
 
 if TYPE_CHECKING:
     from trading_agent.agent.backend import ModelBackend
@@ -39,7 +40,8 @@ class AnthropicModelSettings(AnthropicBackendConfig):
 
 async def _open(settings: AnthropicModelSettings, context: ProviderContext) -> ModelBackend:
     # Imported here, when a backend is opened: reading the settings imports this module, and
-    # must not load the backend's HTTP client.
+    # must not load the backend's HTTP client. Off the loop: it takes CPU.
+    await import_module("trading_agent.backends.anthropic")
     from trading_agent.backends.anthropic import AnthropicBackend
 
     config = settings.backend_config()

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from trading_agent.backends.config import OpenAIBackendConfig
 from trading_agent.backends.providers import Provider, ProviderContext, register
+from trading_agent.blocking import import_module
 
 if TYPE_CHECKING:
     from trading_agent.agent.backend import ModelBackend
@@ -44,7 +45,8 @@ async def open_openai_compatible(config: OpenAIBackendConfig, context: ProviderC
     """The backend for a config, one per distinct config, closed with the daemon (the
     ``local`` provider opens its server's through this too, with its Unix socket)."""
     # Imported here, when a backend is opened: reading the settings imports this module, and
-    # must not load the ``openai`` package.
+    # must not load the ``openai`` package. Off the loop: it takes a second of CPU.
+    await import_module("trading_agent.backends.openai_compatible")
     from trading_agent.backends.openai_compatible import OpenAICompatibleBackend
 
     async def make() -> OpenAICompatibleBackend:
