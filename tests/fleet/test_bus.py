@@ -342,16 +342,27 @@ async def test_the_holder_answers_requests_and_its_errors_come_back_as_errors(
         assert await asker.request_control("alpha", {"op": "double", "n": 21}) == {"result": 42}
         assert await asker.request_control("alpha", {"op": "fail"}) == {
             "error": "RuntimeError: no such order"}
+        cut_short: list[dict[str, Any]] = []
+
+        async def ask_slowly() -> None:
+            cut_short.append(await asker.request_control("alpha", {"op": "slow"}, 60.0))
+
         async with anyio.create_task_group() as group:
-            group.start_soon(asker.request_control, "alpha", {"op": "slow"}, 60.0)
+            group.start_soon(ask_slowly)
             # A slow request holds no other back, and serving goes on after a failure.
             assert await asker.request_control("alpha", {"op": "double", "n": 1}) == {"result": 2}
             began = time.monotonic()
             with pytest.raises(DeskUnreachable, match=r"alpha: no answer within 0\.3 s"):
                 await asker.request_control("alpha", {"op": "slow"}, timeout=0.3)
             assert time.monotonic() - began < 1.0
-            await served.stop()  # the slow ones are cancelled: their askers time out
-            group.cancel_scope.cancel()
+            # The slow ones are cancelled, and their askers told at once (not after 60 s)
+            # that the desk left the daemon answering.
+            began = time.monotonic()
+            await served.stop()
+        assert time.monotonic() - began < 5.0
+        assert [answer["error"] for answer in cut_short] == [
+            "the desk left the daemon that was answering (handed over, its lease lost, or "
+            "that daemon stopping); ask again"]
 
         began = time.monotonic()
         with pytest.raises(DeskUnreachable, match="alpha") as caught:

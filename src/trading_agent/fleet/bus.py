@@ -109,6 +109,10 @@ _STREAM_ATTEMPTS = 6
 _NATS_FAILURES = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS call raises when NATS is down or slow (JetStream's errors are among them)."""
 
+_LEFT = ("the desk left the daemon that was answering (handed over, its lease lost, or "
+         "that daemon stopping); ask again")
+"""The answer to a request cut short because its daemon let the desk go."""
+
 _FLUSH_TRIES = 3
 """How often :meth:`FleetBus._flush_quietly` asks the server again before it goes on."""
 
@@ -602,10 +606,20 @@ class FleetBus:
         else:
             try:
                 answer = await handler(request)
+            except anyio.get_cancelled_exc_class():
+                # This daemon let the desk go, or is stopping: the asker hears it now instead
+                # of waiting its whole timeout (an hour for a turn's answer) for nothing.
+                with anyio.CancelScope(shield=True), \
+                        anyio.move_on_after(self._options.request_timeout):
+                    await self._send_answer(desk, msg, {"error": _LEFT})
+                raise
             except Exception as exc:  # the requester reads it; serving goes on
                 _log.warning("fleet_request_failed", desk=desk, op=request.get("op"),
                              exc_info=exc)
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
+        await self._send_answer(desk, msg, answer)
+
+    async def _send_answer(self, desk: str, msg: Msg, answer: dict[str, Any]) -> None:
         try:
             data = json_bytes(answer)
         except (TypeError, ValueError) as exc:
