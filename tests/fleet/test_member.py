@@ -330,13 +330,15 @@ async def test_a_live_daemon_beats_at_least_twice_in_the_window_the_others_count
 
 async def test_a_daemon_that_lost_a_desk_cannot_write_for_it(database: PostgresTarget) -> None:
     async with AsyncExitStack() as stack:
-        a, b = await _daemons(stack, database, ["a", "b"], lease_seconds=0.5)
-        await a.member.balance()  # alone on the roll: a takes every desk
-        assert sorted(a.member.held) == DESKS
+        a, b = await _daemons(stack, database, ["a", "b"], lease_seconds=1.0)
+        # The stores open first: a's first write must come within its lease, which a
+        # loaded machine's two opens could outlast.
         store_a = await Store.open(_as(database, "a"), fence=a.member)
         stack.push_async_callback(store_a.close)
         store_b = await Store.open(_as(database, "b"), fence=b.member)
         stack.push_async_callback(store_b.close)
+        await a.member.balance()  # alone on the roll: a takes every desk
+        assert sorted(a.member.held) == DESKS
 
         await store_a.transcripts.append_message("desk-0", Message.user_text("from a"))
         with pytest.raises(FencedError, match="desk-0"):
@@ -365,12 +367,12 @@ _NOTES = ((1, ("CREATE TABLE notes (desk TEXT NOT NULL, text TEXT NOT NULL)",)),
 async def test_a_take_over_waits_for_the_old_holders_write_in_flight(
         database: PostgresTarget) -> None:
     async with AsyncExitStack() as stack:
-        a, b = await _daemons(stack, database, ["a", "b"], lease_seconds=0.5)
-        await a.member.balance()
+        a, b = await _daemons(stack, database, ["a", "b"], lease_seconds=1.0)
         notes = await Database.open(_as(database, "a"), _NOTES, "test_notes", fence=a.member)
         stack.push_async_callback(notes.close)
         observer = await Database.open(_as(database, "observer"))
         stack.push_async_callback(observer.close)
+        await a.member.balance()  # after the opens: the write must come within the lease
         written, finish = threading.Event(), threading.Event()
 
         def slow_note(connection: Connection) -> None:
