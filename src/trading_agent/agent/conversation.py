@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from trading_agent.agent.ids import random_hex
 
 __all__ = [
     "IMAGE_TOKEN_COST",
@@ -142,7 +143,7 @@ ContentBlock = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thinkin
 
 
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    return random_hex()
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,6 @@ waiting message is delivered before that turn's first model call.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,6 +27,7 @@ from typing import Protocol
 import anyio
 
 from trading_agent.agent.conversation import ImageBlock, Message, TextBlock
+from trading_agent.agent.ids import random_hex
 from trading_agent.agent.trigger import Trigger
 
 __all__ = ["Steering", "SteeringInbox", "SteeringMessage"]
@@ -50,7 +50,7 @@ class SteeringMessage:
     source: str = "operator"
     images: tuple[ImageBlock, ...] = ()
     queued_at: float = field(default_factory=time.time)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=random_hex)
 
     def to_message(self) -> Message:
         """The message the model reads, marked as coming from a human operator mid-turn."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
 from trading_agent.agent.conversation import ImageBlock, Message, MessageKind, TextBlock
+from trading_agent.agent.ids import random_hex
 
 __all__ = ["Trigger", "TriggerKind"]
 
@@ -46,7 +46,7 @@ class Trigger:
     source: str = ""
     images: tuple[ImageBlock, ...] = ()
     merged: int = 1
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=random_hex)
     at: float = field(default_factory=time.time)
     after_answer: bool = False
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from trading_agent.agent.backend import Usage
+from trading_agent.agent.ids import random_hex
 from trading_agent.agent.trigger import Trigger
 
 __all__ = ["TurnResult", "TurnState", "new_turn_id"]
@@ -13,7 +13,7 @@ __all__ = ["TurnResult", "TurnState", "new_turn_id"]
 
 def new_turn_id() -> str:
     """A random turn id, 12 hex digits."""
-    return uuid.uuid4().hex[:12]
+    return random_hex(12)
 
 
 @dataclass(frozen=True)
