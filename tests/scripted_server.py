@@ -172,12 +172,14 @@ class RawSSE:
         status: The HTTP status.
         headers: Extra response headers.
         chunk_delay: Seconds between events; 0 sends the whole body at once.
+        delay: Seconds before the answer starts (a model's latency).
     """
 
     text: str
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=dict)
     chunk_delay: float = 0.0
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -604,6 +606,7 @@ class ScriptedServer:
             await _send_json(writer, step.status, step.body, step.headers)
             return True
         if isinstance(step, RawSSE):
+            await asyncio.sleep(step.delay)
             texts = ([step.text] if step.chunk_delay <= 0
                      else [e + "\n\n" for e in step.text.split("\n\n") if e.strip()])
             await _send_stream(writer, [t.encode() for t in texts], step.chunk_delay,
