@@ -247,8 +247,8 @@ def _child_process(pid: int) -> tuple[list[str], dict[str, str]]:
 
 def _tcp_listeners(pid: int) -> list[str]:
     """The TCP sockets ``pid`` listens on (local addresses in /proc's hex form)."""
-    held = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()
-            if os.readlink(fd).startswith("socket:[")}
+    held = {link for link in map(_link, Path(f"/proc/{pid}/fd").iterdir())
+            if link.startswith("socket:[")}
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -256,6 +256,16 @@ def _tcp_listeners(pid: int) -> list[str]:
             if fields[3] == "0A" and f"socket:[{fields[9]}]" in held:  # 0A: LISTEN
                 found.append(fields[1])
     return found
+
+
+def _link(fd: Path) -> str:
+    """Where an open file descriptor points; "" for one closed since it was listed (the
+    child opens and closes files as it works: reading its fds once raised
+    FileNotFoundError)."""
+    try:
+        return os.readlink(fd)
+    except FileNotFoundError:
+        return ""
 
 
 def _uds_client(server: LocalModelServer, **options: Any) -> httpx.AsyncClient:
