@@ -53,10 +53,18 @@ async def main():
         group.start_soon(tick)
         await anyio.sleep(0.05)
         began = time.perf_counter()
-        module = await import_module("trading_agent.backends.openai_compatible")
+        modules = []
+
+        async def load():
+            modules.append(await import_module("trading_agent.backends.openai_compatible"))
+
+        async with anyio.create_task_group() as loading:  # two desks starting at once
+            loading.start_soon(load)
+            loading.start_soon(load)
         took = time.perf_counter() - began
         done.set()
-    assert module is sys.modules["trading_agent.backends.openai_compatible"]
+    module = sys.modules["trading_agent.backends.openai_compatible"]
+    assert modules == [module, module] and hasattr(module, "OpenAICompatibleBackend")
     assert await import_module("trading_agent.backends.openai_compatible") is module
     print(took, max(gaps))
 

@@ -54,8 +54,9 @@ async def run_blocking(call: Callable[[A], T], argument: A) -> T:
 
 async def import_module(name: str) -> ModuleType:
     """The module ``name``, imported in a worker thread the first time (Python's import
-    locks make a concurrent import of it anywhere else wait for this one, then share it)."""
+    locks make a concurrent import of it anywhere else wait for this one, then share it: a
+    module another task is still importing is waited for in a worker thread too)."""
     module = sys.modules.get(name)
-    if module is not None:
+    if module is not None and not getattr(module.__spec__, "_initializing", False):
         return module
     return await run_blocking(importlib.import_module, name)
