@@ -371,6 +371,43 @@ async def test_the_holder_answers_requests_and_its_errors_come_back_as_errors(
         assert caught.value.desk == "alpha"
 
 
+async def test_a_graceful_stop_lets_the_answers_being_written_go_out(
+        nats_url: str, nats_prefix: str) -> None:
+    """A desk handed over stops taking requests, then gives those being answered a grace:
+    one whose answer comes within it is answered (its desk's last turn ended), one still
+    waiting after it is told the desk left."""
+    soon, never = anyio.Event(), anyio.Event()
+
+    async def answer(request: dict[str, Any]) -> dict[str, Any]:
+        await (soon if request["op"] == "soon" else never).wait()
+        return {"result": request["op"]}
+
+    answers: dict[str, dict[str, Any]] = {}
+    async with _bus(nats_url, nats_prefix, "holder") as holder, \
+            _bus(nats_url, nats_prefix, "asker") as asker:
+        served = await holder.serve_control("alpha", answer)
+
+        async def ask(op: str) -> None:
+            answers[op] = await asker.request_control("alpha", {"op": op}, 30.0)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(ask, "soon")
+            group.start_soon(ask, "never")
+            with anyio.fail_after(10):
+                while served._in_flight.count < 2:  # noqa: ASYNC110 (both are being answered)
+                    await anyio.sleep(0.01)
+            began = time.monotonic()
+            async with anyio.create_task_group() as stopping:
+                stopping.start_soon(served.stop, 1.0)
+                await anyio.sleep(0.1)
+                soon.set()  # the turn ends during the grace
+        assert answers["soon"] == {"result": "soon"}
+        assert answers["never"]["error"].startswith("the desk left the daemon")
+        assert 1.0 <= time.monotonic() - began < 5.0
+        with pytest.raises(DeskUnreachable, match="no daemon serves it now"):
+            await asker.request_control("alpha", {"op": "soon"}, timeout=2.0)
+
+
 async def test_a_desk_nobody_serves_is_unreachable_within_the_timeout(
         nats_url: str, nats_prefix: str) -> None:
     async with _bus(nats_url, nats_prefix, "asker") as asker:

@@ -10,8 +10,11 @@ PostgreSQL database of the test's own, NATS with a prefix of the test's own.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 
@@ -23,7 +26,7 @@ from trading_agent.agent.event_bus import EventBus
 from trading_agent.agent.steering_inbox import SteeringMessage
 from trading_agent.daemon.desk import Desk
 from trading_agent.daemon.supervisor import DeskRuntime, Supervisor
-from trading_agent.fleet.bus import FleetBus
+from trading_agent.fleet.bus import DeskUnreachable, FleetBus
 from trading_agent.fleet.control import DeskService
 from trading_agent.store.store import Store
 
@@ -88,3 +91,74 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
     assert [(row["kind"], row["id"]) for row in transcript if row["role"] == "user"] == [
         ("operator", "m-old"), ("operator", "m-new")]
     assert len(scripted_server.requests) == 2
+
+
+async def test_a_desk_handed_over_gives_a_waiting_sender_its_last_turns_answer(
+        scripted_server: ScriptedServer, nats_url: str, nats_prefix: str) -> None:
+    """A ``send --wait`` from another daemon, then a graceful hand-over while the turn that
+    reads it runs: the inbox closes at once (a message sent then waits for the next holder),
+    the turn ends, and the sender gets its answer, where it was told that the desk left."""
+    released = threading.Event()
+    scripted_server.add(Reply("Seen: nothing to do.", hold_until=released))
+    message = {"op": "message", "desk": "alpha", "text": "How does BTC look?", "source": "ann",
+               "images": []}
+    replies: list[dict[str, Any]] = []
+    with fresh_database() as target:
+        store = await Store.open(target)
+        try:
+            async with FleetBus.connect(nats_url, "holder", prefix=nats_prefix,
+                                        options=dataclasses.replace(QUICK), key=KEY) as bus, \
+                    FleetBus.connect(nats_url, "sender", prefix=nats_prefix,
+                                     options=dataclasses.replace(QUICK), key=KEY) as sender:
+                events = EventBus()
+                desk = build_desk("alpha", store, scripted_server.base_url, events)
+                supervisor = Supervisor([DeskRuntime(desk)], events, store)
+                service = DeskService(supervisor, bus, store.inbox)
+                serving = anyio.CancelScope()
+
+                async def serve() -> None:
+                    with serving:
+                        await service.run("alpha")
+
+                async def wait_for_reply() -> None:
+                    replies.append(await sender.request_control(
+                        "alpha", {"op": "reply", "message_id": "m-1"}, 30.0))
+
+                try:
+                    async with anyio.create_task_group() as group:
+                        await group.start(supervisor.run)
+                        group.start_soon(serve)
+                        with anyio.fail_after(10):  # as FleetControl.send_message sends it
+                            while True:
+                                try:
+                                    await sender.request_control("alpha", {
+                                        "op": "expect", "message_id": "m-1"}, 2.0)
+                                    break
+                                except DeskUnreachable:  # not served yet
+                                    await anyio.sleep(0.05)
+                        await sender.send_to_desk("alpha", "m-1", message)
+                        group.start_soon(wait_for_reply)
+                        await wait_for(lambda: len(scripted_server.requests) == 1, within=10)
+
+                        # The hand-over, as the fleet's node does it.
+                        await service.stop_taking("alpha")
+                        await sender.send_to_desk("alpha", "m-2", {**message, "text": "Later."})
+                        async with anyio.create_task_group() as handing_over:
+                            handing_over.start_soon(functools.partial(
+                                supervisor.remove_desk, "alpha", finish_turn=True))
+                            released.set()  # the turn ends
+                        serving.cancel()
+                        await wait_for(lambda: bool(replies), within=10)
+                        supervisor.shutdown()
+                        await supervisor.stopped.wait()
+                        group.cancel_scope.cancel()
+                finally:
+                    await close_backend(desk)
+                async with await bus.inbox("alpha") as next_holder:  # the next holder's
+                    waiting = await anext(next_holder)
+        finally:
+            await store.close()
+
+    assert replies == [{"result": {"ok": True, "text": "Seen: nothing to do.", "error": ""}}]
+    assert desk.turns == 1 and len(scripted_server.requests) == 1
+    assert waiting.message_id == "m-2"

@@ -572,11 +572,13 @@ class FleetBus:
             raise FleetUnavailableError(f"desk {desk}: cannot serve its requests: "
                                         f"{_describe(exc)}") from exc
         await self._flush_quietly()  # the server knows of us before serve_control returns
+        in_flight = _InFlight()
         scope: anyio.CancelScope = await self._group.start(self._serve_requests, desk, sub,
-                                                           handler)
-        return Served(desk, sub, scope)
+                                                           handler, in_flight)
+        return Served(desk, sub, scope, in_flight)
 
-    async def _serve_requests(self, desk: str, sub: Subscription, handler: ControlHandler, *,
+    async def _serve_requests(self, desk: str, sub: Subscription, handler: ControlHandler,
+                              in_flight: _InFlight, *,
                               task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
         with anyio.CancelScope() as scope:
             task_status.started(scope)
@@ -586,7 +588,15 @@ class FleetBus:
                         msg = await sub.next_msg(timeout=None)
                     except nats.errors.ConnectionClosedError:
                         return
-                    answering.start_soon(self._answer, desk, msg, handler)
+                    in_flight.count += 1
+                    answering.start_soon(self._answer_counted, desk, msg, handler, in_flight)
+
+    async def _answer_counted(self, desk: str, msg: Msg, handler: ControlHandler,
+                              in_flight: _InFlight) -> None:
+        try:
+            await self._answer(desk, msg, handler)
+        finally:
+            in_flight.done()
 
     async def _answer(self, desk: str, msg: Msg, handler: ControlHandler) -> None:
         answer: dict[str, Any]
@@ -824,18 +834,41 @@ class FleetBus:
             await self._js.delete_consumer(stream, name)
 
 
+class _InFlight:
+    """How many of a desk's requests are being answered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = anyio.Event()
+
+    def done(self) -> None:
+        self.count -= 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def none_left(self) -> None:
+        while self.count:
+            await self._changed.wait()
+
+
 class Served:
     """The requests of a desk served by this daemon; :meth:`stop` when it lets the desk go."""
 
-    def __init__(self, desk: str, sub: Subscription, scope: anyio.CancelScope) -> None:
+    def __init__(self, desk: str, sub: Subscription, scope: anyio.CancelScope,
+                 in_flight: _InFlight) -> None:
         self.desk = desk
         self._sub = sub
         self._scope = scope
+        self._in_flight = in_flight
 
-    async def stop(self) -> None:
-        """Stops taking requests and cancels those being answered; idempotent."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stops taking requests; those being answered get ``grace`` seconds to end (a desk
+        handed over: the answers its last turn gave go out), then are cancelled, their askers
+        told that the desk left. Idempotent."""
         with anyio.CancelScope(shield=True):
             await _unsubscribe_quietly(self._sub)
+            with anyio.move_on_after(grace):
+                await self._in_flight.none_left()
         self._scope.cancel()
 
 

@@ -51,7 +51,7 @@ from trading_agent.fleet.sealing import SealRefused
 
 if TYPE_CHECKING:
     from trading_agent.daemon.supervisor import Supervisor
-    from trading_agent.fleet.bus import FleetBus, InboxMessage
+    from trading_agent.fleet.bus import DeskInbox, FleetBus, InboxMessage
     from trading_agent.fleet.member import FleetMember
     from trading_agent.operator.approvals import ApprovalBook
     from trading_agent.store.desk_leases import DeskLeases
@@ -399,6 +399,10 @@ class FleetControl:
                 yield event.seq, {**event.data, "id": event.seq}
 
 
+_ANSWER_GRACE = 2.0
+"""Seconds a desk handed over gives the requests being answered to end (the answers of its
+last turn, which go out at once); those still waiting are then told that the desk left."""
+
 _EXPECTED_MAX = 1000
 """The most answers a holder waits for on behalf of senders at once (the oldest go first)."""
 
@@ -441,6 +445,8 @@ class DeskService:
         self.inbox = inbox
         self.approvals = approvals
         self._expected: dict[str, _Expected] = {}
+        self._inboxes: dict[str, DeskInbox] = {}
+        self._handing_over: set[str] = set()
 
     async def run(self, desk: str) -> None:
         """Serves ``desk`` until cancelled (its lease lost or handed over)."""
@@ -450,17 +456,35 @@ class DeskService:
             served = await self.bus.serve_control(
                 desk, lambda request: self._answer(desk, request, waiting))
             try:
-                inbox = await self.bus.inbox(desk)
+                inbox = self._inboxes[desk] = await self.bus.inbox(desk)
                 try:
+                    if desk in self._handing_over:
+                        await inbox.close()  # asked before the inbox was open
                     async for message in inbox:
                         await self._take(desk, message)
                 finally:
+                    self._inboxes.pop(desk, None)
                     with anyio.CancelScope(shield=True):
                         await inbox.close()
+                if desk in self._handing_over:
+                    await anyio.sleep_forever()  # the requests, until the desk has stopped
             finally:
+                grace = _ANSWER_GRACE if desk in self._handing_over else 0.0
+                self._handing_over.discard(desk)
                 with anyio.CancelScope(shield=True):
-                    await served.stop()
+                    await served.stop(grace)
                 waiting.cancel_scope.cancel()
+
+    async def stop_taking(self, desk: str) -> None:
+        """A graceful hand-over's first step: the desk's inbox is closed (a message sent from
+        now waits there for the next holder) while its requests are still answered. When
+        :meth:`run` is then cancelled (the desk's last turn ended), the requests being
+        answered get :data:`_ANSWER_GRACE` seconds to end: a ``send --wait`` whose turn ended
+        here gets its answer, not word that the desk left."""
+        self._handing_over.add(desk)
+        inbox = self._inboxes.get(desk)
+        if inbox is not None:
+            await inbox.close()
 
     def _expect(self, desk: str, message_id: str, waiting: anyio.abc.TaskGroup) -> None:
         """Starts waiting for the answer to a message before it is sent, so that a turn

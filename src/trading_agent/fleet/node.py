@@ -145,12 +145,16 @@ class FleetNode:
         assert self._supervisor is not None
         running = self._running.pop(desk, None)
         if running is not None:
-            running.serving.cancel()
+            if lost or self._service is None:
+                running.serving.cancel()
+            else:  # no message taken from now on; the requests answered until the turn ends
+                await self._service.stop_taking(desk)
         if desk in self._supervisor.desk_names():
             if lost:
                 self._supervisor.cancel_turn(desk, "fleet: lease lost", now=True)
             await self._supervisor.remove_desk(desk, finish_turn=not lost)
         if running is not None:
+            running.serving.cancel()
             with anyio.CancelScope(shield=True):
                 await running.stack.aclose()
         _log.info("fleet_desk_stopped", daemon=self.daemon_id, desk=desk,
@@ -159,7 +163,9 @@ class FleetNode:
     async def leave(self) -> None:
         """A graceful stop, once the supervisor has stopped the desks: their leases given up
         at once and the others told, so they take the desks now."""
-        for running in self._running.values():
+        for desk, running in list(self._running.items()):
+            if self._service is not None:  # the answers of their last turns go out
+                await self._service.stop_taking(desk)
             running.serving.cancel()
             with anyio.CancelScope(shield=True):
                 await running.stack.aclose()
