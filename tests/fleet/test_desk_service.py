@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import pytest
 
 from tests.daemon.harness import build_desk, close_backend, wait_for
 from tests.fleet.test_bus import KEY, QUICK
@@ -93,11 +94,14 @@ async def test_inbox_messages_are_taken_once_even_one_a_dead_holder_left_unackno
     assert len(scripted_server.requests) == 2
 
 
+@pytest.mark.parametrize("how", ["handed over", "daemon stopping"])
 async def test_a_desk_handed_over_gives_a_waiting_sender_its_last_turns_answer(
-        scripted_server: ScriptedServer, nats_url: str, nats_prefix: str) -> None:
+        scripted_server: ScriptedServer, nats_url: str, nats_prefix: str, how: str) -> None:
     """A ``send --wait`` from another daemon, then a graceful hand-over while the turn that
     reads it runs: the inbox closes at once (a message sent then waits for the next holder),
-    the turn ends, and the sender gets its answer, where it was told that the desk left."""
+    the turn ends, and the sender gets its answer, where it was told that the desk left. The
+    same when the daemon stops (SIGTERM): the sender gets the outcome of the turn the
+    shutdown stopped."""
     released = threading.Event()
     scripted_server.add(Reply("Seen: nothing to do.", hold_until=released))
     message = {"op": "message", "desk": "alpha", "text": "How does BTC look?", "source": "ann",
@@ -114,6 +118,7 @@ async def test_a_desk_handed_over_gives_a_waiting_sender_its_last_turns_answer(
                 desk = build_desk("alpha", store, scripted_server.base_url, events)
                 supervisor = Supervisor([DeskRuntime(desk)], events, store)
                 service = DeskService(supervisor, bus, store.inbox)
+                supervisor.on_shutdown.append(service.stopping)  # as the fleet's node does
                 serving = anyio.CancelScope()
 
                 async def serve() -> None:
@@ -140,25 +145,33 @@ async def test_a_desk_handed_over_gives_a_waiting_sender_its_last_turns_answer(
                         group.start_soon(wait_for_reply)
                         await wait_for(lambda: len(scripted_server.requests) == 1, within=10)
 
-                        # The hand-over, as the fleet's node does it.
-                        await service.stop_taking("alpha")
-                        await sender.send_to_desk("alpha", "m-2", {**message, "text": "Later."})
-                        async with anyio.create_task_group() as handing_over:
-                            handing_over.start_soon(functools.partial(
-                                supervisor.remove_desk, "alpha", finish_turn=True))
-                            released.set()  # the turn ends
-                        serving.cancel()
+                        if how == "handed over":  # as the fleet's node does it
+                            await service.stop_taking("alpha")
+                            await sender.send_to_desk("alpha", "m-2",
+                                                      {**message, "text": "Later."})
+                            async with anyio.create_task_group() as handing_over:
+                                handing_over.start_soon(functools.partial(
+                                    supervisor.remove_desk, "alpha", finish_turn=True))
+                                released.set()  # the turn ends
+                            serving.cancel()
+                        else:  # the services end once the desks have stopped
+                            supervisor.shutdown()
+                            released.set()
+                            await supervisor.stopped.wait()
+                            serving.cancel()
                         await wait_for(lambda: bool(replies), within=10)
                         supervisor.shutdown()
                         await supervisor.stopped.wait()
                         group.cancel_scope.cancel()
                 finally:
                     await close_backend(desk)
-                async with await bus.inbox("alpha") as next_holder:  # the next holder's
-                    waiting = await anext(next_holder)
+                if how == "handed over":
+                    async with await bus.inbox("alpha") as next_holder:  # the next holder's
+                        waiting = await anext(next_holder)
+                    assert waiting.message_id == "m-2"
         finally:
             await store.close()
 
+    # The model's answer was final: the turn ended with it, the shutdown's safe point.
     assert replies == [{"result": {"ok": True, "text": "Seen: nothing to do.", "error": ""}}]
     assert desk.turns == 1 and len(scripted_server.requests) == 1
-    assert waiting.message_id == "m-2"

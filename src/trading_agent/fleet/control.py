@@ -399,9 +399,10 @@ class FleetControl:
                 yield event.seq, {**event.data, "id": event.seq}
 
 
-_ANSWER_GRACE = 2.0
-"""Seconds a desk handed over gives the requests being answered to end (the answers of its
-last turn, which go out at once); those still waiting are then told that the desk left."""
+_ANSWER_GRACE = 1.0
+"""Seconds a desk handed over (or a daemon stopping) gives the requests being answered to end
+(the answers of its last turn, which go out at once); those still waiting are then told that
+the desk left."""
 
 _EXPECTED_MAX = 1000
 """The most answers a holder waits for on behalf of senders at once (the oldest go first)."""
@@ -485,6 +486,13 @@ class DeskService:
         inbox = self._inboxes.get(desk)
         if inbox is not None:
             await inbox.close()
+
+    def stopping(self) -> None:
+        """The daemon is stopping (a supervisor's ``on_shutdown``): when each desk's
+        :meth:`run` is cancelled, once the desks have stopped, the requests being answered
+        get the same grace, so a ``send --wait`` gets the outcome of the turn the shutdown
+        stopped."""
+        self._handing_over.update(self._inboxes)
 
     def _expect(self, desk: str, message_id: str, waiting: anyio.abc.TaskGroup) -> None:
         """Starts waiting for the answer to a message before it is sent, so that a turn

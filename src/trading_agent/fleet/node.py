@@ -88,6 +88,7 @@ class FleetNode:
         self._supervisor, self._build = supervisor, build
         self._service = DeskService(supervisor, self.bus, store.inbox, approvals)
         supervisor.on_shutdown.append(self.member.stop_taking)
+        supervisor.on_shutdown.append(self._service.stopping)
         return FleetControl(supervisor, self.member, self.bus, self.leases, store.transcripts,
                             list(self.settings.desks))
 
@@ -163,9 +164,7 @@ class FleetNode:
     async def leave(self) -> None:
         """A graceful stop, once the supervisor has stopped the desks: their leases given up
         at once and the others told, so they take the desks now."""
-        for desk, running in list(self._running.items()):
-            if self._service is not None:  # the answers of their last turns go out
-                await self._service.stop_taking(desk)
+        for running in self._running.values():
             running.serving.cancel()
             with anyio.CancelScope(shield=True):
                 await running.stack.aclose()
