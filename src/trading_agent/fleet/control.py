@@ -447,34 +447,39 @@ class DeskService:
         self.approvals = approvals
         self._expected: dict[str, _Expected] = {}
         self._inboxes: dict[str, DeskInbox] = {}
+        self._serving: set[str] = set()
         self._handing_over: set[str] = set()
 
     async def run(self, desk: str) -> None:
         """Serves ``desk`` until cancelled (its lease lost or handed over)."""
-        # Pins made while another daemon held the desk are in the shared store, not here.
-        await self.local.pins.reload(self.local.desk(desk))
-        async with anyio.create_task_group() as waiting:
-            served = await self.bus.serve_control(
-                desk, lambda request: self._answer(desk, request, waiting))
-            try:
-                inbox = self._inboxes[desk] = await self.bus.inbox(desk)
+        self._serving.add(desk)
+        try:
+            # Pins made while another daemon held the desk are in the shared store, not here.
+            await self.local.pins.reload(self.local.desk(desk))
+            async with anyio.create_task_group() as waiting:
+                served = await self.bus.serve_control(
+                    desk, lambda request: self._answer(desk, request, waiting))
                 try:
+                    inbox = self._inboxes[desk] = await self.bus.inbox(desk)
+                    try:
+                        if desk in self._handing_over:
+                            await inbox.close()  # asked before the inbox was open
+                        async for message in inbox:
+                            await self._take(desk, message)
+                    finally:
+                        self._inboxes.pop(desk, None)
+                        with anyio.CancelScope(shield=True):
+                            await inbox.close()
                     if desk in self._handing_over:
-                        await inbox.close()  # asked before the inbox was open
-                    async for message in inbox:
-                        await self._take(desk, message)
+                        await anyio.sleep_forever()  # the requests, until the desk stopped
                 finally:
-                    self._inboxes.pop(desk, None)
+                    grace = _ANSWER_GRACE if desk in self._handing_over else 0.0
                     with anyio.CancelScope(shield=True):
-                        await inbox.close()
-                if desk in self._handing_over:
-                    await anyio.sleep_forever()  # the requests, until the desk has stopped
-            finally:
-                grace = _ANSWER_GRACE if desk in self._handing_over else 0.0
-                self._handing_over.discard(desk)
-                with anyio.CancelScope(shield=True):
-                    await served.stop(grace)
-                waiting.cancel_scope.cancel()
+                        await served.stop(grace)
+                    waiting.cancel_scope.cancel()
+        finally:  # a desk taken again later starts afresh
+            self._serving.discard(desk)
+            self._handing_over.discard(desk)
 
     async def stop_taking(self, desk: str) -> None:
         """A graceful hand-over's first step: the desk's inbox is closed (a message sent from
@@ -482,6 +487,8 @@ class DeskService:
         :meth:`run` is then cancelled (the desk's last turn ended), the requests being
         answered get :data:`_ANSWER_GRACE` seconds to end: a ``send --wait`` whose turn ended
         here gets its answer, not word that the desk left."""
+        if desk not in self._serving:
+            return  # nothing runs for it here (a service between two attempts)
         self._handing_over.add(desk)
         inbox = self._inboxes.get(desk)
         if inbox is not None:
@@ -492,7 +499,7 @@ class DeskService:
         :meth:`run` is cancelled, once the desks have stopped, the requests being answered
         get the same grace, so a ``send --wait`` gets the outcome of the turn the shutdown
         stopped."""
-        self._handing_over.update(self._inboxes)
+        self._handing_over.update(self._serving)
 
     def _expect(self, desk: str, message_id: str, waiting: anyio.abc.TaskGroup) -> None:
         """Starts waiting for the answer to a message before it is sent, so that a turn
