@@ -399,7 +399,7 @@ async def test_a_graceful_stop_lets_the_answers_being_written_go_out(
             began = time.monotonic()
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(served.stop, 1.0)
-                await anyio.sleep(0.1)
+                await anyio.wait_all_tasks_blocked()  # the stop waits on those in flight
                 soon.set()  # the turn ends during the grace
         assert answers["soon"] == {"result": "soon"}
         assert answers["never"]["error"].startswith("the desk left the daemon")
