@@ -163,6 +163,11 @@ class ImagePreparer:
         return await anyio.to_thread.run_sync(
             functools.partial(self.prepare, data, description, formats=formats))
 
+    def kept(self, limit: int | None = None) -> int:
+        """How many of the newest images are sent: the limits' ``keep``, or ``limit`` when
+        fewer (a conversation's ``picture_limit``)."""
+        return self.limits.keep if limit is None else min(limit, self.limits.keep)
+
     def prune(self, messages: Sequence[Message], keep: int | None = None) -> list[Message]:
         """Keeps the newest ``keep`` images; older ones become text placeholders.
 
@@ -174,7 +179,7 @@ class ImagePreparer:
         Returns:
             The messages to send; messages without pruned images are the same objects.
         """
-        keep = self.limits.keep if keep is None else min(keep, self.limits.keep)
+        keep = self.kept(keep)
         seen = 0
         pruned: list[Message] = []
         for message in reversed(messages):

@@ -195,8 +195,7 @@ class SentWindow:
     def _pruned(self, pending: list[Message], limit: int | None) -> Prepared:
         """The whole window with only the newest pictures kept (at most ``limit``, when
         the conversation has one)."""
-        keep = self._preparer.limits.keep if limit is None else min(
-            limit, self._preparer.limits.keep)
+        keep = self._preparer.kept(limit)
         sent = self._sent
         tokens = self._tokens + sum(estimate_tokens(m) for m in pending)
         base = len(sent)
