@@ -460,16 +460,7 @@ class DeskService:
                 served = await self.bus.serve_control(
                     desk, lambda request: self._answer(desk, request, waiting))
                 try:
-                    inbox = self._inboxes[desk] = await self.bus.inbox(desk)
-                    try:
-                        if desk in self._handing_over:
-                            await inbox.close()  # asked before the inbox was open
-                        async for message in inbox:
-                            await self._take(desk, message)
-                    finally:
-                        self._inboxes.pop(desk, None)
-                        with anyio.CancelScope(shield=True):
-                            await inbox.close()
+                    await self._take_inbox(desk)
                     if desk in self._handing_over:
                         await anyio.sleep_forever()  # the requests, until the desk stopped
                 finally:
@@ -480,6 +471,20 @@ class DeskService:
         finally:  # a desk taken again later starts afresh
             self._serving.discard(desk)
             self._handing_over.discard(desk)
+
+    async def _take_inbox(self, desk: str) -> None:
+        """Takes the desk's inbox messages until the inbox closes (:meth:`stop_taking`, or
+        the bus closing)."""
+        inbox = self._inboxes[desk] = await self.bus.inbox(desk)
+        try:
+            if desk in self._handing_over:
+                await inbox.close()  # asked before the inbox was open
+            async for message in inbox:
+                await self._take(desk, message)
+        finally:
+            self._inboxes.pop(desk, None)
+            with anyio.CancelScope(shield=True):
+                await inbox.close()
 
     async def stop_taking(self, desk: str) -> None:
         """A graceful hand-over's first step: the desk's inbox is closed (a message sent from

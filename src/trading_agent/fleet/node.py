@@ -146,9 +146,10 @@ class FleetNode:
         assert self._supervisor is not None
         running = self._running.pop(desk, None)
         if running is not None:
-            if lost or self._service is None:
+            if lost:
                 running.serving.cancel()
             else:  # no message taken from now on; the requests answered until the turn ends
+                assert self._service is not None  # attached before any desk started
                 await self._service.stop_taking(desk)
         if desk in self._supervisor.desk_names():
             if lost:
