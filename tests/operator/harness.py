@@ -204,6 +204,10 @@ class LoopDeskControl:
         return await cancel_desk_order(self.desk_books.get(desk), self.exchanges.get(desk), desk,
                                        order_id)
 
+    def kill_switch_halts(self) -> list[dict[str, str]]:
+        """No kill switch is ever on in the test daemon (the page asks on every load)."""
+        return []
+
     def message_limit(self, desk: str) -> int | None:
         d = self._desk(desk)
         return d.loop.message_max_chars(d.conversation)

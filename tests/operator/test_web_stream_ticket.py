@@ -24,7 +24,7 @@ from trading_agent.operator.approvals import ApprovalBook
 from trading_agent.operator.config import OperatorConfig
 
 TOKEN = "web-test-token-0123456789abcdef"
-TICKET_SECONDS = 1.0
+TICKET_SECONDS = 2.0
 """The tickets' lifetime in this test (a minute in the daemon)."""
 
 pytestmark = [needs_chromium, pytest.mark.slow]
@@ -107,9 +107,13 @@ async def test_the_page_renews_its_stream_ticket_when_the_stream_reconnects_afte
             page.on("response", on_response)
             await page.goto(f"http://127.0.0.1:{proxy.port}/?desk=alpha#token={TOKEN}")
             await expect(page.locator("body")).to_have_attribute("data-live", "true")
-            await wait_until(lambda: streams, "the page's stream to open")
-            first_ticket, status = streams[0]
-            assert first_ticket and status == 200, streams
+            await wait_until(lambda: any(s == 200 for _, s in streams),
+                             "the page's stream to open")
+            # On a loaded machine the page's first ticket can expire before its stream
+            # opens; the page then takes another at once: the ticket that matters is the
+            # one the live stream holds.
+            first_ticket = next(t for t, s in streams if s == 200)
+            assert first_ticket, streams
 
             async def expired() -> bool:  # asked with the ticket alone, as the browser does
                 async with httpx.AsyncClient(base_url=str(endpoints.url), timeout=10) as bare, \
@@ -120,13 +124,15 @@ async def test_the_page_renews_its_stream_ticket_when_the_stream_reconnects_afte
             await wait_until(expired, "the page's ticket to expire", within=10, step=0.1)
             assert await page.locator("body").get_attribute("data-live") == "true"
 
+            cut_at = len(streams)
             assert proxy.cut() >= 1
             # The browser retries the same URL (refused: its ticket expired), then the page
             # asks for a new ticket and opens the stream with it.
-            await wait_until(lambda: any(s == 401 for _, s in streams),
+            await wait_until(lambda: (first_ticket, 401) in streams[cut_at:],
                              "the browser's retry with the expired ticket to be refused",
                              within=15, step=0.05)
-            await wait_until(lambda: any(t != first_ticket and s == 200 for t, s in streams),
+            await wait_until(lambda: any(t != first_ticket and s == 200
+                                         for t, s in streams[cut_at:]),
                              "the page to open the stream with a new ticket", within=15,
                              step=0.05)
             await expect(page.locator("body")).to_have_attribute("data-live", "true")
@@ -137,6 +143,6 @@ async def test_the_page_renews_its_stream_ticket_when_the_stream_reconnects_afte
             await expect(page.locator("#log")).to_contain_text("BTC holds 64,000.",
                                                                use_inner_text=True)
             assert not tab.errors, tab.errors
-    refused = [t for t, s in streams if s == 401]
-    assert refused and set(refused) == {first_ticket}, streams
+    refused_after_cut = [t for t, s in streams[cut_at:] if s == 401]
+    assert first_ticket in refused_after_cut, streams
     scripted_server.assert_complete()
