@@ -327,6 +327,24 @@ async def test_bad_desk_names_and_message_ids_are_refused(
 # ---------------------------------------------------------------------- requests
 
 
+async def test_the_server_has_read_the_subscription_when_serve_control_returns(
+        nats_prefix: str) -> None:
+    """nats-py writes a flush's PING straight to the socket, ahead of a SUB still waiting
+    for its flusher task: the PONG could come before the server had read the SUB, and a
+    request sent at once found no daemon serving the desk (seen on a loaded machine). On
+    the wire the SUB goes first, so the flush's PONG vouches for it."""
+    async def answer(request: dict[str, Any]) -> dict[str, Any]:
+        return request
+
+    async with _relay() as relay, _bus(relay.url, nats_prefix, "holder") as holder:
+        start = len(relay.sent)
+        await holder.serve_control("alpha", answer)
+        wire = bytes(relay.sent[start:])
+        sub = wire.find(f"SUB {nats_prefix}.control.alpha ".encode())
+        assert sub >= 0, wire
+        assert b"PING\r\n" in wire[sub:], wire
+
+
 async def test_the_holder_answers_requests_and_its_errors_come_back_as_errors(
         nats_url: str, nats_prefix: str) -> None:
     async def answer(request: dict[str, Any]) -> dict[str, Any]:
@@ -462,6 +480,8 @@ class NatsRelay:
         self._scope = anyio.CancelScope()
         self._gates: list[_Gate] = []
         self.connections = 0
+        self.sent = bytearray()
+        """Every byte the clients sent the server, in the order the relay read them."""
 
     def freeze(self) -> None:
         for gate in self._gates:
@@ -497,14 +517,17 @@ class NatsRelay:
         self.connections += 1
         async with client, await anyio.connect_tcp("127.0.0.1", 4222) as server, \
                 anyio.create_task_group() as pipes:
-            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope, gate)
+            pipes.start_soon(self._pipe, client, server, pipes.cancel_scope, gate, self.sent)
             await self._pipe(server, client, pipes.cancel_scope, gate)
 
     @staticmethod
     async def _pipe(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream,
-                    scope: anyio.CancelScope, gate: _Gate) -> None:
+                    scope: anyio.CancelScope, gate: _Gate,
+                    record: bytearray | None = None) -> None:
         try:
             async for chunk in source:
+                if record is not None:
+                    record += chunk
                 await gate.open.wait()
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -40,6 +40,7 @@ Errors::
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import ssl
@@ -1101,7 +1102,7 @@ class _NotTls(ssl.SSLError):
 
 
 class _Client(Client):
-    """nats-py's client, surviving a late PONG.
+    """nats-py's client, surviving a late PONG, and whose flush follows what it sent.
 
     It also refuses to speak plain text to a ``tls://`` server.
 
@@ -1125,6 +1126,16 @@ class _Client(Client):
             raise _NotTls("the server does not require TLS although the URL is tls:// (nothing "
                           "was sent to it; configure TLS on the server)")
         return super()._connect_command()
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        """Sends what waits for the flusher task (a SUB) before the PING: nats-py writes the
+        PING straight to the socket, so a flush's PONG could come before the server had read
+        a subscription made just before it, and a request sent then found no responder."""
+        if self._pending and self.is_connected and self._transport is not None:
+            self._transport.writelines(self._pending)
+            self._pending = []
+            self._pending_data_size = 0
+        await super()._send_ping(future)
 
     async def _process_pong(self) -> None:
         if self._pongs:
