@@ -36,11 +36,26 @@ async def test_the_retry_button_runs_the_last_turn_again_and_strikes_out_its_ans
             await _type(tab, "Should we buy?")
             await expect(page.locator("#log")).to_contain_text("Buy everything now!",
                                                                use_inner_text=True)
+            # The answer streams before its turn ends: retry once the page shows the end.
+            await expect(page.locator("#log")).to_contain_text("1 round", use_inner_text=True)
             retry = page.locator("#retry-turn")
             await expect(retry).to_be_enabled()
+            asked: list[str] = []  # what became of the page's retry request
+            page.on("requestfinished", lambda request: asked.append(
+                f"{request.method} {request.url}: finished") if "/retry" in request.url else None)
+            page.on("requestfailed", lambda request: asked.append(
+                f"{request.method} {request.url}: {request.failure}")
+                if "/retry" in request.url else None)
             await retry.click()
-            await expect(page.locator(".note", has_text="retried the last turn")).to_contain_text(
-                "owner retried the last turn: its answer (1 message) left what the desk is sent")
+            try:
+                await expect(page.locator(".note", has_text="retried the last turn")
+                             ).to_contain_text("owner retried the last turn: its answer "
+                                               "(1 message) left what the desk is sent")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nthe retry request: {asked or 'none finished'}\n"
+                                     f"the daemon's log:\n"
+                                     f"{daemon.log.read_text(errors='replace')[-4000:]}"
+                                     ) from None
             await expect(page.locator("#log")).to_contain_text("Holding: the move is small.",
                                                                use_inner_text=True)
             # Read again from the store: the first answer is kept, struck out.
