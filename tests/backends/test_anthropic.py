@@ -87,6 +87,11 @@ TOOLS: list[dict[str, Any]] = [
         "parameters": {"type": "object", "properties": {"symbol": {"type": "string"}}}}},
 ]
 
+OTHER_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {**TOOLS[0]["function"],
+                                      "description": "Last price of another market."}}]
+"""Another desk's tools (definitions of its own, as each desk's registry builds them)."""
+
 
 def make_config(server: AnthropicScriptedServer, **overrides: Any) -> AnthropicBackendConfig:
     settings: dict[str, Any] = {"base_url": server.base_url, "model": MODEL,
@@ -907,7 +912,8 @@ async def test_the_agent_loop_runs_a_tool_turn_over_the_anthropic_backend(
 def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
         steps: list[str], shared_tail: int | None) -> None:
     """Also with the messages shared as the loop's window sends them (``shared_tail`` not
-    None: on one list grown in place, with that many after the shared part)."""
+    None: on one list grown in place, with that many after the shared part). The desks
+    share the backend, each with a system prompt and tools of its own."""
     config = AnthropicBackendConfig(base_url="http://127.0.0.1:9", model=MODEL,
                                     context_window=200_000, api_key_env=None)
     remembering = AnthropicBackend(config)
@@ -933,11 +939,13 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
             window = window[1:]
         elif step == "cut_end":
             window = window[:-1]
-        key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
+        other = step == "other_desk"
+        key = "trading-agent:other" if other else "trading-agent:desk"
         sent: Sequence[Message] = window
         if shared_tail is not None:
             sent, base = shared_as_a_window_sends(window, base, shared_tail)
-        request = ModelRequestSpec("system", sent, [], cache_key=key)
+        request = ModelRequestSpec("other system" if other else "system", sent,
+                                   OTHER_TOOLS if other else TOOLS, cache_key=key)
 
         assert remembering.request_body(request) == AnthropicBackend(config).request_body(
             request)

@@ -67,6 +67,12 @@ TOOLS: list[dict[str, Any]] = [{
                                 "required": ["symbol"]}},
 }]
 
+OTHER_TOOLS: list[dict[str, Any]] = [{
+    "type": "function",
+    "function": {**TOOLS[0]["function"], "description": "Last price of another market."},
+}]
+"""Another desk's tools (definitions of its own, as each desk's registry builds them)."""
+
 
 def make_config(server: ScriptedServer, **overrides: Any) -> OpenAIBackendConfig:
     settings: dict[str, Any] = {"base_url": server.base_url, "model": MODEL,
@@ -545,7 +551,8 @@ async def test_each_message_is_encoded_once_and_bodies_are_identical(
 def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
         steps: list[str], shared_tail: int | None) -> None:
     """Also with the messages shared as the loop's window sends them (``shared_tail`` not
-    None: on one list grown in place, with that many after the shared part)."""
+    None: on one list grown in place, with that many after the shared part). The other
+    desk, on the same backend, has a system prompt and tools of its own."""
     config = OpenAIBackendConfig(base_url="http://127.0.0.1:9/v1", model=MODEL,
                                  context_window=8192)
     remembering = OpenAICompatibleBackend(config)
@@ -562,11 +569,13 @@ def test_a_desks_body_joined_from_its_last_request_equals_one_built_afresh(
             window = window[1:]
         elif step == "cut_end":  # a replayed last message taken off
             window = window[:-1]
-        key = "trading-agent:other" if step == "other_desk" else "trading-agent:desk"
+        other = step == "other_desk"
+        key = "trading-agent:other" if other else "trading-agent:desk"
         sent: Sequence[Message] = window
         if shared_tail is not None:
             sent, base = shared_as_a_window_sends(window, base, shared_tail)
-        request = ModelRequestSpec("system", sent, TOOLS, cache_key=key)
+        request = ModelRequestSpec("other system" if other else "system", sent,
+                                   OTHER_TOOLS if other else TOOLS, cache_key=key)
 
         assert remembering.request_body(request) == (
             OpenAICompatibleBackend(config).request_body(request))

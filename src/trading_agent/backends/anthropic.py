@@ -79,6 +79,7 @@ from trading_agent.agent.conversation import (
 from trading_agent.agent.pacing import pace
 from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
+from trading_agent.backends.recent_encodings import RecentEncodings, tools_key
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
     ConnectionFailed,
@@ -528,8 +529,8 @@ class AnthropicBackend:
         if config.thinking_budget_tokens is not None:
             self._thinking_field = b',"thinking":' + _dumps(
                 {"type": "enabled", "budget_tokens": config.thinking_budget_tokens})
-        self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
-        self._system_cache: tuple[str, bytes] | None = None
+        self._tools_cache = RecentEncodings()
+        self._system_cache = RecentEncodings()
         self._joined: OrderedDict[str | None, _Joined] = OrderedDict()
         """Per desk (the request's cache key), the wire messages of its last request up to
         the last run of one role: the next request of that desk starts there."""
@@ -704,25 +705,16 @@ class AnthropicBackend:
         return kept, False
 
     def _system(self, prompt: str) -> bytes:
-        cached = self._system_cache
-        if cached is None or cached[0] != prompt:
-            cached = (prompt, b"[" + _dumps({"type": "text", "text": prompt})[:-1]
-                      + _BREAKPOINT + b"]")
-            self._system_cache = cached
-        return cached[1]
+        return self._system_cache.get(prompt, lambda: (
+            b"[" + _dumps({"type": "text", "text": prompt})[:-1] + _BREAKPOINT + b"]"))
 
     def _tools(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
-        # Keyed by the identity of each definition (the registry builds them once); the
-        # cache holds them, so an id cannot be reused while it is compared.
-        key = tuple(tools)
-        cached = self._tools_cache
-        if cached is None or len(cached[0]) != len(key) or any(
-                a is not b for a, b in zip(cached[0], key, strict=True)):
+        def encode() -> bytes:
             encoded = [_dumps(_tool_definition(tool)) for tool in tools]
             encoded[-1] = encoded[-1][:-1] + _BREAKPOINT
-            cached = (key, b"[" + b",".join(encoded) + b"]")
-            self._tools_cache = cached
-        return cached[1]
+            return b"[" + b",".join(encoded) + b"]"
+
+        return self._tools_cache.get(tools_key(tools), encode, holds=tuple(tools))
 
     # ------------------------------------------------------------------ complete
 

@@ -55,6 +55,7 @@ from trading_agent.agent.pacing import pace
 from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.owned_socket import OwnedUnixSocket
+from trading_agent.backends.recent_encodings import RecentEncodings, tools_key
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
     ConnectionFailed,
@@ -453,8 +454,8 @@ class OpenAICompatibleBackend:
         if config.temperature is not None:
             head["temperature"] = config.temperature
         self._head = _dumps(head)[:-1]  # an open object: per-request fields follow
-        self._tools_cache: tuple[tuple[Mapping[str, Any], ...], bytes] | None = None
-        self._system_cache: tuple[str, bytes] | None = None
+        self._tools_cache = RecentEncodings()
+        self._system_cache = RecentEncodings()
         self._joined: collections.OrderedDict[str | None,
                                               tuple[Sequence[Message], tuple[bytes, ...]]] = (
             collections.OrderedDict())
@@ -611,22 +612,13 @@ class OpenAICompatibleBackend:
         return pieces
 
     def _system_message(self, prompt: str) -> bytes:
-        cached = self._system_cache
-        if cached is None or cached[0] != prompt:
-            cached = (prompt, _dumps({"role": "system", "content": prompt}))
-            self._system_cache = cached
-        return cached[1]
+        return self._system_cache.get(
+            prompt, lambda: _dumps({"role": "system", "content": prompt}))
 
     def _tools(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
-        # Keyed by the identity of each definition (the registry builds them once); the
-        # cache holds them, so an id cannot be reused while it is compared.
-        key = tuple(tools)
-        cached = self._tools_cache
-        if cached is None or len(cached[0]) != len(key) or any(
-                a is not b for a, b in zip(cached[0], key, strict=True)):
-            cached = (key, _dumps([_tool_definition(tool) for tool in tools]))
-            self._tools_cache = cached
-        return cached[1]
+        return self._tools_cache.get(
+            tools_key(tools), lambda: _dumps([_tool_definition(tool) for tool in tools]),
+            holds=tuple(tools))
 
     # ------------------------------------------------------------------ complete
 
