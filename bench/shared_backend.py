@@ -65,13 +65,14 @@ def _per_body(backend: Any, requests: list[ModelRequestSpec]) -> float:
 
 
 async def main() -> None:
-    os.environ["TRADING_AGENT_DAEMON__STATE_DIR"] = tempfile.mkdtemp()
-    settings = load_settings(ROOT / "config" / "demo.toml")
-    async with open_daemon(settings) as daemon:
-        desks = [daemon.supervisor.desk(name) for name in daemon.supervisor.desk_names()]
-        backend = desks[0].loop.backend
-        prompts = [desk.system_prompt for desk in desks]
-        tools = [desk.loop.tool_definitions() for desk in desks]
+    with tempfile.TemporaryDirectory() as state:
+        os.environ["TRADING_AGENT_DAEMON__STATE_DIR"] = state
+        settings = load_settings(ROOT / "config" / "demo.toml")
+        async with open_daemon(settings) as daemon:
+            desks = [daemon.supervisor.desk(name) for name in daemon.supervisor.desk_names()]
+            backend = desks[0].loop.backend
+            prompts = [desk.system_prompt for desk in desks]
+            tools = [desk.loop.tool_definitions() for desk in desks]
     print(machine())
     print(f"the demo's {len(desks)} desks: {[len(t) for t in tools]} tools; each request "
           f"builds its body only ({BODIES} bodies a measurement, median of 7)")
