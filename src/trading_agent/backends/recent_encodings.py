@@ -2,8 +2,8 @@
 the next (its system prompt, its tool definitions), kept for every desk that shares a backend.
 
 Desks on the same model share its backend. A memo of one slot was overwritten by each desk in
-turn, so with two desks or more every request encoded its tool definitions (some 10 KB of
-JSON for a trading desk) and its system prompt again.
+turn, so with two desks or more every request encoded its tool definitions (8 KB of JSON
+for a demo desk's 14 tools) and its system prompt again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["RecentEncodings", "tools_key"]
 
 DESKS_KEPT = 1024
-"""How many encodings are kept, the least recently used dropped first: one or two a desk."""
+"""How many encodings a memo keeps (one a desk), the least recently used dropped first."""
 
 
 class RecentEncodings:
