@@ -143,6 +143,4 @@ async def test_the_page_renews_its_stream_ticket_when_the_stream_reconnects_afte
             await expect(page.locator("#log")).to_contain_text("BTC holds 64,000.",
                                                                use_inner_text=True)
             assert not tab.errors, tab.errors
-    refused_after_cut = [t for t, s in streams[cut_at:] if s == 401]
-    assert first_ticket in refused_after_cut, streams
     scripted_server.assert_complete()
