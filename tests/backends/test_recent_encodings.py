@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trading_agent.backends.recent_encodings import RecentEncodings, tools_key
+from trading_agent.backends.recent_encodings import RecentEncodings
 
 
 def test_each_desks_encoding_is_made_once_while_desks_take_turns() -> None:
@@ -33,9 +33,8 @@ def test_each_desks_tool_list_is_its_own_even_when_equal_to_anothers() -> None:
     memo = RecentEncodings()
     tools: list[dict[str, Any]] = [{"name": "get_ticker"}]
     same_text: list[dict[str, Any]] = [{"name": "get_ticker"}]  # another desk's registry
-    assert tools_key(tools) == tools_key(list(tools))  # the same definitions, another list
-    assert tools_key(tools) != tools_key(same_text)
-    assert memo.get(tools_key(tools), lambda: b"alpha's", holds=tuple(tools)) == b"alpha's"
-    assert memo.get(tools_key(same_text), lambda: b"beta's",
-                    holds=tuple(same_text)) == b"beta's"
-    assert memo.get(tools_key(list(tools)), lambda: b"again") == b"alpha's"
+    assert memo.for_tools(tools, lambda: b"alpha's") == b"alpha's"
+    assert memo.for_tools(same_text, lambda: b"beta's") == b"beta's"
+    # The same definitions in another list (each request builds one): encoded once.
+    assert memo.for_tools(list(tools), lambda: b"again") == b"alpha's"
+    assert len(memo) == 2

@@ -79,7 +79,7 @@ from trading_agent.agent.conversation import (
 from trading_agent.agent.pacing import pace
 from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import AnthropicBackendConfig, read_api_key
-from trading_agent.backends.recent_encodings import RecentEncodings, tools_key
+from trading_agent.backends.recent_encodings import RecentEncodings
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
     ConnectionFailed,
@@ -714,7 +714,7 @@ class AnthropicBackend:
             encoded[-1] = encoded[-1][:-1] + _BREAKPOINT
             return b"[" + b",".join(encoded) + b"]"
 
-        return self._tools_cache.get(tools_key(tools), encode, holds=tuple(tools))
+        return self._tools_cache.for_tools(tools, encode)
 
     # ------------------------------------------------------------------ complete
 

@@ -55,7 +55,7 @@ from trading_agent.agent.pacing import pace
 from trading_agent.agent.shared_messages import frozen, starts_with
 from trading_agent.backends.config import OpenAIBackendConfig, read_api_key
 from trading_agent.backends.owned_socket import OwnedUnixSocket
-from trading_agent.backends.recent_encodings import RecentEncodings, tools_key
+from trading_agent.backends.recent_encodings import RecentEncodings
 from trading_agent.backends.sse_transport import (
     TRANSIENT_STATUSES,
     ConnectionFailed,
@@ -616,9 +616,8 @@ class OpenAICompatibleBackend:
             prompt, lambda: _dumps({"role": "system", "content": prompt}))
 
     def _tools(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
-        return self._tools_cache.get(
-            tools_key(tools), lambda: _dumps([_tool_definition(tool) for tool in tools]),
-            holds=tuple(tools))
+        return self._tools_cache.for_tools(
+            tools, lambda: _dumps([_tool_definition(tool) for tool in tools]))
 
     # ------------------------------------------------------------------ complete
 

@@ -12,7 +12,7 @@ import collections
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RecentEncodings", "tools_key"]
+__all__ = ["RecentEncodings"]
 
 DESKS_KEPT = 1024
 """How many encodings a memo keeps (one a desk), the least recently used dropped first."""
@@ -30,30 +30,29 @@ class RecentEncodings:
         self._kept: collections.OrderedDict[Hashable, tuple[object, bytes]] = (
             collections.OrderedDict())
 
-    def get(self, key: Hashable, encode: Callable[[], bytes], holds: object = None) -> bytes:
-        """The encoding kept under ``key``, else ``encode()``'s, kept.
+    def get(self, key: Hashable, encode: Callable[[], bytes]) -> bytes:
+        """The encoding kept under ``key`` (a system prompt's text), else ``encode()``'s,
+        kept."""
+        return self._get(key, encode, lambda: None)
 
-        Args:
-            key: What the encoding is of.
-            encode: Makes the encoding.
-            holds: Kept alive with the encoding: the objects whose identities make ``key``
-                (an id is never reused while its object lives).
-        """
+    def for_tools(self, tools: Sequence[Mapping[str, Any]],
+                  encode: Callable[[], bytes]) -> bytes:
+        """A tool list's encoding, keyed by the identity of each definition (a registry
+        builds them once): the memo holds the definitions, so an identity is not reused
+        while it is a key."""
+        return self._get(tuple(map(id, tools)), encode, lambda: tuple(tools))
+
+    def _get(self, key: Hashable, encode: Callable[[], bytes],
+             holds: Callable[[], object]) -> bytes:
         found = self._kept.get(key)
         if found is not None:
             self._kept.move_to_end(key)
             return found[1]
         encoded = encode()
-        self._kept[key] = (holds, encoded)
+        self._kept[key] = (holds(), encoded)
         if len(self._kept) > self._size:
             self._kept.popitem(last=False)
         return encoded
 
     def __len__(self) -> int:
         return len(self._kept)
-
-
-def tools_key(tools: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
-    """A tool list's key: the identity of each definition (a registry builds them once, and
-    the memo holds them, so an identity is not reused while it is a key)."""
-    return tuple(map(id, tools))
