@@ -114,9 +114,6 @@ _LEFT = ("the desk left the daemon that was answering (handed over, its lease lo
          "that daemon stopping); ask again")
 """The answer to a request cut short because its daemon let the desk go."""
 
-_FLUSH_TRIES = 3
-"""How often :meth:`FleetBus._flush_quietly` asks the server again before it goes on."""
-
 ControlHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 """Answers a request for a desk this daemon holds."""
 
@@ -814,21 +811,8 @@ class FleetBus:
         group.cancel_scope.cancel()
 
     async def _flush_quietly(self) -> None:
-        """Waits until the server has read what was sent (a new subscription), asking up to
-        :data:`_FLUSH_TRIES` times: a server or a process slow to answer one PING (a loaded
-        machine) is not a reason to take requests before the server knows of us. NATS down
-        is survived quietly: the subscription is sent again on reconnect."""
-        for _ in range(_FLUSH_TRIES):
-            try:
-                await self._nc.flush(timeout=math.ceil(self._options.request_timeout))
-                return
-            except nats.errors.FlushTimeoutError:
-                if not self._nc.is_connected:
-                    return
-            except _NATS_FAILURES:
-                return
-        _log.warning("fleet_flush_slow", tries=_FLUSH_TRIES,
-                     seconds=_FLUSH_TRIES * math.ceil(self._options.request_timeout))
+        with suppress(*_NATS_FAILURES):  # else the subscription is sent again on reconnect
+            await self._nc.flush(timeout=math.ceil(self._options.request_timeout))
 
     async def _delete_consumer_quietly(self, stream: str, name: str) -> None:
         with suppress(*_NATS_FAILURES):  # else its inactive threshold removes it
